@@ -1,0 +1,157 @@
+// Package config describes a software EFA device: its name, the UDP endpoint its address stands
+// for, and every limit it reports through the verbs and efadv queries. The defaults follow EFA
+// where EFA's values are known (8 KiB MTU, 2 send SGEs, 1 RDMA SGE, 32/80-byte inline) and are
+// generous elsewhere.
+package config
+
+import (
+	"fmt"
+	"net/netip"
+	"syscall"
+	"time"
+
+	"github.com/softefa/softefa/internal/uapi"
+)
+
+// Device describes a device: its name, address and limits. Zero fields take the defaults of
+// Default.
+type Device struct {
+	Name string
+	// Addr is the UDP endpoint the device stands for; its GID is derived from it (GIDFromAddr).
+	Addr netip.AddrPort
+
+	MTU         int    // largest SEND payload (port max_msg_sz); default 8192
+	MaxRDMASize uint32 // largest RDMA read or write; default 1 GiB
+
+	MaxQP            int    // live QPs; default 4096
+	QPNTableSize     int    // QPNs are below this (≤ 65536); default 65536
+	QPNReservedStart uint32 // first QPN reserved for non-verbs use
+	QPNReservedEnd   uint32 // last reserved QPN; End < Start means none (the default)
+
+	MaxCQ     int    // default 4096
+	MaxCQE    int    // entries per CQ (≤ 32768); default 32768
+	MaxPD     int    // default 65535
+	MaxMR     int    // default 65535 (lkeys carry a 16-bit index)
+	MaxMRSize uint64 // default 1 TiB
+	MaxAH     int    // per device; default 65535
+
+	MaxLLQSize      int // SQ ring bytes; default 256 KiB
+	MaxSQWR         int // default 4096
+	MaxRQWR         int // RX descriptors per RQ; default 8192
+	MaxSQSGE        int // default 2 (EFA_IO_TX_DESC_NUM_BUFS)
+	MaxRQSGE        int // default 2, at most MaxRQSGELimit
+	MaxSGERD        int // local SGEs in an RDMA op; default 1
+	InlineBufSize   int // default 32
+	InlineBufSizeEx int // default 80
+	MaxTxBatch      int // in 64-byte units; default 16
+	MinSQWR         int // default 16
+
+	Caps uint32 // EFADV_DEVICE_ATTR_CAPS_*; default RDMA_READ|RNR_RETRY|CQ_WITH_SGID|RDMA_WRITE|UNSOLICITED_WRITE_RECV
+	// RequestID64 makes send queues take 64-bit request ids (EFADV_WQ_CAPS_64_BIT_REQ_ID).
+	RequestID64 bool
+
+	VendorPartID  uint32 // default 0xefa2; never 0xefa0, which makes libfabric assume sub-CQs
+	HWVer         uint32
+	LinkSpeedGbps int // default 100
+
+	// PollMin and PollMax bound the period at which the engine looks at doorbells stored without
+	// Ring: PollMin after activity, doubling to PollMax when idle. Defaults 1 ms and 16 ms.
+	PollMin, PollMax time.Duration
+	// RNRInterval is the delay between RNR retries; default 1 ms.
+	RNRInterval time.Duration
+}
+
+// MaxRQSGELimit bounds MaxRQSGE so that a receive WR's buffers fit a fixed array.
+const MaxRQSGELimit = 16
+
+// Default returns the default limits.
+func Default() Device {
+	return Device{
+		Name: "efa_0", MTU: 8192, MaxRDMASize: 1 << 30,
+		MaxQP: 4096, QPNTableSize: 1 << 16, QPNReservedStart: 1, QPNReservedEnd: 0,
+		MaxCQ: 4096, MaxCQE: 32768, MaxPD: 65535, MaxMR: 65535, MaxMRSize: 1 << 40, MaxAH: 65535,
+		MaxLLQSize: 256 << 10, MaxSQWR: 4096, MaxRQWR: 8192, MaxSQSGE: 2, MaxRQSGE: 2, MaxSGERD: 1,
+		InlineBufSize: 32, InlineBufSizeEx: 80, MaxTxBatch: 16, MinSQWR: 16,
+		Caps: uapi.CapRDMARead | uapi.CapRNRRetry | uapi.CapCQWithSGID | uapi.CapRDMAWrite |
+			uapi.CapUnsolicitedWriteRecv,
+		VendorPartID: 0xefa2, LinkSpeedGbps: 100,
+		PollMin: time.Millisecond, PollMax: 16 * time.Millisecond, RNRInterval: time.Millisecond,
+	}
+}
+
+// Fill gives every zero field its default and checks the result: EINVAL for limits the
+// descriptor formats cannot carry.
+func (c *Device) Fill() error {
+	def := Default()
+	setInt := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	if c.Name == "" {
+		c.Name = def.Name
+	}
+	setInt(&c.MTU, def.MTU)
+	setInt(&c.MaxQP, def.MaxQP)
+	setInt(&c.QPNTableSize, def.QPNTableSize)
+	setInt(&c.MaxCQ, def.MaxCQ)
+	setInt(&c.MaxCQE, def.MaxCQE)
+	setInt(&c.MaxPD, def.MaxPD)
+	setInt(&c.MaxMR, def.MaxMR)
+	setInt(&c.MaxAH, def.MaxAH)
+	setInt(&c.MaxLLQSize, def.MaxLLQSize)
+	setInt(&c.MaxSQWR, def.MaxSQWR)
+	setInt(&c.MaxRQWR, def.MaxRQWR)
+	setInt(&c.MaxSQSGE, def.MaxSQSGE)
+	setInt(&c.MaxRQSGE, def.MaxRQSGE)
+	setInt(&c.MaxSGERD, def.MaxSGERD)
+	setInt(&c.InlineBufSize, def.InlineBufSize)
+	setInt(&c.InlineBufSizeEx, def.InlineBufSizeEx)
+	setInt(&c.MaxTxBatch, def.MaxTxBatch)
+	setInt(&c.MinSQWR, def.MinSQWR)
+	setInt(&c.LinkSpeedGbps, def.LinkSpeedGbps)
+	if c.MaxRDMASize == 0 {
+		c.MaxRDMASize = def.MaxRDMASize
+	}
+	if c.MaxMRSize == 0 {
+		c.MaxMRSize = def.MaxMRSize
+	}
+	if c.QPNReservedStart == 0 && c.QPNReservedEnd == 0 {
+		c.QPNReservedStart, c.QPNReservedEnd = def.QPNReservedStart, def.QPNReservedEnd
+	}
+	if c.Caps == 0 {
+		c.Caps = def.Caps
+	}
+	if c.VendorPartID == 0 {
+		c.VendorPartID = def.VendorPartID
+	}
+	if c.PollMin == 0 {
+		c.PollMin = def.PollMin
+	}
+	if c.PollMax == 0 {
+		c.PollMax = def.PollMax
+	}
+	if c.RNRInterval == 0 {
+		c.RNRInterval = def.RNRInterval
+	}
+	switch {
+	case c.MTU < 64 || c.MTU > 1<<16:
+		return fmt.Errorf("config: MTU %d outside [64, 65536]: %w", c.MTU, syscall.EINVAL)
+	case c.MaxCQE > 1<<15:
+		return fmt.Errorf("config: MaxCQE %d over 32768 (CQ doorbells count 16 bits): %w", c.MaxCQE, syscall.EINVAL)
+	case c.MaxRQSGE > MaxRQSGELimit:
+		return fmt.Errorf("config: MaxRQSGE %d over %d: %w", c.MaxRQSGE, MaxRQSGELimit, syscall.EINVAL)
+	case c.MaxSQSGE > 2 || c.MaxSGERD > 1:
+		return fmt.Errorf("config: a TX WQE holds at most 2 SGEs, 1 for RDMA: %w", syscall.EINVAL)
+	case c.InlineBufSizeEx > 80 || c.InlineBufSize > c.InlineBufSizeEx:
+		return fmt.Errorf("config: inline sizes %d/%d over the 128-byte WQE's 80: %w",
+			c.InlineBufSize, c.InlineBufSizeEx, syscall.EINVAL)
+	case c.MaxMR > 65535 || c.MaxPD > 65535 || c.MaxAH > 65535:
+		return fmt.Errorf("config: MR, PD and AH counts are 16-bit: %w", syscall.EINVAL)
+	case c.VendorPartID == 0xefa0:
+		return fmt.Errorf("config: vendor part id 0xefa0 means sub-CQs, which this device lacks: %w", syscall.EINVAL)
+	case c.MaxSQWR > c.MaxLLQSize/64:
+		c.MaxSQWR = c.MaxLLQSize / 64
+	}
+	return nil
+}

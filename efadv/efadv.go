@@ -1,0 +1,304 @@
+// Package efadv is EFA's direct verbs (rdma-core's efadv.h) for softefa devices: SRD QP creation,
+// the EFA device attributes and caps, the AH number, the CQ's source-GID and unsolicited fields,
+// and the raw SQ, RQ and CQ rings a program may drive itself.
+//
+// # Compatibility
+//
+// In C, each efadv call takes the caller's struct size (inlen) so that old binaries keep working
+// as structs grow. Go programs are compiled against one version of this package, so the Go calls
+// take and return whole structs and have no inlen: a field added later is appended, and its zero
+// value means "not requested". The CompMask rules do hold: input CompMask must be 0 (EINVAL, as
+// libefa) and output CompMask is 0. The *Len variants keep libefa's inlen rules (minimum sizes,
+// fields beyond inlen left zero) for the C interface that will sit on top of them.
+//
+// Errors are Go errors that match the errno libefa returns: errors.Is(err, syscall.EINVAL).
+package efadv
+
+import (
+	"fmt"
+	"syscall"
+
+	"github.com/softefa/softefa/verbs"
+)
+
+// Device capability bits (EFADV_DEVICE_ATTR_CAPS_*).
+const (
+	DeviceAttrCapsRDMARead             = 1 << 0
+	DeviceAttrCapsRNRRetry             = 1 << 1
+	DeviceAttrCapsCQWithSGID           = 1 << 2
+	DeviceAttrCapsRDMAWrite            = 1 << 3
+	DeviceAttrCapsUnsolicitedWriteRecv = 1 << 4
+	DeviceAttrCapsCQWithExtMemDMABuf   = 1 << 5
+	DeviceAttrCapsCompCntr             = 1 << 6
+)
+
+// QP, WR, WQ and CQ flags.
+const (
+	QPDriverTypeSRD                   = 0
+	QPFlagsUnsolicitedWriteRecv       = 1 << 0
+	QPFlagsInlineWrite                = 1 << 1
+	WRExWithProcessingHints           = 1 << 0
+	WRProcessingHintBurstPPSSensitive = 1 << 0
+	WQCaps64BitReqID                  = 1 << 0
+	SQDepthAttrInlineWrite            = 1 << 0
+	WCExWithSGID                      = 1 << 0
+	WCExWithIsUnsolicited             = 1 << 1
+	CQInitFlagsExtMemDMABuf           = 1 << 0
+	MRAttrValidityRecvICID            = 1 << 0
+	MRAttrValidityRDMAReadICID        = 1 << 1
+	MRAttrValidityRDMARecvICID        = 1 << 2
+)
+
+// Sizes of the C structs, the inlen a current C program passes.
+const (
+	SizeofDeviceAttr  = 32
+	SizeofAHAttr      = 16
+	SizeofQPInitAttr  = 24
+	SizeofWQAttr      = 40
+	SizeofCQInitAttr  = 56
+	SizeofCQAttr      = 32
+	SizeofMRAttr      = 16
+	SizeofSQDepthAttr = 24
+	SizeofRQDepthAttr = 16
+)
+
+func errInlen(fn string, inlen, min int) error {
+	return fmt.Errorf("efadv: %s inlen %d, need more than %d: %w", fn, inlen, min, syscall.EINVAL)
+}
+
+// DeviceAttr is struct efadv_device_attr.
+type DeviceAttr struct {
+	CompMask        uint64
+	MaxSQWR         uint32
+	MaxRQWR         uint32
+	MaxSQSGE        uint16
+	MaxRQSGE        uint16
+	InlineBufSize   uint16
+	InlineBufSizeEx uint16
+	DeviceCaps      uint32
+	MaxRDMASize     uint32
+}
+
+// QueryDevice returns the EFA attributes of the device (efadv_query_device).
+func QueryDevice(ctx *verbs.Context) (DeviceAttr, error) {
+	return QueryDeviceLen(ctx, SizeofDeviceAttr)
+}
+
+// QueryDeviceLen is QueryDevice with libefa's inlen rules: inlen must be over 22; device_caps
+// (but for the RDMA bits) is filled past 24, max_rdma_size and the RDMA caps past 28.
+func QueryDeviceLen(ctx *verbs.Context, inlen int) (DeviceAttr, error) {
+	if inlen <= 22 {
+		return DeviceAttr{}, errInlen("query_device", inlen, 22)
+	}
+	d := ctx.DriverAttr()
+	a := DeviceAttr{
+		MaxSQWR: d.MaxSQWR, MaxRQWR: d.MaxRQWR, MaxSQSGE: d.MaxSQSGE, MaxRQSGE: d.MaxRQSGE,
+		InlineBufSize: d.InlineBufSize, InlineBufSizeEx: d.InlineBufSizeEx,
+	}
+	const rdma = DeviceAttrCapsRDMARead | DeviceAttrCapsRDMAWrite
+	if inlen > 24 {
+		a.DeviceCaps = d.DeviceCaps &^ rdma
+	}
+	if inlen > 28 {
+		a.MaxRDMASize = d.MaxRDMASize
+		a.DeviceCaps |= d.DeviceCaps & rdma
+	}
+	return a, nil
+}
+
+// AHAttr is struct efadv_ah_attr.
+type AHAttr struct {
+	CompMask uint64
+	AHN      uint16
+}
+
+// QueryAH returns the device's AH number (efadv_query_ah).
+func QueryAH(ah *verbs.AH) (AHAttr, error) { return QueryAHLen(ah, SizeofAHAttr) }
+
+// QueryAHLen is QueryAH with libefa's inlen rule: inlen must be over 8.
+func QueryAHLen(ah *verbs.AH, inlen int) (AHAttr, error) {
+	if inlen <= 8 {
+		return AHAttr{}, errInlen("query_ah", inlen, 8)
+	}
+	return AHAttr{AHN: ah.AHN()}, nil
+}
+
+// MRAttr is struct efadv_mr_attr: the interconnect ids through which the region is reached.
+type MRAttr struct {
+	CompMask     uint64
+	ICIDValidity uint16
+	RecvICID     uint16
+	RDMAReadICID uint16
+	RDMARecvICID uint16
+}
+
+// QueryMR returns the region's interconnect ids (efadv_query_mr). A software device has no
+// interconnects: every validity bit is clear.
+func QueryMR(mr *verbs.MR) (MRAttr, error) { return QueryMRLen(mr, SizeofMRAttr) }
+
+// QueryMRLen is QueryMR with libefa's inlen rule: inlen must be over 14.
+func QueryMRLen(mr *verbs.MR, inlen int) (MRAttr, error) {
+	if inlen <= 14 {
+		return MRAttr{}, errInlen("query_mr", inlen, 14)
+	}
+	return MRAttr{}, nil
+}
+
+// QPInitAttr is struct efadv_qp_init_attr.
+type QPInitAttr struct {
+	CompMask     uint64
+	DriverQPType uint32
+	Flags        uint16
+	SL           uint8
+	Reserved     uint8
+	WRFlags      uint64
+}
+
+// CreateQPEx creates an SRD QP (efadv_create_qp_ex). attr.QPType must be verbs.QPTDriver and
+// efa.CompMask and efa.Reserved zero (EINVAL); then libefa's creation checks apply in order
+// (EOPNOTSUPP for a driver type other than SRD, flags or send ops the device lacks; EINVAL for
+// sizes over the limits), and the rounded queue sizes are written back into attr.Cap.
+func CreateQPEx(ctx *verbs.Context, attr *verbs.QPInitAttrEx, efa *QPInitAttr) (*verbs.QP, error) {
+	return CreateQPExLen(ctx, attr, efa, SizeofQPInitAttr)
+}
+
+// CreateQPExLen is CreateQPEx with libefa's inlen rule: inlen must be over 8; fields beyond
+// inlen read as zero (the reserved byte is checked regardless, as libefa reads it).
+func CreateQPExLen(ctx *verbs.Context, attr *verbs.QPInitAttrEx, efa *QPInitAttr, inlen int) (*verbs.QP, error) {
+	switch {
+	case inlen <= 8:
+		return nil, errInlen("create_qp_ex", inlen, 8)
+	case attr.QPType != verbs.QPTDriver:
+		return nil, fmt.Errorf("efadv: QP type %d, want IBV_QPT_DRIVER: %w", attr.QPType, syscall.EINVAL)
+	case efa.CompMask != 0:
+		return nil, fmt.Errorf("efadv: comp_mask %#x: %w", efa.CompMask, syscall.EINVAL)
+	case efa.Reserved != 0:
+		return nil, fmt.Errorf("efadv: reserved byte %#x: %w", efa.Reserved, syscall.EINVAL)
+	}
+	drv := verbs.DriverQPAttr{DriverQPType: efa.DriverQPType}
+	if inlen > 12 {
+		drv.Flags = efa.Flags
+	}
+	if inlen > 14 {
+		drv.SL = efa.SL
+	}
+	if inlen > 16 {
+		drv.WRFlags = efa.WRFlags
+	}
+	return ctx.CreateQPExDriver(attr, &drv)
+}
+
+// CreateDriverQP creates a QP of driverQPType in pd (efadv_create_driver_qp): attr.QPType must be
+// verbs.QPTDriver (EINVAL); the rounded queue sizes are written back into attr.Cap.
+func CreateDriverQP(pd *verbs.PD, attr *verbs.QPInitAttr, driverQPType uint32) (*verbs.QP, error) {
+	if attr.QPType != verbs.QPTDriver {
+		return nil, fmt.Errorf("efadv: QP type %d, want IBV_QPT_DRIVER: %w", attr.QPType, syscall.EINVAL)
+	}
+	return pd.CreateDriverQP(attr, &verbs.DriverQPAttr{DriverQPType: driverQPType})
+}
+
+// QP is the EFA part of a QP (struct efadv_qp), from QPFromIBVQPEx.
+type QP struct {
+	CompMask uint64
+	x        *verbs.QPEx
+}
+
+// QPFromIBVQPEx returns the EFA part of an extended QP (efadv_qp_from_ibv_qp_ex).
+func QPFromIBVQPEx(x *verbs.QPEx) *QP { return &QP{x: x} }
+
+// WRSetProcessingHints sets the current WR's processing hints (efadv_wr_set_processing_hints):
+// call it after the opcode and before the next opcode or WRComplete. The QP needs
+// WRExWithProcessingHints in its WRFlags, else the session fails with EOPNOTSUPP.
+func WRSetProcessingHints(q *QP, hints uint32) { q.x.SetProcessingHints(hints) }
+
+// WQAttr is struct efadv_wq_attr: one work queue's ring as the device reads it. Buffer is the
+// ring itself; Doorbell is the word the producer stores its counter into, with sync/atomic.
+type WQAttr struct {
+	CompMask   uint64
+	Buffer     []byte
+	EntrySize  uint32
+	NumEntries uint32
+	Doorbell   *uint32
+	MaxBatch   uint32
+	Caps       uint16
+}
+
+// QueryQPWQs returns the QP's send and receive queues (efadv_query_qp_wqs). A program may write
+// EFA-format WQEs and RX descriptors into them itself and store its producer counter into the
+// doorbell (atomically); the device notices the store within its polling period, or at once
+// after a post through package verbs. The SQ reports WQCaps64BitReqID when it takes 64-bit
+// request ids.
+func QueryQPWQs(qp *verbs.QP) (sq, rq WQAttr, err error) { return QueryQPWQsLen(qp, SizeofWQAttr) }
+
+// QueryQPWQsLen is QueryQPWQs with libefa's inlen rules: inlen must be over 32; caps is filled
+// past 38.
+func QueryQPWQsLen(qp *verbs.QP, inlen int) (sq, rq WQAttr, err error) {
+	if inlen <= 32 {
+		return WQAttr{}, WQAttr{}, errInlen("query_qp_wqs", inlen, 32)
+	}
+	s, r := qp.DriverWQs()
+	sq = WQAttr{Buffer: s.Buffer, EntrySize: uint32(s.EntrySize), NumEntries: uint32(s.NumEntries),
+		Doorbell: s.Doorbell, MaxBatch: uint32(s.MaxBatch)}
+	rq = WQAttr{Buffer: r.Buffer, EntrySize: uint32(r.EntrySize), NumEntries: uint32(r.NumEntries),
+		Doorbell: r.Doorbell, MaxBatch: uint32(r.MaxBatch)}
+	if inlen > 38 && s.ReqID64 {
+		sq.Caps = WQCaps64BitReqID
+	}
+	return sq, rq, nil
+}
+
+// SQDepthAttr is struct efadv_sq_depth_attr.
+type SQDepthAttr struct {
+	CompMask      uint64
+	Flags         uint32
+	MaxSendSGE    uint32
+	MaxRDMASGE    uint32
+	MaxInlineData uint32
+}
+
+// GetMaxSQDepth returns the deepest SQ a QP with these needs can have (efadv_get_max_sq_depth):
+// the LLQ size over the WQE size (128 bytes for inline data over 32 or INLINE_WRITE), rounded down
+// to a power of two. EINVAL for a non-zero CompMask or needs over the device's limits.
+func GetMaxSQDepth(ctx *verbs.Context, attr SQDepthAttr) (int, error) {
+	d := ctx.DriverAttr()
+	switch {
+	case attr.CompMask != 0:
+		return 0, fmt.Errorf("efadv: comp_mask %#x: %w", attr.CompMask, syscall.EINVAL)
+	case attr.MaxSendSGE > uint32(d.MaxSQSGE), attr.MaxRDMASGE > d.MaxSGERD,
+		attr.MaxInlineData > uint32(d.InlineBufSizeEx):
+		return 0, fmt.Errorf("efadv: SQ needs %+v over the device limits: %w", attr, syscall.EINVAL)
+	}
+	wqe := uint32(64)
+	if attr.MaxInlineData > 32 || attr.Flags&SQDepthAttrInlineWrite != 0 {
+		wqe = 128
+	}
+	n := d.MaxLLQSize / wqe
+	if n == 0 {
+		return 0, nil
+	}
+	p := uint32(1)
+	for p*2 <= n {
+		p *= 2
+	}
+	return int(p), nil
+}
+
+// RQDepthAttr is struct efadv_rq_depth_attr.
+type RQDepthAttr struct {
+	CompMask   uint64
+	MaxRecvSGE uint32
+}
+
+// GetMaxRQDepth returns the deepest RQ, in WRs, for WRs of MaxRecvSGE buffers
+// (efadv_get_max_rq_depth). EINVAL for a non-zero CompMask, more SGEs than the device takes, or
+// zero SGEs (where libefa would divide by zero).
+func GetMaxRQDepth(ctx *verbs.Context, attr RQDepthAttr) (int, error) {
+	d := ctx.DriverAttr()
+	switch {
+	case attr.CompMask != 0:
+		return 0, fmt.Errorf("efadv: comp_mask %#x: %w", attr.CompMask, syscall.EINVAL)
+	case attr.MaxRecvSGE == 0 || attr.MaxRecvSGE > uint32(d.MaxRQSGE):
+		return 0, fmt.Errorf("efadv: max_recv_sge %d outside [1, %d]: %w", attr.MaxRecvSGE, d.MaxRQSGE, syscall.EINVAL)
+	}
+	return int(d.MaxRQWR / attr.MaxRecvSGE), nil
+}

@@ -1,0 +1,3 @@
+module github.com/softefa/softefa
+
+go 1.26

@@ -1,0 +1,188 @@
+package engine
+
+import (
+	"fmt"
+	"math/bits"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/uapi"
+)
+
+// CQ is a completion queue: a ring of 32-byte CQEs the engine produces into and a doorbell word
+// through which the consumer reports how many it has polled and arms completion events.
+//
+// Each entry is written body first; then its header word (req_id, status, flags with the phase
+// bit) is stored atomically. The phase starts at 1 and flips each time the producer wraps.
+type CQ struct {
+	d     *Device
+	ring  []byte
+	depth uint32 // entries, a power of two
+	db    *uint32
+	flags int
+
+	pc      uint16 // CQEs produced, modulo 2^16
+	phase   uint8
+	refs    int  // QPs using this CQ
+	overrun bool // sticky: an entry was lost because the ring was full
+	armed   bool // latched by ArmCQ
+	firedSN int  // cmd_sn of the doorbell that armed the last event
+	notify  func()
+	owner   any
+	dead    bool
+}
+
+// Owner returns the value given as CQInit.Owner; nil for a nil CQ.
+func (cq *CQ) Owner() any {
+	if cq == nil {
+		return nil
+	}
+	return cq.owner
+}
+
+// Ring returns the CQ's ring memory.
+func (cq *CQ) Ring() []byte { return cq.ring }
+
+// Depth returns the number of entries.
+func (cq *CQ) Depth() int { return int(cq.depth) }
+
+// Doorbell returns the CQ doorbell word.
+func (cq *CQ) Doorbell() *uint32 { return cq.db }
+
+// Flags returns the creation flags (uapi.CQFlag*).
+func (cq *CQ) Flags() int { return cq.flags }
+
+// CQInit describes a CQ to create. Ring and Doorbell may name memory the caller owns (a shared
+// mapping, say); left nil, the device allocates them.
+type CQInit struct {
+	Entries  int
+	Flags    int    // uapi.CQFlag*
+	Owner    any    // returned by Owner, for the provider's own bookkeeping
+	Notify   func() // called, under the device lock and without blocking, when an armed CQ gets an entry
+	Ring     []byte
+	Doorbell *uint32
+}
+
+// CreateCQ creates a CQ of Entries rounded up to a power of two. EINVAL for 0 or more than
+// MaxCQE entries, or caller memory too small; EOPNOTSUPP for unknown flags; ENOMEM past MaxCQ.
+func (d *Device) CreateCQ(in CQInit) (*CQ, error) {
+	const known = uapi.CQFlagWithCompletionChannel | uapi.CQFlagWithSGID | uapi.CQFlagSQ64BitReqID
+	switch {
+	case in.Entries < 1 || in.Entries > d.cfg.MaxCQE:
+		return nil, fmt.Errorf("engine: %d CQ entries outside [1, %d]: %w", in.Entries, d.cfg.MaxCQE, syscall.EINVAL)
+	case in.Flags&^known != 0:
+		return nil, fmt.Errorf("engine: CQ flags %#x: %w", in.Flags, syscall.EOPNOTSUPP)
+	case in.Flags&uapi.CQFlagWithSGID != 0 && d.cfg.Caps&uapi.CapCQWithSGID == 0:
+		return nil, fmt.Errorf("engine: CQ with SGID not supported: %w", syscall.EOPNOTSUPP)
+	}
+	depth := roundUpPow2(uint32(in.Entries))
+	ring, db := in.Ring, in.Doorbell
+	if ring == nil {
+		ring = allocRing(int(depth) * efaio.CQESize)
+	}
+	if db == nil {
+		db = new(uint32)
+	}
+	if len(ring) < int(depth)*efaio.CQESize || !aligned4(ring) {
+		return nil, fmt.Errorf("engine: CQ ring of %d bytes for %d entries: %w", len(ring), depth, syscall.EINVAL)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	if d.nCQ >= d.cfg.MaxCQ {
+		return nil, fmt.Errorf("engine: %d CQs, the device maximum: %w", d.nCQ, syscall.ENOMEM)
+	}
+	clear(ring)
+	atomic.StoreUint32(db, 0)
+	d.nCQ++
+	return &CQ{d: d, ring: ring, depth: depth, db: db, flags: in.Flags, phase: 1, firedSN: -1, notify: in.Notify, owner: in.Owner}, nil
+}
+
+// DestroyCQ frees cq; EBUSY while a QP uses it.
+func (d *Device) DestroyCQ(cq *CQ) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if cq.dead {
+		return fmt.Errorf("engine: CQ already destroyed: %w", syscall.EINVAL)
+	}
+	if cq.refs > 0 {
+		return fmt.Errorf("engine: CQ still used by %d QPs: %w", cq.refs, syscall.EBUSY)
+	}
+	cq.dead = true
+	d.nCQ--
+	return nil
+}
+
+// ArmCQ latches a completion-event request the consumer stored in the doorbell (arm bit and
+// cmd_sn): the next entry written raises one event, unless an event was already raised for this
+// cmd_sn. A doorbell store with the arm bit is also noticed without ArmCQ when the engine next
+// writes an entry, as long as the bit is still there.
+func (d *Device) ArmCQ(cq *CQ) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	cq.latchArm(atomic.LoadUint32(cq.db))
+}
+
+func (cq *CQ) latchArm(v uint32) {
+	if v&efaio.CQDoorbellArm != 0 && int(v>>efaio.CQDoorbellSNShift&3) != cq.firedSN {
+		cq.armed = true
+	}
+}
+
+// Overrun reports whether the CQ lost an entry because it was full.
+func (cq *CQ) Overrun() bool {
+	cq.d.mu.Lock()
+	defer cq.d.mu.Unlock()
+	return cq.overrun
+}
+
+// post writes c into the next slot. A full ring (the consumer's count from the doorbell is a
+// whole ring behind) loses the entry: the CQ is marked overrun and a CQ_ERR event is raised, as
+// rdmavt's rvt_cq_enter does.
+func (cq *CQ) post(c *efaio.Completion) {
+	v := atomic.LoadUint32(cq.db)
+	if cq.overrun || uint32(cq.pc-uint16(v&efaio.CQDoorbellCIMask)) >= cq.depth {
+		if !cq.overrun {
+			cq.overrun = true
+			cq.d.raise(AsyncEvent{Type: uapi.EventCQErr, CQ: cq})
+		}
+		cq.d.counts.CQOverruns.Add(1)
+		return
+	}
+	c.Phase = cq.phase
+	slot := efaio.CQE(cq.ring[int(uint32(cq.pc)&(cq.depth-1))*efaio.CQESize:][:efaio.CQESize])
+	slot.EncodeBody(c)
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&slot[0])), efaio.HeaderWord(c))
+	cq.pc++
+	if uint32(cq.pc)&(cq.depth-1) == 0 {
+		cq.phase ^= 1
+	}
+	cq.latchArm(v)
+	if cq.armed {
+		cq.armed = false
+		cq.firedSN = int(v >> efaio.CQDoorbellSNShift & 3)
+		if cq.notify != nil {
+			cq.notify()
+		}
+	}
+}
+
+func roundUpPow2(n uint32) uint32 {
+	if n <= 1 {
+		return 1
+	}
+	return 1 << bits.Len32(n-1)
+}
+
+// allocRing returns n zeroed bytes aligned to 8 bytes, so that header and doorbell words can be
+// accessed atomically.
+func allocRing(n int) []byte {
+	w := make([]uint64, (n+7)/8)
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(w))), n)
+}
+
+func aligned4(b []byte) bool { return len(b) == 0 || uintptr(unsafe.Pointer(&b[0]))%4 == 0 }

@@ -1,0 +1,157 @@
+// Package engine is the software EFA device: the "NIC" behind the rings. It owns the device's
+// object tables (QP numbers, PDs, memory keys, CQs, AHs), consumes the work-queue entries a
+// provider writes into SQ and RQ rings, carries out each operation, and writes completions with
+// phase bits into CQ rings. Its control calls are what EFA's kernel driver does for uverbs
+// commands, with the kernel's checks and errnos; the libefa-level checks live in package verbs.
+//
+// # Ownership and locking
+//
+// One goroutine per device, the engine loop (run), consumes rings. Everything the device owns —
+// its tables, each queue's consumer index and phase, each CQ's producer index and phase, parked
+// RNR retries — is guarded by Device.mu. The engine loop holds mu while it processes a batch;
+// control calls (create, modify, destroy) take mu too, so they see the device between batches.
+//
+// The provider owns the other side of each ring: it writes entries and stores the producer
+// counter into the doorbell word with an atomic store; it reads CQEs after an atomic load of the
+// entry's header word, and stores its consumer count into the CQ doorbell. A doorbell store alone
+// is noticed by the engine's adaptive polling of doorbells (within PollMax); Ring makes the
+// engine look at once, and is what package verbs calls after every doorbell store.
+//
+// Memory regions are Go byte slices; the engine reads and writes them only inside the slice
+// registered, after checking key, protection domain, bounds and access.
+package engine
+
+import (
+	"errors"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"github.com/softefa/softefa/config"
+	"github.com/softefa/softefa/internal/qpn"
+)
+
+// Device is one software EFA device.
+type Device struct {
+	cfg config.Device
+	gid [16]byte
+
+	mu      sync.Mutex // guards everything below and all object state; see the package doc
+	qpns    *qpn.Table
+	qps     map[uint32]*QP
+	qpList  []*QP
+	nCQ     int
+	nPD     int
+	pdNext  uint16
+	pds     map[uint16]*PD
+	mrs     mrTable
+	nAH     int
+	events  []AsyncEvent
+	closed  bool
+	counts  Counters
+	pending pendingQueue // QPs whose doorbells a provider rang (own lock)
+
+	kick     chan struct{} // one slot: wakes the engine loop
+	evNotify chan struct{} // one slot: an async event was queued
+	done     chan struct{}
+	wg       sync.WaitGroup
+}
+
+// ErrClosed is returned by calls on a closed device.
+var ErrClosed = errors.New("engine: device closed")
+
+// NewDevice creates a device from cfg and starts its engine loop.
+func NewDevice(cfg config.Device) (*Device, error) {
+	if err := cfg.Fill(); err != nil {
+		return nil, err
+	}
+	tab, err := qpn.New(cfg.QPNTableSize, cfg.QPNReservedStart, cfg.QPNReservedEnd)
+	if err != nil {
+		return nil, err
+	}
+	d := &Device{
+		cfg:      cfg,
+		gid:      GIDFromAddr(cfg.Addr),
+		qpns:     tab,
+		qps:      make(map[uint32]*QP),
+		pds:      make(map[uint16]*PD),
+		kick:     make(chan struct{}, 1),
+		evNotify: make(chan struct{}, 1),
+		done:     make(chan struct{}),
+	}
+	d.mrs.init(cfg.MaxMR)
+	d.wg.Add(1)
+	go d.run()
+	return d, nil
+}
+
+// Close stops the engine loop. Objects still open are left as they are; their memory is freed
+// with the device.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	d.mu.Unlock()
+	close(d.done)
+	d.wg.Wait()
+	return nil
+}
+
+// Config returns the device's configuration with defaults filled in.
+func (d *Device) Config() config.Device { return d.cfg }
+
+// GID returns the device's 16-byte address.
+func (d *Device) GID() [16]byte { return d.gid }
+
+// GIDFromAddr maps a UDP endpoint to a 16-byte GID. An IPv4 endpoint a.b.c.d:p becomes the
+// IPv4-mapped IPv6 address ::ffff:a.b.c.d with the port, big-endian, in bytes 8 and 9; an IPv6
+// endpoint is its address (the port is the device's configured one). The zero AddrPort gives the
+// zero GID.
+func GIDFromAddr(ap netip.AddrPort) [16]byte {
+	a := ap.Addr()
+	if !a.IsValid() {
+		return [16]byte{}
+	}
+	if a.Is4() || a.Is4In6() {
+		var g [16]byte
+		v4 := a.Unmap().As4()
+		copy(g[12:], v4[:])
+		g[10], g[11] = 0xff, 0xff
+		g[8], g[9] = byte(ap.Port()>>8), byte(ap.Port())
+		return g
+	}
+	return a.As16()
+}
+
+// AddrFromGID is the inverse of GIDFromAddr; port is used for IPv6 GIDs.
+func AddrFromGID(g [16]byte, port uint16) netip.AddrPort {
+	if g[10] == 0xff && g[11] == 0xff && allZero(g[0:8]) {
+		p := uint16(g[8])<<8 | uint16(g[9])
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(g[12:16])), p)
+	}
+	return netip.AddrPortFrom(netip.AddrFrom16(g), port)
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Counters are the device's port counters, with EFA's names (efa_verbs.c port stats).
+type Counters struct {
+	TxBytes, TxPkts, RxBytes, RxPkts, RxDrops                        atomic.Uint64
+	SendBytes, SendWRs, RecvBytes, RecvWRs                           atomic.Uint64
+	RDMAReadWRs, RDMAReadBytes, RDMAReadWRErr, RDMAReadRespBytes     atomic.Uint64
+	RDMAWriteWRs, RDMAWriteBytes, RDMAWriteWRErr, RDMAWriteRecvBytes atomic.Uint64
+	CQOverruns                                                       atomic.Uint64
+}
+
+// Counters returns the device's live counters.
+func (d *Device) Counters() *Counters { return &d.counts }

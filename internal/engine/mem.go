@@ -1,0 +1,250 @@
+package engine
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"syscall"
+
+	"github.com/softefa/softefa/internal/uapi"
+)
+
+// PD is a protection domain. MRs, QPs and AHs belong to one; a key checked for an access must
+// belong to the PD of the QP that makes it.
+type PD struct {
+	d    *Device
+	pdn  uint16
+	refs int // MRs, QPs and AHs in this PD
+	ahs  ahTable
+}
+
+// PDN returns the PD's 16-bit number.
+func (pd *PD) PDN() uint16 { return pd.pdn }
+
+// AllocPD creates a PD (ENOMEM past MaxPD).
+func (d *Device) AllocPD() (*PD, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	if d.nPD >= d.cfg.MaxPD {
+		return nil, fmt.Errorf("engine: %d PDs allocated, the device maximum: %w", d.nPD, syscall.ENOMEM)
+	}
+	for {
+		d.pdNext++
+		if d.pdNext != 0 && d.pds[d.pdNext] == nil {
+			break
+		}
+	}
+	pd := &PD{d: d, pdn: d.pdNext}
+	pd.ahs.init()
+	d.pds[pd.pdn] = pd
+	d.nPD++
+	return pd, nil
+}
+
+// DeallocPD frees pd; EBUSY while MRs, QPs or AHs still use it.
+func (d *Device) DeallocPD(pd *PD) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.pds[pd.pdn] != pd {
+		return fmt.Errorf("engine: PD %d is not allocated: %w", pd.pdn, syscall.EINVAL)
+	}
+	if pd.refs > 0 {
+		return fmt.Errorf("engine: PD %d still has %d objects: %w", pd.pdn, pd.refs, syscall.EBUSY)
+	}
+	delete(d.pds, pd.pdn)
+	d.nPD--
+	return nil
+}
+
+// MR is a registered memory region: a Go byte slice addressed by IOVAs [IOVA, IOVA+len).
+type MR struct {
+	pd     *PD
+	buf    []byte
+	iova   uint64
+	access int
+	lkey   uint32 // 24 bits: 16-bit table index, 8-bit generation
+	rkey   uint32 // 32 random bits
+	dead   bool
+}
+
+// LKey returns the MR's 24-bit local key.
+func (mr *MR) LKey() uint32 { return mr.lkey }
+
+// RKey returns the MR's 32-bit remote key.
+func (mr *MR) RKey() uint32 { return mr.rkey }
+
+// IOVA returns the address of the region's first byte.
+func (mr *MR) IOVA() uint64 { return mr.iova }
+
+// Len returns the region's length.
+func (mr *MR) Len() int { return len(mr.buf) }
+
+// Access returns the access flags the region was registered with.
+func (mr *MR) Access() int { return mr.access }
+
+// span returns the bytes [addr, addr+n) of the region, or false if they are not all inside it.
+// The arithmetic cannot overflow.
+func (mr *MR) span(addr, n uint64) ([]byte, bool) {
+	if addr < mr.iova {
+		return nil, false
+	}
+	off := addr - mr.iova
+	if off > uint64(len(mr.buf)) || n > uint64(len(mr.buf))-off {
+		return nil, false
+	}
+	return mr.buf[off : off+n], true
+}
+
+// supportedAccess are the access flags EFA takes (efa_reg_mr); remote bits need the device cap.
+const supportedAccess = uapi.AccessLocalWrite | uapi.AccessRemoteRead | uapi.AccessRemoteWrite
+
+// RegMR registers buf in pd at address iova with the given access flags. Errors: EINVAL for an
+// empty or oversized region or REMOTE_WRITE without LOCAL_WRITE; EOPNOTSUPP for access flags the
+// device does not support; ENOMEM past MaxMR. Optional access bits are ignored.
+func (d *Device) RegMR(pd *PD, buf []byte, iova uint64, access int) (*MR, error) {
+	access &^= uapi.AccessOptionalMask
+	switch {
+	case len(buf) == 0:
+		return nil, fmt.Errorf("engine: empty memory region: %w", syscall.EINVAL)
+	case uint64(len(buf)) > d.cfg.MaxMRSize:
+		return nil, fmt.Errorf("engine: region of %d bytes over max_mr_size %d: %w", len(buf), d.cfg.MaxMRSize, syscall.EINVAL)
+	case iova+uint64(len(buf)) < iova:
+		return nil, fmt.Errorf("engine: region at %#x of %d bytes wraps the address space: %w", iova, len(buf), syscall.EINVAL)
+	case access&^supportedAccess != 0,
+		access&uapi.AccessRemoteRead != 0 && d.cfg.Caps&uapi.CapRDMARead == 0,
+		access&uapi.AccessRemoteWrite != 0 && d.cfg.Caps&uapi.CapRDMAWrite == 0:
+		return nil, fmt.Errorf("engine: access flags %#x not supported: %w", access, syscall.EOPNOTSUPP)
+	case access&uapi.AccessRemoteWrite != 0 && access&uapi.AccessLocalWrite == 0:
+		return nil, fmt.Errorf("engine: REMOTE_WRITE needs LOCAL_WRITE: %w", syscall.EINVAL)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.pds[pd.pdn] != pd {
+		return nil, fmt.Errorf("engine: PD %d is not allocated: %w", pd.pdn, syscall.EINVAL)
+	}
+	mr := &MR{pd: pd, buf: buf, iova: iova, access: access}
+	if err := d.mrs.insert(mr); err != nil {
+		return nil, err
+	}
+	pd.refs++
+	return mr, nil
+}
+
+// DeregMR removes mr. Work requests that name its keys afterwards fail their key check; an
+// operation the engine is carrying out finishes first, since both hold the device lock.
+func (d *Device) DeregMR(mr *MR) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if mr.dead {
+		return fmt.Errorf("engine: MR already deregistered: %w", syscall.EINVAL)
+	}
+	d.mrs.remove(mr)
+	mr.dead = true
+	mr.pd.refs--
+	return nil
+}
+
+// localSpan checks a local SGE: the lkey names a live region of pd with every access bit in need,
+// and [addr, addr+n) lies inside it.
+func (d *Device) localSpan(pd *PD, lkey uint32, addr, n uint64, need int) ([]byte, bool) {
+	mr := d.mrs.byLKey(lkey)
+	if mr == nil || mr.pd != pd || mr.access&need != need {
+		return nil, false
+	}
+	return mr.span(addr, n)
+}
+
+// remoteSpan checks a remote access: the rkey names a live region of pd that grants need, and
+// [addr, addr+n) lies inside it.
+func (d *Device) remoteSpan(pd *PD, rkey uint32, addr, n uint64, need int) ([]byte, bool) {
+	mr := d.mrs.byRKey[rkey]
+	if mr == nil || mr.pd != pd || mr.access&need == 0 {
+		return nil, false
+	}
+	return mr.span(addr, n)
+}
+
+// retiredKeys is how many recently freed rkeys are kept out of reuse.
+const retiredKeys = 4096
+
+// mrTable maps lkeys and rkeys to regions. An lkey is index<<8 | generation, with index ≥ 1 so
+// that no lkey is 0; the generation advances each time an index is reused, so a stale lkey does
+// not name the new region. An rkey is 32 random bits, unique among live regions and the last
+// retiredKeys freed ones.
+type mrTable struct {
+	byIndex []*MR
+	gen     []uint8
+	next    int
+	n       int
+	byRKey  map[uint32]*MR
+	retired [retiredKeys]uint32
+	retPos  int
+	retSet  map[uint32]struct{}
+}
+
+func (t *mrTable) init(max int) {
+	t.byIndex = make([]*MR, max+1)
+	t.gen = make([]uint8, max+1)
+	t.byRKey = make(map[uint32]*MR)
+	t.retSet = make(map[uint32]struct{})
+}
+
+func (t *mrTable) insert(mr *MR) error {
+	max := len(t.byIndex) - 1
+	if t.n >= max {
+		return fmt.Errorf("engine: %d memory regions registered, the device maximum: %w", t.n, syscall.ENOMEM)
+	}
+	idx := t.next
+	for {
+		idx++
+		if idx > max {
+			idx = 1
+		}
+		if t.byIndex[idx] == nil {
+			break
+		}
+	}
+	t.next = idx
+	t.gen[idx]++
+	mr.lkey = uint32(idx)<<8 | uint32(t.gen[idx])
+	for {
+		var b [4]byte
+		_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
+		k := binary.LittleEndian.Uint32(b[:])
+		if _, old := t.retSet[k]; k == 0 || old || t.byRKey[k] != nil {
+			continue
+		}
+		mr.rkey = k
+		break
+	}
+	t.byIndex[idx] = mr
+	t.byRKey[mr.rkey] = mr
+	t.n++
+	return nil
+}
+
+func (t *mrTable) remove(mr *MR) {
+	t.byIndex[mr.lkey>>8] = nil
+	delete(t.byRKey, mr.rkey)
+	if old := t.retired[t.retPos]; old != 0 {
+		delete(t.retSet, old)
+	}
+	t.retired[t.retPos] = mr.rkey
+	t.retSet[mr.rkey] = struct{}{}
+	t.retPos = (t.retPos + 1) % retiredKeys
+	t.n--
+}
+
+func (t *mrTable) byLKey(lkey uint32) *MR {
+	idx := lkey >> 8
+	if idx == 0 || idx >= uint32(len(t.byIndex)) {
+		return nil
+	}
+	if mr := t.byIndex[idx]; mr != nil && mr.lkey == lkey {
+		return mr
+	}
+	return nil
+}

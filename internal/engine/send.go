@@ -1,0 +1,227 @@
+package engine
+
+import (
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/uapi"
+)
+
+// sqBatch bounds the WQEs taken from one SQ per look, so that one busy QP does not starve others.
+const sqBatch = 256
+
+// processSQ consumes the WQEs the producer has made visible in q's SQ. In ERR it flushes them;
+// outside RTS it leaves them for later.
+func (d *Device) processSQ(q *QP, now time.Time) bool {
+	pc := uint16(atomic.LoadUint32(q.sq.db))
+	if pc == q.sq.ci || q.dead {
+		return false
+	}
+	switch q.attr.State {
+	case uapi.QPSErr:
+		q.flush()
+		return true
+	case uapi.QPSRTS:
+	default:
+		return false
+	}
+	for n := 0; q.sq.ci != pc && n < sqBatch; n++ {
+		w := &q.scratch
+		err := q.sq.slot(q.sq.ci).Decode(w)
+		phase := q.sq.phase
+		q.sq.advance()
+		switch {
+		case err != nil:
+			w.CompReq = true
+			q.completeSend(w, decodeStatus(err))
+		case w.Phase != phase:
+			w.CompReq = true // an entry from another lap: the producer overran or forgot the phase
+			q.completeSend(w, efaio.StatusLocalQPInternalError)
+		default:
+			d.execute(q, w, 0, now)
+		}
+	}
+	return true
+}
+
+// decodeStatus maps a WQE the device cannot parse to the status of its error completion.
+func decodeStatus(err error) efaio.Status {
+	switch {
+	case errors.Is(err, efaio.ErrOpType):
+		return efaio.StatusLocalUnsupportedOp
+	case errors.Is(err, efaio.ErrLKey):
+		return efaio.StatusLocalInvalidLKey
+	case errors.Is(err, efaio.ErrLength):
+		return efaio.StatusLocalBadLength
+	}
+	return efaio.StatusLocalQPInternalError
+}
+
+// execute carries out one send WR and completes it, or parks it for an RNR retry.
+func (d *Device) execute(q *QP, w *efaio.TxDesc, tries int, now time.Time) {
+	var m message
+	st := d.prepare(q, w, &m)
+	if st == efaio.StatusOK {
+		st = d.deliver(&m)
+	}
+	if st == efaio.StatusRemoteRNR && q.typ == uapi.QPTypeDriver &&
+		(q.attr.RNRRetry == uapi.RNRRetryInfinite || tries < int(q.attr.RNRRetry)) {
+		q.parked = append(q.parked, parkedWR{desc: *w, tries: tries + 1, due: now.Add(d.cfg.RNRInterval)})
+		return
+	}
+	d.count(w, &m, st)
+	q.completeSend(w, st)
+}
+
+// prepare checks a decoded send WR against the QP and device and builds its message: operation
+// allowed, AH known, size within limits, local buffers covered by lkeys of the QP's PD.
+func (d *Device) prepare(q *QP, w *efaio.TxDesc, m *message) efaio.Status {
+	caps := d.cfg.Caps
+	switch {
+	case q.typ == uapi.QPTypeUD && w.Op != efaio.OpSend,
+		w.Op == efaio.OpRDMARead && caps&uapi.CapRDMARead == 0,
+		w.Op == efaio.OpRDMAWrite && caps&uapi.CapRDMAWrite == 0:
+		return efaio.StatusLocalUnsupportedOp
+	}
+	ah := q.pd.ahs.byNum[w.AHN]
+	if ah == nil {
+		return efaio.StatusLocalInvalidAH
+	}
+	*m = message{
+		op: w.Op, typ: q.typ, hasImm: w.HasImm, imm: w.Imm, qkey: w.QKey,
+		srcGID: d.gid, dstGID: ah.gid, srcQPN: uint16(q.qpn), dstQPN: w.DestQPN,
+	}
+	if w.Op == efaio.OpSend {
+		return d.prepareSend(q, w, m)
+	}
+	m.raddr, m.rkey, m.length = w.Remote.Addr, w.Remote.RKey, uint64(w.Remote.Length)
+	if m.length > uint64(d.cfg.MaxRDMASize) {
+		return efaio.StatusLocalBadLength
+	}
+	if w.Inline {
+		m.src[0], m.nsrc = w.InlineBuf, 1
+		return efaio.StatusOK
+	}
+	if w.Length == 0 {
+		if m.length != 0 {
+			return efaio.StatusLocalBadLength
+		}
+		return efaio.StatusOK
+	}
+	sge := &w.SGL[0]
+	if uint64(sge.Length) < m.length {
+		return efaio.StatusLocalBadLength
+	}
+	need := 0
+	if w.Op == efaio.OpRDMARead {
+		need = uapi.AccessLocalWrite
+	}
+	b, ok := d.localSpan(q.pd, sge.LKey, sge.Addr, m.length, need)
+	if !ok {
+		return efaio.StatusLocalInvalidLKey
+	}
+	if w.Op == efaio.OpRDMARead {
+		m.sink = b
+	} else {
+		m.src[0], m.nsrc = b, 1
+	}
+	return efaio.StatusOK
+}
+
+func (d *Device) prepareSend(q *QP, w *efaio.TxDesc, m *message) efaio.Status {
+	if w.Inline {
+		m.src[0], m.nsrc, m.length = w.InlineBuf, 1, uint64(len(w.InlineBuf))
+	} else {
+		for i := range int(w.Length) {
+			m.length += uint64(w.SGL[i].Length)
+		}
+	}
+	if m.length > uint64(d.cfg.MTU) {
+		return efaio.StatusLocalBadLength
+	}
+	if w.Inline {
+		return efaio.StatusOK
+	}
+	for i := range int(w.Length) {
+		sge := &w.SGL[i]
+		b, ok := d.localSpan(q.pd, sge.LKey, sge.Addr, uint64(sge.Length), 0)
+		if !ok {
+			return efaio.StatusLocalInvalidLKey
+		}
+		m.src[i] = b
+	}
+	m.nsrc = int(w.Length)
+	return efaio.StatusOK
+}
+
+// deliver hands m to its destination. Same-device messages are carried out at once; a device
+// without a link cannot reach any other address.
+func (d *Device) deliver(m *message) efaio.Status {
+	if m.dstGID == d.gid {
+		return d.respond(m)
+	}
+	return efaio.StatusLocalUnreachRemote
+}
+
+func (d *Device) count(w *efaio.TxDesc, m *message, st efaio.Status) {
+	c := &d.counts
+	switch w.Op {
+	case efaio.OpSend:
+		if st == efaio.StatusOK {
+			c.SendWRs.Add(1)
+			c.SendBytes.Add(m.length)
+		}
+	case efaio.OpRDMARead:
+		c.RDMAReadWRs.Add(1)
+		if st != efaio.StatusOK {
+			c.RDMAReadWRErr.Add(1)
+		} else {
+			c.RDMAReadBytes.Add(m.length)
+		}
+	case efaio.OpRDMAWrite:
+		c.RDMAWriteWRs.Add(1)
+		if st != efaio.StatusOK {
+			c.RDMAWriteWRErr.Add(1)
+		} else {
+			c.RDMAWriteBytes.Add(m.length)
+		}
+	}
+}
+
+// completeSend writes q's send completion for w, echoing its request id. A successful WR that
+// did not ask for a completion (comp_req clear) gets none; an error always gets one.
+func (q *QP) completeSend(w *efaio.TxDesc, st efaio.Status) {
+	if !w.CompReq && st == efaio.StatusOK {
+		return
+	}
+	c := efaio.Completion{ReqID: w.ReqID, Status: st, QType: efaio.QTypeSend, Op: w.Op, QPN: uint16(q.qpn)}
+	if q.flags&uapi.QPFlagSQ64BitReqID != 0 {
+		c.ReqIDEx = w.ReqIDEx
+	}
+	q.sendCQ.post(&c)
+}
+
+// retryParked runs again the sends of q that wait after RNR: all of them when receives were
+// posted on the device (rqMoved), otherwise those whose retry interval has passed.
+func (d *Device) retryParked(q *QP, rqMoved bool, now time.Time) {
+	if len(q.parked) == 0 || q.attr.State != uapi.QPSRTS && q.attr.State != uapi.QPSSQD {
+		return
+	}
+	waiting := q.parked
+	q.parked = q.parked[len(q.parked):] // execute may append; it writes past the old entries
+	kept := waiting[:0]
+	for i := range waiting {
+		p := waiting[i]
+		if !rqMoved && now.Before(p.due) {
+			kept = append(kept, p)
+			continue
+		}
+		d.execute(q, &p.desc, p.tries, now)
+	}
+	// Re-parked entries landed after the old ones; gather everything at the front.
+	n := copy(waiting[len(kept):cap(waiting)], q.parked)
+	q.parked = waiting[:len(kept)+n]
+	q.checkDrained()
+}

@@ -1,0 +1,271 @@
+package verbs
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"github.com/softefa/softefa/efaio"
+)
+
+// WC is a work completion (struct ibv_wc). ImmData is in host order: the value the sender gave.
+type WC struct {
+	WRID         uint64
+	Status       WCStatus
+	Opcode       WCOpcode
+	VendorErr    uint32 // the EFA status (efaio.Status)
+	ByteLen      uint32
+	ImmData      uint32
+	QPNum        uint32
+	SrcQP        uint32
+	WCFlags      WCFlags
+	PKeyIndex    uint16
+	SLID         uint16 // receive: the receiver's AH number for the sender, or 0xffff
+	SL           uint8
+	DLIDPathBits uint8
+}
+
+// errEmpty is the internal "no entry" result; StartPoll and NextPoll report it as ENOENT.
+var errEmpty = errors.New("verbs: CQ empty")
+
+// Poll reads up to len(wc) completions (ibv_poll_cq) and returns how many it read. An entry for a
+// QP this context does not know, or from an earlier holder of a reused QP number, is consumed and
+// dropped; if it is the first entry, Poll returns EINVAL, as libefa does.
+func (cq *CQ) Poll(wc []WC) (int, error) {
+	cq.lock()
+	defer cq.unlock()
+	n := 0
+	var err error
+	for n < len(wc) {
+		err = cq.next()
+		if err != nil {
+			break
+		}
+		cq.fill(&wc[n])
+		n++
+	}
+	if n > 0 || err != nil && err != errEmpty {
+		cq.ringConsumed()
+	}
+	if n == 0 && err != nil && err != errEmpty {
+		return 0, err
+	}
+	return n, nil
+}
+
+// next consumes the entry at the consumer index into cq.cur, cq.curQP and cq.wrid. Called with
+// the CQ lock held.
+func (cq *CQ) next() error {
+	slot := cq.ring[int(uint32(cq.cc)&cq.mask)*efaio.CQESize:][:efaio.CQESize]
+	hdr := atomic.LoadUint32((*uint32)(unsafe.Pointer(&slot[0])))
+	if efaio.PhaseOf(hdr) != cq.phase {
+		return errEmpty
+	}
+	cq.cc++
+	if uint32(cq.cc)&cq.mask == 0 {
+		cq.phase ^= 1
+	}
+	c := &cq.cur
+	if err := efaio.CQE(slot).Decode(hdr, c); err != nil {
+		return cq.invalid("malformed CQE: %v", err)
+	}
+	q := cq.ctx.qps[c.QPN].Load()
+	if q == nil {
+		return cq.invalid("CQE for unknown QP %d", c.QPN)
+	}
+	cq.curQP = q
+	switch {
+	case c.QType == efaio.QTypeSend && q.sq.reqID64:
+		cq.wrid = uint64(c.ReqID) | c.ReqIDEx<<16
+		q.sq.completed.Add(1)
+	case c.QType == efaio.QTypeRecv && c.Unsolicited:
+		cq.wrid = 0
+	default:
+		wq := &q.sq.wq
+		if c.QType == efaio.QTypeRecv {
+			wq = &q.rq.wq
+		}
+		idx, ok := wq.index(c.ReqID)
+		if !ok {
+			return cq.invalid("CQE req_id %#x of QP %d from another generation", c.ReqID, c.QPN)
+		}
+		cq.wrid = wq.wrid[idx]
+		wq.put(idx)
+	}
+	return nil
+}
+
+func (cq *CQ) invalid(format string, args ...any) error {
+	cq.bad.Add(1)
+	return fmt.Errorf("verbs: "+format+": %w", append(args, syscall.EINVAL)...)
+}
+
+// ringConsumed tells the device how many entries have been consumed (the CQ doorbell, arm clear).
+func (cq *CQ) ringConsumed() {
+	atomic.StoreUint32(cq.db, efaio.CQDoorbell(cq.cc, uint8(cq.cmdSN.Load()), false))
+}
+
+// fill converts the current entry to a WC as libefa's efa_poll_cq does: send completions carry
+// no length, source or AH.
+func (cq *CQ) fill(wc *WC) {
+	c := &cq.cur
+	*wc = WC{
+		WRID: cq.wrid, Status: statusToWC(c.Status), VendorErr: uint32(c.Status), QPNum: uint32(c.QPN),
+		Opcode: cq.opcode(),
+	}
+	if c.QType == efaio.QTypeRecv {
+		wc.ByteLen = c.Length
+		wc.SrcQP = uint32(c.SrcQPN)
+		wc.SLID = c.AHN
+		wc.WCFlags = cq.flags()
+		wc.ImmData = c.Imm
+	}
+}
+
+func (cq *CQ) opcode() WCOpcode {
+	c := &cq.cur
+	switch {
+	case c.QType == efaio.QTypeSend && c.Op == efaio.OpRDMAWrite:
+		return WCRDMAWrite
+	case c.QType == efaio.QTypeSend:
+		return WCSend // an RDMA read completes as SEND, as in libefa
+	case c.Op == efaio.OpRDMAWrite:
+		return WCRecvRDMAWithImm
+	}
+	return WCRecv
+}
+
+func (cq *CQ) flags() WCFlags {
+	var f WCFlags
+	if cq.cur.HasImm {
+		f |= WCWithImm
+	}
+	if cq.cur.QType == efaio.QTypeRecv && cq.curQP.typ == QPTUD {
+		f |= WCGRH
+	}
+	return f
+}
+
+// statusToWC maps an EFA status to ibv_wc_status as libefa's to_ibv_status does.
+func statusToWC(s efaio.Status) WCStatus {
+	switch s {
+	case efaio.StatusOK:
+		return WCSuccess
+	case efaio.StatusFlushed:
+		return WCWRFlushErr
+	case efaio.StatusLocalQPInternalError, efaio.StatusLocalUnsupportedOp, efaio.StatusLocalInvalidAH:
+		return WCLocQPOpErr
+	case efaio.StatusLocalInvalidLKey:
+		return WCLocProtErr
+	case efaio.StatusLocalBadLength:
+		return WCLocLenErr
+	case efaio.StatusRemoteBadAddress:
+		return WCRemAccessErr
+	case efaio.StatusRemoteAbort:
+		return WCRemAbortErr
+	case efaio.StatusRemoteBadDestQPN:
+		return WCRemInvRDReqErr
+	case efaio.StatusRemoteRNR:
+		return WCRNRRetryExcErr
+	case efaio.StatusRemoteBadLength, efaio.StatusRemoteFeatureMismatch:
+		return WCRemInvReqErr
+	case efaio.StatusRemoteBadStatus:
+		return WCBadRespErr
+	case efaio.StatusLocalUnrespRemote, efaio.StatusLocalUnreachRemote:
+		return WCRespTimeoutErr
+	case efaio.StatusRemoteUnknownPeer:
+		return WCRemOpErr
+	}
+	return WCGeneralErr
+}
+
+// PollCQAttr is the argument of StartPoll (struct ibv_poll_cq_attr); CompMask must be 0.
+type PollCQAttr struct{ CompMask uint32 }
+
+// StartPoll begins an extended poll (ibv_start_poll). It returns ENOENT, with the CQ lock
+// released, if the CQ is empty; otherwise the first completion is current and the lock is held
+// until EndPoll. Non-zero attr.CompMask is EINVAL.
+func (cq *CQ) StartPoll(attr PollCQAttr) error {
+	if attr.CompMask != 0 {
+		return fmt.Errorf("verbs: start_poll comp_mask %#x: %w", attr.CompMask, syscall.EINVAL)
+	}
+	cq.lock()
+	err := cq.next()
+	if err == errEmpty {
+		cq.unlock()
+		return syscall.ENOENT
+	}
+	if err != nil {
+		cq.ringConsumed()
+		cq.unlock()
+	}
+	return err
+}
+
+// NextPoll moves to the next completion (ibv_next_poll): ENOENT when there is none.
+func (cq *CQ) NextPoll() error {
+	err := cq.next()
+	if err == errEmpty {
+		return syscall.ENOENT
+	}
+	return err
+}
+
+// EndPoll ends an extended poll (ibv_end_poll): it tells the device what was consumed and
+// releases the CQ lock.
+func (cq *CQ) EndPoll() {
+	cq.ringConsumed()
+	cq.unlock()
+}
+
+// WRID returns the current completion's work request id (ibv_cq_ex.wr_id).
+func (cq *CQ) WRID() uint64 { return cq.wrid }
+
+// Status returns the current completion's status (ibv_cq_ex.status).
+func (cq *CQ) Status() WCStatus { return statusToWC(cq.cur.Status) }
+
+// ReadOpcode returns the current completion's opcode (ibv_wc_read_opcode).
+func (cq *CQ) ReadOpcode() WCOpcode { return cq.opcode() }
+
+// ReadVendorErr returns the EFA status (ibv_wc_read_vendor_err).
+func (cq *CQ) ReadVendorErr() uint32 { return uint32(cq.cur.Status) }
+
+// ReadWCFlags returns the completion flags (ibv_wc_read_wc_flags).
+func (cq *CQ) ReadWCFlags() WCFlags { return cq.flags() }
+
+// ReadByteLen returns the received length, 0 for send completions (ibv_wc_read_byte_len).
+func (cq *CQ) ReadByteLen() uint32 {
+	if cq.cur.QType == efaio.QTypeSend {
+		return 0
+	}
+	return cq.cur.Length
+}
+
+// ReadImmData returns the immediate data in host order (ibv_wc_read_imm_data).
+func (cq *CQ) ReadImmData() uint32 { return cq.cur.Imm }
+
+// ReadQPNum returns the local QP number (ibv_wc_read_qp_num).
+func (cq *CQ) ReadQPNum() uint32 { return uint32(cq.cur.QPN) }
+
+// ReadSrcQP returns the sender's QP number (ibv_wc_read_src_qp).
+func (cq *CQ) ReadSrcQP() uint32 { return uint32(cq.cur.SrcQPN) }
+
+// ReadSLID returns the receiver's AH number for the sender, 0xffff if none (ibv_wc_read_slid).
+func (cq *CQ) ReadSLID() uint32 { return uint32(cq.cur.AHN) }
+
+// ReadSL returns 0: EFA reports no service level (ibv_wc_read_sl).
+func (cq *CQ) ReadSL() uint8 { return 0 }
+
+// ReadDLIDPathBits returns 0 (ibv_wc_read_dlid_path_bits).
+func (cq *CQ) ReadDLIDPathBits() uint8 { return 0 }
+
+// readSGID returns the source GID of the current receive completion when the receiving PD had no
+// AH for the sender (efadv_wc_read_sgid); ENOENT when the AH is known.
+func (cq *CQ) readSGID() (GID, error) {
+	if cq.cur.AHN != efaio.UnknownAH {
+		return GID{}, fmt.Errorf("verbs: sender's AH %d is known: %w", cq.cur.AHN, syscall.ENOENT)
+	}
+	return GID(cq.cur.SrcAddr), nil
+}
