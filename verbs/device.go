@@ -317,3 +317,27 @@ func (c *Context) GetAsyncEvent(ctx context.Context) (AsyncEvent, error) {
 	}
 	return out, nil
 }
+
+// Counters are the device's port counters with EFA's hw_counters names (efa_verbs.c), as a
+// snapshot.
+type Counters struct {
+	TxBytes, TxPkts, RxBytes, RxPkts, RxDrops                        uint64
+	SendBytes, SendWRs, RecvBytes, RecvWRs                           uint64
+	RDMAReadWRs, RDMAReadBytes, RDMAReadWRErr, RDMAReadRespBytes     uint64
+	RDMAWriteWRs, RDMAWriteBytes, RDMAWriteWRErr, RDMAWriteRecvBytes uint64
+	CQOverruns                                                       uint64
+}
+
+// Counters returns a snapshot of the device's counters.
+func (c *Context) Counters() Counters {
+	e := c.e.Counters()
+	return Counters{
+		TxBytes: e.TxBytes.Load(), TxPkts: e.TxPkts.Load(), RxBytes: e.RxBytes.Load(), RxPkts: e.RxPkts.Load(),
+		RxDrops: e.RxDrops.Load(), SendBytes: e.SendBytes.Load(), SendWRs: e.SendWRs.Load(),
+		RecvBytes: e.RecvBytes.Load(), RecvWRs: e.RecvWRs.Load(), RDMAReadWRs: e.RDMAReadWRs.Load(),
+		RDMAReadBytes: e.RDMAReadBytes.Load(), RDMAReadWRErr: e.RDMAReadWRErr.Load(),
+		RDMAReadRespBytes: e.RDMAReadRespBytes.Load(), RDMAWriteWRs: e.RDMAWriteWRs.Load(),
+		RDMAWriteBytes: e.RDMAWriteBytes.Load(), RDMAWriteWRErr: e.RDMAWriteWRErr.Load(),
+		RDMAWriteRecvBytes: e.RDMAWriteRecvBytes.Load(), CQOverruns: e.CQOverruns.Load(),
+	}
+}

@@ -1,0 +1,665 @@
+package verbs_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/softefa/softefa/config"
+	"github.com/softefa/softefa/efadv"
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/verbs"
+)
+
+func pattern(b []byte, seed byte) {
+	for i := range b {
+		b[i] = seed + byte(i*7)
+	}
+}
+
+// Same-device loopback between two QPs of one context and of two contexts: SEND gathered from two
+// SGEs and scattered into two, with the receive completion's fields.
+func TestLoopbackSend(t *testing.T) {
+	for _, same := range []bool{true, false} {
+		a, b := newLoop(t, loopOpts{sameCtx: same})
+		pattern(a.buf[:300], 1)
+		if _, err := b.qp.PostRecv([]verbs.RecvWR{{WRID: 77, SGList: []verbs.SGE{b.mr.SGE(1000, 100), b.mr.SGE(2000, 500)}}}); err != nil {
+			t.Fatal(err)
+		}
+		check(t, a.post(5, b, func(x *verbs.QPEx) {
+			x.WRSend()
+			x.WRSetSGEList([]verbs.SGE{a.mr.SGE(0, 150), a.mr.SGE(150, 150)})
+		}))
+		wantWC(t, a.one(), 5, verbs.WCSuccess, verbs.WCSend)
+		wc := b.one()
+		wantWC(t, wc, 77, verbs.WCSuccess, verbs.WCRecv)
+		if wc.ByteLen != 300 || wc.SrcQP != a.qp.QPN() || wc.QPNum != b.qp.QPN() || uint16(wc.SLID) != b.ah.AHN() ||
+			wc.WCFlags != 0 {
+			t.Fatalf("receive completion %+v", wc)
+		}
+		got := append(append([]byte{}, b.buf[1000:1100]...), b.buf[2000:2200]...)
+		if !bytes.Equal(got, a.buf[:300]) {
+			t.Fatal("scattered data differs")
+		}
+	}
+}
+
+func TestSendImmAndInline(t *testing.T) {
+	a, b := newLoop(t, loopOpts{})
+	pattern(a.buf[:32], 9)
+	// SEND_WITH_IMM through QPEx, inline data.
+	b.recv(1, 0, 64)
+	check(t, a.post(2, b, func(x *verbs.QPEx) {
+		x.WRSendImm(0xfeedf00d)
+		x.WRSetInlineData(a.buf[:20])
+	}))
+	wantWC(t, a.one(), 2, verbs.WCSuccess, verbs.WCSend)
+	wc := b.one()
+	if wc.WCFlags&verbs.WCWithImm == 0 || wc.ImmData != 0xfeedf00d || wc.ByteLen != 20 || !bytes.Equal(b.buf[:20], a.buf[:20]) {
+		t.Fatalf("inline send with imm: %+v", wc)
+	}
+	// Inline list.
+	b.recv(3, 0, 64)
+	check(t, a.post(4, b, func(x *verbs.QPEx) {
+		x.WRSend()
+		x.WRSetInlineDataList([][]byte{a.buf[:5], a.buf[10:20]})
+	}))
+	wantWC(t, a.one(), 4, verbs.WCSuccess, verbs.WCSend)
+	if wc := b.one(); wc.ByteLen != 15 || !bytes.Equal(b.buf[:15], append(append([]byte{}, a.buf[:5]...), a.buf[10:20]...)) {
+		t.Fatalf("inline list: %+v", wc)
+	}
+	// ibv_post_send with IBV_SEND_INLINE takes the data from the SGEs' memory.
+	b.recv(5, 0, 64)
+	pattern(a.buf[100:132], 50)
+	wr := verbs.SendWR{WRID: 6, SGList: []verbs.SGE{a.mr.SGE(100, 32)}, Opcode: verbs.WRSendWithImm, ImmData: 42,
+		SendFlags: verbs.SendSignaled | verbs.SendInline, AH: a.ah, RemoteQPN: b.qp.QPN(), RemoteQKey: qkey}
+	if _, err := a.qp.PostSend([]verbs.SendWR{wr}); err != nil {
+		t.Fatal(err)
+	}
+	wantWC(t, a.one(), 6, verbs.WCSuccess, verbs.WCSend)
+	if wc := b.one(); wc.ByteLen != 32 || wc.ImmData != 42 || !bytes.Equal(b.buf[:32], a.buf[100:132]) {
+		t.Fatalf("post_send inline: %+v", wc)
+	}
+	// Zero-length SEND into an empty receive.
+	if _, err := b.qp.PostRecv([]verbs.RecvWR{{WRID: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	check(t, a.post(8, b, func(x *verbs.QPEx) { x.WRSend(); x.WRSetSGEList(nil) }))
+	wantWC(t, a.one(), 8, verbs.WCSuccess, verbs.WCSend)
+	if wc := b.one(); wc.WRID != 7 || wc.ByteLen != 0 || wc.Status != verbs.WCSuccess {
+		t.Fatalf("zero-length: %+v", wc)
+	}
+}
+
+// Inline RDMA write needs INLINE_WRITE, which makes the WQEs 128 bytes.
+func TestInlineRDMAWrite(t *testing.T) {
+	a, b := newLoop(t, loopOpts{qpFlags: efadv.QPFlagsInlineWrite, access: verbs.AccessRemoteWrite,
+		cap: verbs.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: 80}})
+	if sq, _, _ := efadv.QueryQPWQs(a.qp); sq.EntrySize != 128 {
+		t.Fatalf("WQE size %d with INLINE_WRITE", sq.EntrySize)
+	}
+	pattern(a.buf[:80], 3)
+	check(t, a.post(1, b, func(x *verbs.QPEx) {
+		x.WRRDMAWrite(b.mr.RKey(), b.mr.Addr()+100)
+		x.WRSetInlineData(a.buf[:80])
+	}))
+	wantWC(t, a.one(), 1, verbs.WCSuccess, verbs.WCRDMAWrite)
+	if !bytes.Equal(b.buf[100:180], a.buf[:80]) {
+		t.Fatal("inline write data differs")
+	}
+	// An RDMA read cannot be inline; an inline write without INLINE_WRITE is refused.
+	wantErrno(t, a.post(2, b, func(x *verbs.QPEx) { x.WRRDMARead(b.mr.RKey(), b.mr.Addr()); x.WRSetInlineData(a.buf[:8]) }), syscall.EINVAL)
+	c, d := newLoop(t, loopOpts{access: verbs.AccessRemoteWrite})
+	wantErrno(t, c.post(3, d, func(x *verbs.QPEx) { x.WRRDMAWrite(d.mr.RKey(), d.mr.Addr()); x.WRSetInlineData(c.buf[:8]) }), syscall.EINVAL)
+	a.empty()
+	c.empty()
+}
+
+func TestRDMAReadWriteAndWriteImm(t *testing.T) {
+	a, b := newLoop(t, loopOpts{access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead})
+	pattern(b.buf, 11)
+	check(t, a.post(1, b, func(x *verbs.QPEx) {
+		x.WRRDMARead(b.mr.RKey(), b.mr.Addr()+10)
+		x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 1000)
+	}))
+	wantWC(t, a.one(), 1, verbs.WCSuccess, verbs.WCSend) // libefa reports reads as SEND
+	if !bytes.Equal(a.buf[:1000], b.buf[10:1010]) {
+		t.Fatal("read data differs")
+	}
+	pattern(a.buf, 99)
+	b.recv(33, 0, 16)
+	check(t, a.post(2, b, func(x *verbs.QPEx) {
+		x.WRRDMAWriteImm(b.mr.RKey(), b.mr.Addr()+2048, 0xabcd)
+		x.WRSetSGE(a.mr.LKey(), a.mr.Addr()+100, 2000)
+	}))
+	wantWC(t, a.one(), 2, verbs.WCSuccess, verbs.WCRDMAWrite)
+	wc := b.one()
+	wantWC(t, wc, 33, verbs.WCSuccess, verbs.WCRecvRDMAWithImm)
+	if wc.ByteLen != 2000 || wc.ImmData != 0xabcd || wc.WCFlags&verbs.WCWithImm == 0 {
+		t.Fatalf("write-imm receive %+v", wc)
+	}
+	if !bytes.Equal(b.buf[2048:4048], a.buf[100:2100]) {
+		t.Fatal("write data differs")
+	}
+}
+
+// Each error outcome is a per-WR status; the QP and the peer stay usable afterwards.
+func TestErrorStatuses(t *testing.T) {
+	a, b := newLoop(t, loopOpts{access: verbs.AccessRemoteRead, size: 16384,
+		cfg: func(c *config.Device) { c.MaxRDMASize = 8192 }})
+	ok := func() {
+		t.Helper()
+		b.recv(100, 0, 64)
+		a.send(101, b, 0, 64)
+		wantWC(t, a.one(), 101, verbs.WCSuccess, verbs.WCSend)
+		wantWC(t, b.one(), 100, verbs.WCSuccess, verbs.WCRecv)
+	}
+	cases := []struct {
+		name   string
+		setup  func()
+		build  func(x *verbs.QPEx)
+		dstQPN uint32
+		qkey   uint32
+		want   verbs.WCStatus
+		vendor efaio.Status
+	}{
+		{"receiver SGL too short", func() { b.recv(1, 0, 10) }, func(x *verbs.QPEx) {
+			x.WRSend()
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 100)
+		}, 0, 0, verbs.WCRemInvReqErr, efaio.StatusRemoteBadLength},
+		{"bad rkey", nil, func(x *verbs.QPEx) {
+			x.WRRDMARead(b.mr.RKey()^1, b.mr.Addr())
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 100)
+		}, 0, 0, verbs.WCRemAccessErr, efaio.StatusRemoteBadAddress},
+		{"remote bounds", nil, func(x *verbs.QPEx) {
+			x.WRRDMARead(b.mr.RKey(), b.mr.Addr()+16384-50)
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 100)
+		}, 0, 0, verbs.WCRemAccessErr, efaio.StatusRemoteBadAddress},
+		{"remote address wraps", nil, func(x *verbs.QPEx) {
+			x.WRRDMARead(b.mr.RKey(), math.MaxUint64-10)
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 100)
+		}, 0, 0, verbs.WCRemAccessErr, efaio.StatusRemoteBadAddress},
+		{"no remote write access", nil, func(x *verbs.QPEx) {
+			x.WRRDMAWrite(b.mr.RKey(), b.mr.Addr())
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 100)
+		}, 0, 0, verbs.WCRemAccessErr, efaio.StatusRemoteBadAddress},
+		{"bad destination QPN", nil, func(x *verbs.QPEx) {
+			x.WRSend()
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 10)
+		}, 0xfff0, 0, verbs.WCRemInvRDReqErr, efaio.StatusRemoteBadDestQPN},
+		{"qkey mismatch", nil, func(x *verbs.QPEx) {
+			x.WRSend()
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 10)
+		}, 0, qkey + 1, verbs.WCRemInvRDReqErr, efaio.StatusRemoteBadDestQPN},
+		{"message over the MTU", nil, func(x *verbs.QPEx) {
+			x.WRSend()
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 8193)
+		}, 0, 0, verbs.WCLocLenErr, efaio.StatusLocalBadLength},
+		{"RDMA over max_rdma_size", nil, func(x *verbs.QPEx) {
+			x.WRRDMARead(b.mr.RKey(), b.mr.Addr())
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 8193)
+		}, 0, 0, verbs.WCLocLenErr, efaio.StatusLocalBadLength},
+		{"bad lkey", nil, func(x *verbs.QPEx) {
+			x.WRSend()
+			x.WRSetSGE(a.mr.LKey()^0x100, a.mr.Addr(), 10)
+		}, 0, 0, verbs.WCLocProtErr, efaio.StatusLocalInvalidLKey},
+		{"local bounds", nil, func(x *verbs.QPEx) {
+			x.WRSend()
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr()+16380, 10)
+		}, 0, 0, verbs.WCLocProtErr, efaio.StatusLocalInvalidLKey},
+		{"lkey of another PD", nil, func(x *verbs.QPEx) {
+			x.WRSend()
+			x.WRSetSGE(b.mr.LKey(), b.mr.Addr(), 10)
+		}, 0, 0, verbs.WCLocProtErr, efaio.StatusLocalInvalidLKey},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if c.setup != nil {
+				c.setup()
+			}
+			wrid := uint64(1000 + i)
+			a.x.WRStart()
+			a.x.WRID, a.x.WRFlags = wrid, verbs.SendSignaled
+			c.build(a.x)
+			dst, k := b.qp.QPN(), uint32(qkey)
+			if c.dstQPN != 0 {
+				dst = c.dstQPN
+			}
+			if c.qkey != 0 {
+				k = c.qkey
+			}
+			a.x.WRSetUDAddr(a.ah, dst, k)
+			check(t, a.x.WRComplete())
+			wc := a.one()
+			op := verbs.WCSend
+			if c.name == "no remote write access" {
+				op = verbs.WCRDMAWrite
+			}
+			wantWC(t, wc, wrid, c.want, op)
+			if efaio.Status(wc.VendorErr) != c.vendor {
+				t.Fatalf("vendor_err %d, want %d (%v)", wc.VendorErr, c.vendor, c.vendor)
+			}
+			b.empty()
+			if c.setup != nil { // the short receive is still posted: a fitting send lands in it
+				a.send(2, b, 0, 10)
+				wantWC(t, a.one(), 2, verbs.WCSuccess, verbs.WCSend)
+				wantWC(t, b.one(), 1, verbs.WCSuccess, verbs.WCRecv)
+			}
+			ok()
+		})
+	}
+}
+
+// RNR: with rnr_retry 7 a send waits for a receive however long it takes; with a finite count it
+// fails with RNR_RETRY_EXC_ERR once the retries are spent.
+func TestRNR(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := newLoop(t, loopOpts{rnrRetry: -1})
+		a.send(1, b, 0, 100)
+		time.Sleep(time.Second)
+		a.empty() // still retrying after 1000 retry intervals
+		b.recv(2, 0, 100)
+		wantWC(t, a.one(), 1, verbs.WCSuccess, verbs.WCSend)
+		wantWC(t, b.one(), 2, verbs.WCSuccess, verbs.WCRecv)
+	})
+	for _, n := range []int{0, 3} {
+		synctest.Test(t, func(t *testing.T) {
+			a, b := newLoop(t, loopOpts{rnrRetry: n})
+			start := time.Now()
+			a.send(1, b, 0, 100)
+			wc := a.one()
+			wantWC(t, wc, 1, verbs.WCRNRRetryExcErr, verbs.WCSend)
+			if efaio.Status(wc.VendorErr) != efaio.StatusRemoteRNR {
+				t.Fatalf("vendor_err %d", wc.VendorErr)
+			}
+			if took := time.Since(start); took < time.Duration(n)*time.Millisecond {
+				t.Fatalf("rnr_retry %d gave up after %v, before %d retry intervals", n, took, n)
+			}
+			b.empty()
+		})
+	}
+}
+
+// A WR whose AH is destroyed while it waits completes with INVALID_AH (LOC_QP_OP_ERR).
+func TestAHDestroyedInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := newLoop(t, loopOpts{rnrRetry: -1})
+		a.send(1, b, 0, 100)
+		synctest.Wait()
+		check(t, a.ah.Destroy())
+		a.ah = nil
+		b.recv(2, 0, 100)
+		wc := a.one()
+		wantWC(t, wc, 1, verbs.WCLocQPOpErr, verbs.WCSend)
+		if efaio.Status(wc.VendorErr) != efaio.StatusLocalInvalidAH {
+			t.Fatalf("vendor_err %d", wc.VendorErr)
+		}
+		time.Sleep(10 * time.Millisecond)
+		b.empty()
+	})
+}
+
+// Destroying a QP, or moving it to ERR, completes every outstanding WR with WR_FLUSH_ERR and the
+// WR's own wr_id.
+func TestFlushOnDestroyAndErr(t *testing.T) {
+	for _, destroy := range []bool{true, false} {
+		synctest.Test(t, func(t *testing.T) {
+			a, b := newLoop(t, loopOpts{rnrRetry: -1})
+			for i := range 3 {
+				a.send(uint64(10+i), b, 0, 100)
+			}
+			a.recv(20, 0, 100)
+			a.recv(21, 100, 100)
+			synctest.Wait()
+			a.empty()
+			if destroy {
+				check(t, a.qp.Destroy())
+				a.qp = nil
+			} else {
+				check(t, a.qp.Modify(&verbs.QPAttr{QPState: verbs.QPSErr}, verbs.QPAttrState))
+				_, err := a.qp.PostRecv([]verbs.RecvWR{{WRID: 1}})
+				wantErrno(t, err, syscall.EINVAL)
+				wantErrno(t, a.post(1, b, func(x *verbs.QPEx) { x.WRSend() }), syscall.EINVAL)
+			}
+			got := map[uint64]verbs.WCOpcode{}
+			for _, wc := range waitWC(t, a.cq, 5) {
+				if wc.Status != verbs.WCWRFlushErr {
+					t.Fatalf("completion %+v, want flushed", wc)
+				}
+				got[wc.WRID] = wc.Opcode
+			}
+			want := map[uint64]verbs.WCOpcode{10: verbs.WCSend, 11: verbs.WCSend, 12: verbs.WCSend, 20: verbs.WCRecv, 21: verbs.WCRecv}
+			for k, v := range want {
+				if got[k] != v {
+					t.Fatalf("flushed %v, want %v", got, want)
+				}
+			}
+			b.recv(30, 0, 100)
+			time.Sleep(10 * time.Millisecond)
+			b.empty() // nothing of the flushed sends arrives
+		})
+	}
+}
+
+// A completion for a QP number that has since been given to a new QP carries the old generation:
+// polling consumes it and reports EINVAL, and the new QP's completions still work.
+func TestStaleGenerationDropped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := newLoop(t, loopOpts{sameCtx: true, rnrRetry: -1,
+			cfg: func(c *config.Device) { c.QPNTableSize = 4 }}) // QPNs 2 and 3 only
+		a.send(1, b, 0, 100)
+		synctest.Wait()
+		old := a.qp.QPN()
+		check(t, a.qp.Destroy()) // its flushed completion waits in a.cq
+		attr := verbs.QPInitAttrEx{SendCQ: a.cq, RecvCQ: a.cq, QPType: verbs.QPTDriver, PD: a.pd,
+			Cap: verbs.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1}, CompMask: verbs.QPInitAttrPD}
+		a.qp = must[*verbs.QP](t)(efadv.CreateQPEx(a.ctx, &attr, &efadv.QPInitAttr{}))
+		if a.qp.QPN() != old {
+			t.Fatalf("new QP got %d, want the freed %d", a.qp.QPN(), old)
+		}
+		var wc [4]verbs.WC
+		n, err := a.cq.Poll(wc[:])
+		wantErrno(t, err, syscall.EINVAL)
+		if n != 0 || a.cq.BadCompletions() != 1 {
+			t.Fatalf("poll gave %d, %d dropped", n, a.cq.BadCompletions())
+		}
+		a.empty()
+	})
+}
+
+// UD QPs: a GRH in front of the payload; undeliverable messages are dropped silently and the
+// sender still succeeds.
+func TestUDLoopback(t *testing.T) {
+	a, b := newLoop(t, loopOpts{typ: verbs.QPTUD})
+	pattern(a.buf[:100], 5)
+	b.recv(1, 0, 200)
+	a.send(2, b, 0, 100)
+	wantWC(t, a.one(), 2, verbs.WCSuccess, verbs.WCSend)
+	wc := b.one()
+	wantWC(t, wc, 1, verbs.WCSuccess, verbs.WCRecv)
+	if wc.ByteLen != 140 || wc.WCFlags&verbs.WCGRH == 0 || !bytes.Equal(b.buf[40:140], a.buf[:100]) {
+		t.Fatalf("UD receive %+v", wc)
+	}
+	if g := verbs.GID(b.buf[8:24]); g != a.ctx.Device().GID() || binary.BigEndian.Uint16(b.buf[4:]) != 100 {
+		t.Fatalf("GRH source %v", g)
+	}
+	// No receive posted, wrong qkey: dropped, sender succeeds.
+	a.send(3, b, 0, 100)
+	wantWC(t, a.one(), 3, verbs.WCSuccess, verbs.WCSend)
+	b.recv(4, 0, 200)
+	check(t, a.post(5, b, func(x *verbs.QPEx) { x.WRSend(); x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 10) }))
+	wantWC(t, a.one(), 5, verbs.WCSuccess, verbs.WCSend)
+	wantWC(t, b.one(), 4, verbs.WCSuccess, verbs.WCRecv)
+	a.x.WRStart()
+	a.x.WRID, a.x.WRFlags = 6, verbs.SendSignaled
+	a.x.WRSend()
+	a.x.WRSetUDAddr(a.ah, b.qp.QPN(), qkey+1)
+	a.x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 10)
+	check(t, a.x.WRComplete())
+	wantWC(t, a.one(), 6, verbs.WCSuccess, verbs.WCSend)
+	b.recv(7, 0, 200)
+	b.empty()
+	if b.ctx.Counters().RxDrops < 2 {
+		t.Fatalf("rx_drops %d", b.ctx.Counters().RxDrops)
+	}
+}
+
+// In 64-bit request-id mode the SQ's completions echo the whole wr_id.
+func TestRequestID64(t *testing.T) {
+	a, b := newLoop(t, loopOpts{cfg: func(c *config.Device) { c.RequestID64 = true }})
+	const id = 0xdeadbeef12345678
+	b.recv(0x1122334455667788, 0, 64)
+	a.send(id, b, 0, 64)
+	wantWC(t, a.one(), id, verbs.WCSuccess, verbs.WCSend)
+	wantWC(t, b.one(), 0x1122334455667788, verbs.WCSuccess, verbs.WCRecv)
+	sq, _, _ := efadv.QueryQPWQs(a.qp)
+	if sq.Caps&efadv.WQCaps64BitReqID == 0 {
+		t.Fatal("SQ does not report 64-bit request ids")
+	}
+	slot := sq.Buffer[:64] // the first WQE stays in the ring: wr_id bits 16..63 ride in req_id_ex
+	if binary.LittleEndian.Uint16(slot[0:]) != 0x5678 || binary.LittleEndian.Uint16(slot[26:]) != 0x1234 ||
+		binary.LittleEndian.Uint32(slot[28:]) != 0xdeadbeef {
+		t.Fatalf("WQE request id bytes % x", slot[:32])
+	}
+}
+
+// Legacy ibv_post_send: SEND and SEND_WITH_IMM only, signaled only, known flags, SGE and inline
+// limits; the failing WR's index comes back and those before it are posted.
+func TestPostSendChecks(t *testing.T) {
+	a, b := newLoop(t, loopOpts{cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: 16}})
+	good := verbs.SendWR{WRID: 1, SGList: []verbs.SGE{a.mr.SGE(0, 8)}, Opcode: verbs.WRSend, SendFlags: verbs.SendSignaled,
+		AH: a.ah, RemoteQPN: b.qp.QPN(), RemoteQKey: qkey}
+	for _, c := range []struct {
+		name string
+		mod  func(*verbs.SendWR)
+	}{
+		{"RDMA write opcode", func(w *verbs.SendWR) { w.Opcode = verbs.WRRDMAWrite }},
+		{"RDMA read opcode", func(w *verbs.SendWR) { w.Opcode = verbs.WRRDMARead }},
+		{"unsignaled", func(w *verbs.SendWR) { w.SendFlags = 0 }},
+		{"fence", func(w *verbs.SendWR) { w.SendFlags |= verbs.SendFence }},
+		{"two SGEs over max_send_sge 1", func(w *verbs.SendWR) { w.SGList = append(w.SGList, a.mr.SGE(8, 8)) }},
+		{"inline over max_inline_data", func(w *verbs.SendWR) { w.SendFlags |= verbs.SendInline; w.SGList = []verbs.SGE{a.mr.SGE(0, 17)} }},
+		{"inline outside a region", func(w *verbs.SendWR) {
+			w.SendFlags |= verbs.SendInline
+			w.SGList = []verbs.SGE{{Addr: 8, Length: 4, LKey: 99}}
+		}},
+		{"no AH", func(w *verbs.SendWR) { w.AH = nil }},
+	} {
+		bad := good
+		c.mod(&bad)
+		b.recv(9, 0, 64)
+		n, err := a.qp.PostSend([]verbs.SendWR{good, bad, good})
+		if n != 1 || !errorsIsEINVAL(err) {
+			t.Fatalf("%s: index %d err %v, want 1 EINVAL", c.name, n, err)
+		}
+		wantWC(t, a.one(), 1, verbs.WCSuccess, verbs.WCSend)
+		wantWC(t, b.one(), 9, verbs.WCSuccess, verbs.WCRecv)
+	}
+}
+
+func errorsIsEINVAL(err error) bool { return err != nil && errorsIs(err, syscall.EINVAL) }
+
+// A session with an error or an abort posts nothing and leaks no slot; the next session works.
+func TestSessionRollback(t *testing.T) {
+	a, b := newLoop(t, loopOpts{cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: 8}})
+	for range 40 { // more than the SQ holds: a leak would show as ENOMEM
+		a.x.WRStart()
+		a.x.WRID, a.x.WRFlags = 1, verbs.SendSignaled
+		a.x.WRSend()
+		a.x.WRSetUDAddr(a.ah, b.qp.QPN(), qkey)
+		a.x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 8)
+		a.x.WRSend()
+		a.x.WRSetInlineData(make([]byte, 9)) // over max_inline_data
+		wantErrno(t, a.x.WRComplete(), syscall.EINVAL)
+		a.x.WRStart()
+		a.x.WRSend()
+		a.x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 8)
+		a.x.WRAbort()
+	}
+	a.empty()
+	for i := range 16 {
+		b.recv(uint64(i), 0, 8)
+	}
+	a.x.WRStart()
+	for i := range 16 {
+		a.x.WRID, a.x.WRFlags = uint64(100+i), verbs.SendSignaled
+		a.x.WRSend()
+		a.x.WRSetUDAddr(a.ah, b.qp.QPN(), qkey)
+		a.x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 8)
+	}
+	check(t, a.x.WRComplete())
+	seen := map[uint64]bool{}
+	for _, wc := range waitWC(t, a.cq, 16) {
+		if wc.Status != verbs.WCSuccess || seen[wc.WRID] {
+			t.Fatalf("completion %+v", wc)
+		}
+		seen[wc.WRID] = true
+	}
+	waitWC(t, b.cq, 16)
+	// An opcode the QP was not created with fails the session with EOPNOTSUPP.
+	u, v := newLoop(t, loopOpts{typ: verbs.QPTUD})
+	u.x.WRStart()
+	u.x.WRRDMAWrite(v.mr.RKey(), v.mr.Addr())
+	wantErrno(t, u.x.WRComplete(), syscall.EOPNOTSUPP)
+	wantErrno(t, u.x.WRComplete(), syscall.EINVAL) // no session
+}
+
+// Processing hints land in ctrl3 of the WQE.
+func TestProcessingHints(t *testing.T) {
+	a, b := newLoop(t, loopOpts{})
+	b.recv(1, 0, 64)
+	check(t, a.post(2, b, func(x *verbs.QPEx) {
+		x.WRSend()
+		efadv.WRSetProcessingHints(efadv.QPFromIBVQPEx(x), efadv.WRProcessingHintBurstPPSSensitive)
+		x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 64)
+	}))
+	wantWC(t, a.one(), 2, verbs.WCSuccess, verbs.WCSend)
+	b.one()
+	sq, _, _ := efadv.QueryQPWQs(a.qp)
+	if sq.Buffer[14] != efadv.WRProcessingHintBurstPPSSensitive {
+		t.Fatalf("ctrl3 %#x", sq.Buffer[14])
+	}
+	// A QP without WITH_PROCESSING_HINTS refuses them.
+	u, v := newLoop(t, loopOpts{typ: verbs.QPTUD})
+	err := u.post(1, v, func(x *verbs.QPEx) {
+		x.WRSend()
+		efadv.WRSetProcessingHints(efadv.QPFromIBVQPEx(x), 1)
+	})
+	wantErrno(t, err, syscall.EOPNOTSUPP)
+}
+
+// Several goroutines post RDMA writes on one QP while two poll its CQ: every WR completes once.
+func TestConcurrentPostAndPoll(t *testing.T) {
+	a, b := newLoop(t, loopOpts{access: verbs.AccessRemoteWrite})
+	const posters, each = 4, 300
+	var wg sync.WaitGroup
+	for p := range posters {
+		wg.Go(func() {
+			for i := range each {
+				for {
+					err := a.post(uint64(p*each+i), b, func(x *verbs.QPEx) {
+						x.WRRDMAWrite(b.mr.RKey(), b.mr.Addr()+uint64(p*64))
+						x.WRSetSGE(a.mr.LKey(), a.mr.Addr()+uint64(p*64), 64)
+					})
+					if err == nil {
+						break
+					}
+					if !errorsIs(err, syscall.ENOMEM) {
+						t.Error(err)
+						return
+					}
+					runtimeGosched()
+				}
+			}
+		})
+	}
+	var mu sync.Mutex
+	seen := map[uint64]int{}
+	var pollers sync.WaitGroup
+	done := make(chan struct{})
+	for range 2 {
+		pollers.Go(func() {
+			var wc [16]verbs.WC
+			for {
+				n, err := a.cq.Poll(wc[:])
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				for _, w := range wc[:n] {
+					if w.Status != verbs.WCSuccess {
+						t.Errorf("completion %+v", w)
+					}
+					seen[w.WRID]++
+				}
+				total := len(seen)
+				mu.Unlock()
+				if total == posters*each {
+					return
+				}
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if n == 0 {
+					runtimeGosched()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	pollers.Wait()
+	close(done)
+	for id, n := range seen {
+		if n != 1 {
+			t.Fatalf("wr_id %d completed %d times", id, n)
+		}
+	}
+	if len(seen) != posters*each {
+		t.Fatalf("%d completions, want %d", len(seen), posters*each)
+	}
+}
+
+// The data path allocates nothing per work request in steady state: posting, the device's work
+// and polling, for SEND through both APIs and for RDMA write.
+func TestDataPathDoesNotAllocate(t *testing.T) {
+	a, b := newLoop(t, loopOpts{access: verbs.AccessRemoteWrite})
+	recv := []verbs.RecvWR{{WRID: 1, SGList: []verbs.SGE{b.mr.SGE(0, 256)}}}
+	send := []verbs.SendWR{{WRID: 2, SGList: []verbs.SGE{a.mr.SGE(0, 256)}, Opcode: verbs.WRSend,
+		SendFlags: verbs.SendSignaled, AH: a.ah, RemoteQPN: b.qp.QPN(), RemoteQKey: qkey}}
+	var wc [1]verbs.WC
+	wait := func(cq *verbs.CQ) {
+		for {
+			if n, _ := cq.Poll(wc[:]); n == 1 {
+				if wc[0].Status != verbs.WCSuccess {
+					t.Fatalf("completion %+v", wc[0])
+				}
+				return
+			}
+			runtimeGosched()
+		}
+	}
+	rkey, raddr := b.mr.RKey(), b.mr.Addr()
+	lkey, laddr := a.mr.LKey(), a.mr.Addr()
+	ops := map[string]func(){
+		"post_send": func() {
+			b.qp.PostRecv(recv)
+			a.qp.PostSend(send)
+			wait(a.cq)
+			wait(b.cq)
+		},
+		"wr_send": func() {
+			b.qp.PostRecv(recv)
+			a.x.WRStart()
+			a.x.WRID, a.x.WRFlags = 3, verbs.SendSignaled
+			a.x.WRSend()
+			a.x.WRSetUDAddr(a.ah, b.qp.QPN(), qkey)
+			a.x.WRSetSGE(lkey, laddr, 256)
+			a.x.WRComplete()
+			wait(a.cq)
+			wait(b.cq)
+		},
+		"wr_rdma_write": func() {
+			a.x.WRStart()
+			a.x.WRID, a.x.WRFlags = 4, verbs.SendSignaled
+			a.x.WRRDMAWrite(rkey, raddr)
+			a.x.WRSetUDAddr(a.ah, b.qp.QPN(), qkey)
+			a.x.WRSetSGE(lkey, laddr, 4096)
+			a.x.WRComplete()
+			wait(a.cq)
+		},
+	}
+	for name, op := range ops {
+		op() // warm up: first use may grow internal slices
+		if n := testing.AllocsPerRun(500, op); n != 0 {
+			t.Errorf("%s: %.2f allocations per WR, want 0", name, n)
+		}
+	}
+}

@@ -1,0 +1,200 @@
+package verbs_test
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/softefa/softefa/config"
+	"github.com/softefa/softefa/efadv"
+	"github.com/softefa/softefa/verbs"
+)
+
+const qkey = 0x11111111
+
+// end is one side of a same-device exchange: a context (possibly shared), PD, CQ, MR and QP.
+type end struct {
+	t   testing.TB
+	ctx *verbs.Context
+	pd  *verbs.PD
+	cq  *verbs.CQ
+	mr  *verbs.MR
+	buf []byte
+	qp  *verbs.QP
+	x   *verbs.QPEx
+	ah  *verbs.AH // to the peer's GID, in this end's PD
+}
+
+type loopOpts struct {
+	sameCtx   bool
+	typ       verbs.QPType // default SRD
+	size      int          // MR bytes; default 4096
+	access    verbs.AccessFlags
+	qpFlags   uint16
+	cap       verbs.QPCap
+	cqWCFlags uint64
+	rnrRetry  int // -1 leaves the default (7)
+	noAH      bool
+	cfg       func(*config.Device)
+}
+
+// newLoop makes two ends on one device at RTS, in one context or two.
+func newLoop(t testing.TB, o loopOpts) (a, b *end) {
+	t.Helper()
+	dev := newDevice(t, o.cfg)
+	if o.size == 0 {
+		o.size = 4096
+	}
+	if o.typ == 0 {
+		o.typ = verbs.QPTDriver
+	}
+	if o.cap == (verbs.QPCap{}) {
+		o.cap = verbs.QPCap{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 2, MaxRecvSGE: 2, MaxInlineData: 32}
+	}
+	ctxA := openCtx(t, dev)
+	ctxB := ctxA
+	if !o.sameCtx {
+		ctxB = openCtx(t, dev)
+	}
+	a, b = newEnd(t, ctxA, o), newEnd(t, ctxB, o)
+	if !o.noAH {
+		a.ah = a.makeAH(dev.GID())
+		b.ah = b.makeAH(dev.GID())
+	}
+	return a, b
+}
+
+func newEnd(t testing.TB, ctx *verbs.Context, o loopOpts) *end {
+	t.Helper()
+	e := &end{t: t, ctx: ctx}
+	e.pd = must[*verbs.PD](t)(ctx.AllocPD())
+	if o.cqWCFlags != 0 {
+		e.cq = must[*verbs.CQ](t)(efadv.CreateCQ(ctx, &verbs.CQInitAttrEx{CQE: 256, WCFlags: verbs.WCStandardFlags},
+			&efadv.CQInitAttr{WCFlags: o.cqWCFlags}))
+	} else {
+		e.cq = must[*verbs.CQ](t)(ctx.CreateCQ(256, nil, nil, 0))
+	}
+	e.buf = make([]byte, o.size)
+	e.mr = must[*verbs.MR](t)(e.pd.RegMR(e.buf, verbs.AccessLocalWrite|o.access))
+	attr := verbs.QPInitAttrEx{SendCQ: e.cq, RecvCQ: e.cq, QPType: o.typ, PD: e.pd, Cap: o.cap,
+		CompMask: verbs.QPInitAttrPD | verbs.QPInitAttrSendOpsFlags, SendOpsFlags: verbs.SendOpsSend | verbs.SendOpsSendWithImm}
+	if o.typ == verbs.QPTUD {
+		e.qp = must[*verbs.QP](t)(ctx.CreateQPEx(&attr))
+	} else {
+		attr.SendOpsFlags |= verbs.SendOpsRDMARead | verbs.SendOpsRDMAWrite | verbs.SendOpsRDMAWriteWithImm
+		e.qp = must[*verbs.QP](t)(efadv.CreateQPEx(ctx, &attr, &efadv.QPInitAttr{Flags: o.qpFlags,
+			WRFlags: efadv.WRExWithProcessingHints}))
+	}
+	e.x = e.qp.ToQPEx()
+	e.toRTS(o.rnrRetry)
+	t.Cleanup(e.close)
+	return e
+}
+
+func (e *end) toRTS(rnr int) {
+	e.t.Helper()
+	check(e.t, e.qp.Modify(&verbs.QPAttr{QPState: verbs.QPSInit, PortNum: 1, QKey: qkey},
+		verbs.QPAttrState|verbs.QPAttrPKeyIndex|verbs.QPAttrPort|verbs.QPAttrQKey))
+	check(e.t, e.qp.Modify(&verbs.QPAttr{QPState: verbs.QPSRTR}, verbs.QPAttrState))
+	rts := verbs.QPAttr{QPState: verbs.QPSRTS, SQPSN: 1}
+	mask := verbs.QPAttrState | verbs.QPAttrSQPSN
+	if rnr >= 0 && e.qp.Type() == verbs.QPTDriver {
+		rts.RNRRetry, mask = uint8(rnr), mask|verbs.QPAttrRNRRetry
+	}
+	check(e.t, e.qp.Modify(&rts, mask))
+}
+
+func (e *end) makeAH(g verbs.GID) *verbs.AH {
+	return must[*verbs.AH](e.t)(e.pd.CreateAH(&verbs.AHAttr{IsGlobal: true, GRH: verbs.GlobalRoute{DGID: g}, PortNum: 1}))
+}
+
+func (e *end) close() {
+	if e.ah != nil {
+		check(e.t, e.ah.Destroy())
+	}
+	if e.qp != nil {
+		check(e.t, e.qp.Destroy())
+	}
+	check(e.t, e.mr.Dereg())
+	check(e.t, e.cq.Destroy())
+	check(e.t, e.pd.Dealloc())
+}
+
+// recv posts a receive of buf[off:off+n] with the given wr_id.
+func (e *end) recv(wrid uint64, off, n int) {
+	e.t.Helper()
+	if _, err := e.qp.PostRecv([]verbs.RecvWR{{WRID: wrid, SGList: []verbs.SGE{e.mr.SGE(off, n)}}}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// post runs one QPEx session with one WR built by build, to peer's QP.
+func (e *end) post(wrid uint64, peer *end, build func(x *verbs.QPEx)) error {
+	e.x.WRStart()
+	e.x.WRID, e.x.WRFlags = wrid, verbs.SendSignaled
+	build(e.x)
+	e.x.WRSetUDAddr(e.ah, peer.qp.QPN(), qkey)
+	return e.x.WRComplete()
+}
+
+func (e *end) send(wrid uint64, peer *end, off, n int) {
+	e.t.Helper()
+	check(e.t, e.post(wrid, peer, func(x *verbs.QPEx) {
+		x.WRSend()
+		x.WRSetSGE(e.mr.LKey(), e.mr.Addr()+uint64(off), uint32(n))
+	}))
+}
+
+// one waits for exactly one completion on e's CQ.
+func (e *end) one() verbs.WC {
+	e.t.Helper()
+	return waitWC(e.t, e.cq, 1)[0]
+}
+
+// empty checks that e's CQ has nothing to poll.
+func (e *end) empty() {
+	e.t.Helper()
+	var wc [1]verbs.WC
+	if n, err := e.cq.Poll(wc[:]); n != 0 || err != nil {
+		e.t.Fatalf("unexpected completion %+v (%v)", wc[0], err)
+	}
+}
+
+func waitWC(t testing.TB, cq *verbs.CQ, n int) []verbs.WC {
+	t.Helper()
+	out := make([]verbs.WC, 0, n)
+	buf := make([]verbs.WC, n)
+	deadline := time.Now().Add(20 * time.Second)
+	for spins := 0; len(out) < n; spins++ {
+		k, err := cq.Poll(buf[:n-len(out)])
+		if err != nil {
+			t.Fatalf("poll: %v", err)
+		}
+		out = append(out, buf[:k]...)
+		if k > 0 {
+			continue
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(fmt.Sprintf("%d of %d completions after 20 s", len(out), n))
+		}
+		if spins < 1000 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(10 * time.Microsecond)
+		}
+	}
+	return out
+}
+
+func wantWC(t testing.TB, wc verbs.WC, wrid uint64, st verbs.WCStatus, op verbs.WCOpcode) {
+	t.Helper()
+	if wc.WRID != wrid || wc.Status != st || wc.Opcode != op {
+		t.Fatalf("completion %+v: want wr_id %#x status %v (%d) opcode %v", wc, wrid, st, st, op)
+	}
+}
+
+func errorsIs(err error, target error) bool { return errors.Is(err, target) }
+
+func runtimeGosched() { runtime.Gosched() }
