@@ -663,3 +663,50 @@ func TestDataPathDoesNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+// A CQ that fills up loses the entry that does not fit: it is marked overrun, CQ_ERR is raised,
+// and the entries already in it can still be polled.
+func TestCQOverrun(t *testing.T) {
+	a, b := newLoop(t, loopOpts{access: verbs.AccessRemoteWrite, cqe: 16,
+		cap: verbs.QPCap{MaxSendWR: 64, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	for i := range 20 {
+		check(t, a.post(uint64(i), b, func(x *verbs.QPEx) {
+			x.WRRDMAWrite(b.mr.RKey(), b.mr.Addr())
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 8)
+		}))
+	}
+	ev, err := a.ctx.GetAsyncEvent(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Type != verbs.EventCQErr || ev.CQ != a.cq {
+		t.Fatalf("event %+v, want CQ_ERR on the full CQ", ev)
+	}
+	if !a.cq.Overrun() || a.ctx.Counters().CQOverruns == 0 {
+		t.Fatal("CQ not marked overrun")
+	}
+	for i, wc := range waitWC(t, a.cq, 16) {
+		wantWC(t, wc, uint64(i), verbs.WCSuccess, verbs.WCRDMAWrite)
+	}
+	a.empty()
+}
+
+// RTS→SQD with EN_SQD_ASYNC_NOTIFY raises SQ_DRAINED once nothing is in flight.
+func TestSQDrained(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := newLoop(t, loopOpts{rnrRetry: -1})
+		a.send(1, b, 0, 64) // waits for a receive
+		synctest.Wait()
+		check(t, a.qp.Modify(&verbs.QPAttr{QPState: verbs.QPSSQD, EnSQDAsyncNotify: true},
+			verbs.QPAttrState|verbs.QPAttrEnSQDAsyncNotify))
+		if at, _, _ := a.qp.Query(verbs.QPAttrState); !at.SQDraining {
+			t.Fatal("SQD with a WR in flight is not draining")
+		}
+		b.recv(2, 0, 64)
+		ev, err := a.ctx.GetAsyncEvent(t.Context())
+		if err != nil || ev.Type != verbs.EventSQDrained || ev.QP != a.qp {
+			t.Fatalf("event %+v, %v", ev, err)
+		}
+		wantWC(t, a.one(), 1, verbs.WCSuccess, verbs.WCSend)
+	})
+}

@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"fmt"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/softefa/softefa/efaio"
@@ -90,3 +91,16 @@ func (qp *QP) DriverAttr() DriverQPAttr { return qp.drv }
 
 // Gen returns the generation of the QP's number: the high bits of its 16-bit request ids.
 func (qp *QP) Gen() uint16 { return qp.e.Gen() }
+
+// RingDoorbell stores v into one of the QP's doorbells (its SQ or RQ doorbell, as
+// efadv_query_qp_wqs reports them) and wakes the device at once: the helper a program that
+// writes WQEs itself can use instead of a plain atomic store, which the device notices only at
+// its next doorbell poll. db must be one of the QP's doorbells.
+func (qp *QP) RingDoorbell(db *uint32, v uint32) error {
+	if db != qp.sq.db && db != qp.rq.db {
+		return fmt.Errorf("verbs: not a doorbell of QP %d: %w", qp.qpn, syscall.EINVAL)
+	}
+	atomic.StoreUint32(db, v)
+	qp.ctx.e.Ring(qp.e)
+	return nil
+}

@@ -1,8 +1,8 @@
 package verbs_test
 
 import (
+	"cmp"
 	"errors"
-	"fmt"
 	"runtime"
 	"testing"
 	"time"
@@ -37,6 +37,7 @@ type loopOpts struct {
 	cqWCFlags uint64
 	rnrRetry  int // -1 leaves the default (7)
 	noAH      bool
+	cqe       int // CQ entries; default 256
 	cfg       func(*config.Device)
 }
 
@@ -74,7 +75,7 @@ func newEnd(t testing.TB, ctx *verbs.Context, o loopOpts) *end {
 		e.cq = must[*verbs.CQ](t)(efadv.CreateCQ(ctx, &verbs.CQInitAttrEx{CQE: 256, WCFlags: verbs.WCStandardFlags},
 			&efadv.CQInitAttr{WCFlags: o.cqWCFlags}))
 	} else {
-		e.cq = must[*verbs.CQ](t)(ctx.CreateCQ(256, nil, nil, 0))
+		e.cq = must[*verbs.CQ](t)(ctx.CreateCQ(cmp.Or(o.cqe, 256), nil, nil, 0))
 	}
 	e.buf = make([]byte, o.size)
 	e.mr = must[*verbs.MR](t)(e.pd.RegMR(e.buf, verbs.AccessLocalWrite|o.access))
@@ -177,7 +178,7 @@ func waitWC(t testing.TB, cq *verbs.CQ, n int) []verbs.WC {
 			continue
 		}
 		if time.Now().After(deadline) {
-			t.Fatal(fmt.Sprintf("%d of %d completions after 20 s", len(out), n))
+			t.Fatalf("%d of %d completions after 20 s", len(out), n)
 		}
 		if spins < 1000 {
 			runtime.Gosched()

@@ -1,0 +1,61 @@
+// Package verbs is the verbs API (libibverbs' ibv_* calls) of softefa, a software EFA device, with
+// libefa's semantics: the provider that turns posts into EFA work-queue entries and polls EFA
+// completion entries. Package efadv adds EFA's direct verbs on top.
+//
+// # Objects
+//
+// A Device (NewDevice, GetDeviceList) is one software EFA device with its own address (GID) and
+// its own engine goroutine. Open gives a Context; a device may have several open at once, and
+// QPs of different contexts on one device exchange traffic through the device itself
+// (same-device loopback), as rdma-core's EFA tests require. PDs, MRs, CQs, completion channels,
+// AHs and QPs are created from a context and must be destroyed before it closes (EBUSY
+// otherwise), as in libibverbs.
+//
+// Each Go function's doc names the C function it mirrors. Where C passes a struct with a
+// comp_mask, so does Go; where C returns an int errno, Go returns an error that matches the errno
+// EFA gives with errors.Is (for example errors.Is(err, syscall.EINVAL)), wrapped with a message
+// saying what was wrong. Immediate data is a host-order uint32 both when posting and in
+// completions (C passes it big-endian).
+//
+// # The rings are the contract
+//
+// Posting does not call into the device: PostSend and the QPEx iterator write 64- or 128-byte
+// TX WQEs (package efaio) into the QP's send ring and store the producer counter into the SQ
+// doorbell; PostRecv writes 16-byte RX descriptors into the receive ring and stores the RQ
+// doorbell. After each doorbell store the provider wakes the device (engine.Ring) so that it
+// looks at once. The device writes 32-byte completions with phase bits into the CQ ring; Poll and
+// StartPoll/NextPoll/EndPoll read them by phase and report the consumer count through the CQ
+// doorbell. A program that writes the rings itself (efadv.QueryQPWQs, efadv.QueryCQ) goes through
+// exactly the same memory.
+//
+// Request ids follow libefa: a send or receive WR takes an index from its queue's pool, and the
+// WQE's 16-bit req_id is that index with the QP number's generation above it; a completion whose
+// generation does not match, or that names an unknown QP, is consumed and reported as EINVAL.
+// With config.Device.RequestID64 the send queue carries the whole 64-bit wr_id in the WQE and the
+// CQE instead. A send-queue slot frees when its completion is polled, not when the device is done
+// with it: a full send queue is ENOMEM.
+//
+// # Concurrency
+//
+// As in libefa, posting and polling are safe from several goroutines. Each QP's send queue has a
+// lock, taken by PostSend and held by a QPEx session from WRStart until WRComplete or WRAbort; its
+// receive queue has another, taken by PostRecv. Each CQ has a lock taken by Poll and held from
+// StartPoll until EndPoll (not taken for a CQ created with CreateCQSingleThreaded). The request-id
+// pools have a small lock of their own, since posting takes ids and polling returns them. Modify
+// takes both queue locks. Control calls (create, modify, destroy) may run concurrently with the
+// data path; the device serialises them with its own work.
+//
+// The device's one goroutine consumes rings and writes completions; it never takes a provider
+// lock. Completion events are queued on the CQ's CompChannel from that goroutine without
+// blocking; GetCQEvent waits for them and can be cancelled through its context.
+//
+// # Differences from C
+//
+// EFA has no SRQ, XRC, RSS, TSO, atomics, memory windows or parent domains; the Go structs leave
+// those fields out, and asking for them by mask is EOPNOTSUPP or EINVAL as libefa answers. A
+// destroyed QP's outstanding WRs complete as WCWRFlushErr and those completions can still be
+// polled (libefa drops them); CQ.Destroy refuses with EBUSY, where C would block, while completion
+// events are unacknowledged. An inline send through PostSend reads its SGEs through the
+// registered regions of the context, so an SGE outside every region is EINVAL rather than a
+// stray memory read.
+package verbs
