@@ -2,7 +2,9 @@ package verbs_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
+	"errors"
 	"math"
 	"sync"
 	"syscall"
@@ -709,4 +711,47 @@ func TestSQDrained(t *testing.T) {
 		}
 		wantWC(t, a.one(), 1, verbs.WCSuccess, verbs.WCSend)
 	})
+}
+
+// A region deregistered while work requests still name it: they fail their key check.
+func TestDeregisteredRegion(t *testing.T) {
+	a, b := newLoop(t, loopOpts{access: verbs.AccessRemoteWrite})
+	extra := must[*verbs.MR](t)(a.pd.RegMR(make([]byte, 64), verbs.AccessLocalWrite))
+	lkey, addr := extra.LKey(), extra.Addr()
+	check(t, extra.Dereg())
+	b.recv(1, 0, 64)
+	check(t, a.post(2, b, func(x *verbs.QPEx) { x.WRSend(); x.WRSetSGE(lkey, addr, 64) }))
+	wantWC(t, a.one(), 2, verbs.WCLocProtErr, verbs.WCSend)
+	b.empty()
+}
+
+// GetCQEvent waits until an armed CQ gets a completion, and returns when its context ends.
+func TestCompletionChannel(t *testing.T) {
+	a, b := newLoop(t, loopOpts{})
+	ch := must[*verbs.CompChannel](t)(b.ctx.CreateCompChannel())
+	cq := must[*verbs.CQ](t)(b.ctx.CreateCQ(8, nil, ch, 0))
+	ctx, cancel := context.WithTimeout(t.Context(), time.Millisecond)
+	defer cancel()
+	if _, err := ch.GetCQEvent(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("GetCQEvent on an idle channel: %v", err)
+	}
+	check(t, cq.ReqNotify(false))
+	attr := verbs.QPInitAttrEx{SendCQ: cq, RecvCQ: cq, QPType: verbs.QPTDriver, PD: b.pd, CompMask: verbs.QPInitAttrPD,
+		Cap: verbs.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}}
+	qp := must[*verbs.QP](t)(efadv.CreateQPEx(b.ctx, &attr, &efadv.QPInitAttr{}))
+	e := &end{t: t, qp: qp}
+	e.toRTS(-1)
+	must[int](t)(qp.PostRecv([]verbs.RecvWR{{WRID: 9, SGList: []verbs.SGE{b.mr.SGE(0, 64)}}}))
+	a.send(1, &end{qp: qp}, 0, 64)
+	got, err := ch.GetCQEvent(t.Context())
+	if err != nil || got != cq {
+		t.Fatalf("event for %p (%v), want %p", got, err, cq)
+	}
+	wantErrno(t, cq.Destroy(), syscall.EBUSY) // the event is not acknowledged yet
+	cq.AckEvents(1)
+	wantWC(t, waitWC(t, cq, 1)[0], 9, verbs.WCSuccess, verbs.WCRecv)
+	wantWC(t, a.one(), 1, verbs.WCSuccess, verbs.WCSend)
+	check(t, qp.Destroy())
+	check(t, cq.Destroy())
+	check(t, ch.Destroy())
 }
