@@ -80,55 +80,104 @@ func canReceive(s int) bool {
 	return s == uapi.QPSRTR || s == uapi.QPSRTS || s == uapi.QPSSQD || s == uapi.QPSSQE
 }
 
-// respond carries out m at this device and returns the status the requester completes with. SRD
-// failures are per-message statuses that leave both QPs as they are; a UD message that cannot be
-// delivered is dropped and its sender still succeeds.
+// inbound is a message being received by a responder QP: what accept reserved for it (the
+// receive WR and its buffers, or the target region) and the status so far. A same-device message
+// arrives whole; one from the network arrives as segments in any order, each placed once.
+type inbound struct {
+	t       *QP
+	m       message // the message's header fields (src and sink unused)
+	status  efaio.Status
+	dropped bool // a UD message that cannot be delivered: dropped, the sender succeeds
+	hasWR   bool
+	wr      recvWR
+	dst     [config.MaxRQSGELimit][]byte // SEND: the receive buffers, after the GRH for UD
+	ndst    int
+	got     uint64 // payload bytes placed
+}
+
+// respond carries out a same-device message at once and returns the requester's status.
 func (d *Device) respond(m *message) efaio.Status {
-	t := d.qps[uint32(m.dstQPN)]
-	ud := m.typ == uapi.QPTypeUD
-	if t == nil || t.typ != m.typ || !canReceive(t.attr.State) || t.attr.QKey != m.qkey {
-		return d.drop(ud, efaio.StatusRemoteBadDestQPN)
+	var in inbound
+	if st := d.accept(m, &in); st != efaio.StatusOK || in.dropped {
+		return d.finish(&in)
 	}
-	switch m.op {
-	case efaio.OpSend:
-		return d.respondSend(t, m, ud)
-	case efaio.OpRDMAWrite:
-		return d.respondWrite(t, m)
-	case efaio.OpRDMARead:
-		src, ok := d.remoteSpan(t.pd, m.rkey, m.raddr, m.length, uapi.AccessRemoteRead)
-		if !ok {
-			return efaio.StatusRemoteBadAddress
-		}
+	if m.op == efaio.OpRDMARead {
+		src, _ := d.remoteSpan(in.t.pd, m.rkey, m.raddr, m.length, uapi.AccessRemoteRead)
 		copy(m.sink, src)
 		d.counts.RDMAReadRespBytes.Add(m.length)
 		return efaio.StatusOK
 	}
-	return efaio.StatusRemoteBadStatus
-}
-
-func (d *Device) drop(ud bool, s efaio.Status) efaio.Status {
-	d.counts.RxDrops.Add(1)
-	if ud {
-		return efaio.StatusOK
+	var off uint64
+	for _, b := range m.src[:m.nsrc] {
+		d.place(&in, off, b)
+		off += uint64(len(b))
 	}
-	return s
+	return d.finish(&in)
 }
 
-func (d *Device) respondSend(t *QP, m *message, ud bool) efaio.Status {
-	var wr recvWR
-	if !t.rq.next(&wr, t.d.cfg.MaxRQSGE) {
-		return d.drop(ud, efaio.StatusRemoteRNR)
+// accept checks a message against its destination before any of its data lands: the QP exists,
+// is of the sender's type, receives in its state and has the message's qkey; then a SEND takes
+// the receive WR at the head of the RQ and checks its buffers, an RDMA write or read checks the
+// whole remote range, and a write with immediate takes a receive WR unless the QP has
+// UNSOLICITED_WRITE_RECV. It returns the status the message fails with, or OK. SRD failures are
+// per-message statuses that leave both QPs as they are; a UD message that cannot be delivered is
+// marked dropped.
+func (d *Device) accept(m *message, in *inbound) efaio.Status {
+	*in = inbound{m: *m}
+	in.m.src, in.m.nsrc, in.m.sink = [efaio.TxNumBufs][]byte{}, 0, nil
+	t := d.qps[uint32(m.dstQPN)]
+	ud := m.typ == uapi.QPTypeUD
+	if t == nil || t.typ != m.typ || !canReceive(t.attr.State) || t.attr.QKey != m.qkey {
+		return in.fail(ud, efaio.StatusRemoteBadDestQPN)
+	}
+	in.t = t
+	switch m.op {
+	case efaio.OpSend:
+		return d.acceptSend(in, ud)
+	case efaio.OpRDMAWrite:
+		if _, ok := d.remoteSpan(t.pd, m.rkey, m.raddr, m.length, uapi.AccessRemoteWrite); !ok {
+			return in.fail(false, efaio.StatusRemoteBadAddress)
+		}
+		if m.hasImm && t.flags&uapi.QPFlagUnsolicitedWriteRecv == 0 {
+			if !t.rq.next(&in.wr, d.cfg.MaxRQSGE) {
+				return in.fail(false, efaio.StatusRemoteRNR)
+			}
+			t.rq.ci += uint16(in.wr.ndesc)
+			in.hasWR = true
+		}
+	case efaio.OpRDMARead:
+		if _, ok := d.remoteSpan(t.pd, m.rkey, m.raddr, m.length, uapi.AccessRemoteRead); !ok {
+			return in.fail(false, efaio.StatusRemoteBadAddress)
+		}
+	default:
+		return in.fail(ud, efaio.StatusRemoteBadStatus)
+	}
+	return efaio.StatusOK
+}
+
+func (in *inbound) fail(ud bool, st efaio.Status) efaio.Status {
+	in.status = st
+	in.dropped = ud
+	return st
+}
+
+func (d *Device) acceptSend(in *inbound, ud bool) efaio.Status {
+	t, m := in.t, &in.m
+	wr := &in.wr
+	if !t.rq.next(wr, d.cfg.MaxRQSGE) {
+		return in.fail(ud, efaio.StatusRemoteRNR)
 	}
 	need := m.length
 	if ud {
 		need += GRHSize
 	}
-	var dst [config.MaxRQSGELimit][]byte
+	if wr.bad {
+		t.rq.ci += uint16(wr.ndesc)
+		t.completeRecv(&efaio.Completion{ReqID: wr.reqID, Status: efaio.StatusLocalQPInternalError})
+		return in.fail(ud, efaio.StatusRemoteBadStatus)
+	}
 	var room uint64
 	for i := range wr.ndesc {
-		if wr.bad {
-			break
-		}
 		f := &wr.desc[i]
 		if f.Length == 0 {
 			continue // an empty buffer touches no memory: nothing to check
@@ -137,66 +186,101 @@ func (d *Device) respondSend(t *QP, m *message, ud bool) efaio.Status {
 		if !ok {
 			t.rq.ci += uint16(wr.ndesc)
 			t.completeRecv(&efaio.Completion{ReqID: wr.reqID, Status: efaio.StatusLocalInvalidLKey})
-			return d.drop(ud, efaio.StatusRemoteBadStatus)
+			return in.fail(ud, efaio.StatusRemoteBadStatus)
 		}
-		dst[i] = b
+		in.dst[in.ndst] = b
+		in.ndst++
 		room += uint64(len(b))
-	}
-	if wr.bad {
-		t.rq.ci += uint16(wr.ndesc)
-		t.completeRecv(&efaio.Completion{ReqID: wr.reqID, Status: efaio.StatusLocalQPInternalError})
-		return d.drop(ud, efaio.StatusRemoteBadStatus)
 	}
 	if room < need {
 		if ud { // UD consumes the WR and reports the short buffer to the receiver
 			t.rq.ci += uint16(wr.ndesc)
 			t.completeRecv(&efaio.Completion{ReqID: wr.reqID, Status: efaio.StatusLocalBadLength})
-			return d.drop(ud, efaio.StatusOK)
+			return in.fail(true, efaio.StatusOK)
 		}
-		return efaio.StatusRemoteBadLength // the receive WR stays posted
+		return in.fail(false, efaio.StatusRemoteBadLength) // the receive WR stays posted
 	}
-	sinks := dst[:wr.ndesc]
+	t.rq.ci += uint16(wr.ndesc)
+	in.hasWR = true
 	if ud {
 		var grh [GRHSize]byte
 		writeGRH(grh[:], m)
-		sinks = scatter(sinks, [][]byte{grh[:]}, 1)
+		rest := scatter(in.dst[:in.ndst], [][]byte{grh[:]}, 1)
+		in.ndst = copy(in.dst[:], rest)
 	}
-	scatter(sinks, m.src[:], m.nsrc)
-	t.rq.ci += uint16(wr.ndesc)
-	d.counts.RecvWRs.Add(1)
-	d.counts.RecvBytes.Add(m.length)
-	t.completeRecv(&efaio.Completion{
-		ReqID: wr.reqID, Op: efaio.OpSend, HasImm: m.hasImm, Imm: m.imm,
-		Length: uint32(need), SrcQPN: m.srcQPN,
-	}, m.srcGID)
 	return efaio.StatusOK
 }
 
-func (d *Device) respondWrite(t *QP, m *message) efaio.Status {
-	dst, ok := d.remoteSpan(t.pd, m.rkey, m.raddr, m.length, uapi.AccessRemoteWrite)
-	if !ok {
-		return efaio.StatusRemoteBadAddress
+// place copies one segment of an accepted message: payload bytes [off, off+len(data)). Each
+// segment is placed once; a segment that no longer has a place (the region was deregistered)
+// fails the message.
+func (d *Device) place(in *inbound, off uint64, data []byte) {
+	in.got += uint64(len(data))
+	if in.status != efaio.StatusOK || len(data) == 0 {
+		return
 	}
-	unsolicited := t.flags&uapi.QPFlagUnsolicitedWriteRecv != 0
-	var wr recvWR
-	if m.hasImm && !unsolicited && !t.rq.next(&wr, t.d.cfg.MaxRQSGE) {
-		return efaio.StatusRemoteRNR
+	switch in.m.op {
+	case efaio.OpSend:
+		var tmp [config.MaxRQSGELimit][]byte // scatter consumes its list: work on a copy
+		dst := tmp[:copy(tmp[:], in.dst[:in.ndst])]
+		for len(dst) > 0 && off >= uint64(len(dst[0])) {
+			off -= uint64(len(dst[0]))
+			dst = dst[1:]
+		}
+		if len(dst) > 0 {
+			dst[0] = dst[0][off:]
+			scatter(dst, [][]byte{data}, 1)
+		}
+	case efaio.OpRDMAWrite:
+		b, ok := d.remoteSpan(in.t.pd, in.m.rkey, in.m.raddr+off, uint64(len(data)), uapi.AccessRemoteWrite)
+		if !ok {
+			in.status = efaio.StatusRemoteBadAddress
+			return
+		}
+		copy(b, data)
 	}
-	scatter([][]byte{dst}, m.src[:], m.nsrc)
-	d.counts.RDMAWriteRecvBytes.Add(m.length)
-	if !m.hasImm {
+}
+
+// finish completes an accepted message once all its payload is placed: the receive completion
+// for a SEND or a write with immediate, the counters, and the requester's status.
+func (d *Device) finish(in *inbound) efaio.Status {
+	m := &in.m
+	if in.dropped {
+		d.counts.RxDrops.Add(1)
 		return efaio.StatusOK
 	}
-	c := efaio.Completion{
-		Op: efaio.OpRDMAWrite, HasImm: true, Imm: m.imm, Length: uint32(m.length), SrcQPN: m.srcQPN,
-		Unsolicited: unsolicited,
+	if in.status != efaio.StatusOK {
+		if in.hasWR { // the message took a receive WR and then failed: the WR completes in error
+			in.t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: in.status})
+		}
+		return in.status
 	}
-	if !unsolicited {
-		t.rq.ci += uint16(wr.ndesc)
-		c.ReqID = wr.reqID
+	switch {
+	case m.op == efaio.OpSend:
+		length := m.length
+		if m.typ == uapi.QPTypeUD {
+			length += GRHSize
+		}
 		d.counts.RecvWRs.Add(1)
+		d.counts.RecvBytes.Add(m.length)
+		in.t.completeRecv(&efaio.Completion{
+			ReqID: in.wr.reqID, Op: efaio.OpSend, HasImm: m.hasImm, Imm: m.imm,
+			Length: uint32(length), SrcQPN: m.srcQPN,
+		}, m.srcGID)
+	case m.op == efaio.OpRDMAWrite:
+		d.counts.RDMAWriteRecvBytes.Add(m.length)
+		if m.hasImm {
+			c := efaio.Completion{
+				Op: efaio.OpRDMAWrite, HasImm: true, Imm: m.imm, Length: uint32(m.length), SrcQPN: m.srcQPN,
+				Unsolicited: !in.hasWR,
+			}
+			if in.hasWR {
+				c.ReqID = in.wr.reqID
+				d.counts.RecvWRs.Add(1)
+			}
+			in.t.completeRecv(&c, m.srcGID)
+		}
 	}
-	t.completeRecv(&c, m.srcGID)
 	return efaio.StatusOK
 }
 

@@ -1,0 +1,252 @@
+// Package wire holds softefa's SRD-over-UDP wire format, version 1: a datagram header followed
+// by one or more frames (DATA, ACK, PROBE, PROBE_ACK, RESET). docs/wire.md is the specification;
+// this package is one implementation of it.
+//
+// Each frame type is a view over its bytes with accessors, and an Append function that encodes a
+// whole frame onto a buffer. Parse checks every length before anything reads past it, so a
+// datagram from the network can be handed to it as is; it never panics and never allocates.
+package wire
+
+import (
+	"encoding/binary"
+	"errors"
+)
+
+// Version is the wire format version this package speaks.
+const Version = 1
+
+// Sizes of the fixed parts.
+const (
+	DatagramHeaderSize = 12
+	FrameHeaderSize    = 4
+	DataHeaderSize     = 44 // after the frame header
+	AckSize            = 44 // after the frame header
+	ProbeSize          = 4
+	SackWords          = 4 // the ACK's selective-acknowledgement bitmap, in 64-bit words
+)
+
+// Frame types.
+const (
+	TypeData     = 1
+	TypeAck      = 2
+	TypeProbe    = 3
+	TypeProbeAck = 4
+	TypeReset    = 5
+)
+
+// Operations a DATA frame carries.
+const (
+	OpSend     = 0 // a SEND's payload segment
+	OpReadReq  = 1 // an RDMA read request (no payload)
+	OpWrite    = 2 // an RDMA write's payload segment
+	OpReadResp = 3 // a segment of RDMA read data, answering a READ_REQ
+	OpResp     = 4 // the responder's result for a message (Status)
+)
+
+// DATA frame flags.
+const (
+	FlagImm = 1 << 0 // the message carries immediate data
+	FlagUD  = 1 << 1 // an unreliable datagram: not in the PSN stream, never acknowledged
+)
+
+// Errors Parse reports.
+var (
+	ErrShort   = errors.New("wire: datagram shorter than its headers")
+	ErrVersion = errors.New("wire: unknown version")
+	ErrFrame   = errors.New("wire: malformed frame")
+)
+
+// Header is the datagram header: who sent it, on which path, and the two incarnations.
+type Header struct {
+	Path    uint8  // the sender's path index
+	SrcPort uint16 // the sender's device port; with the source IP it names the sender's GID
+	SrcInc  uint32 // the sender's incarnation
+	DstInc  uint32 // the receiver's incarnation as the sender knows it; 0 if unknown
+}
+
+// AppendHeader appends a datagram header.
+func AppendHeader(b []byte, h *Header) []byte {
+	b = append(b, Version, h.Path)
+	b = binary.BigEndian.AppendUint16(b, h.SrcPort)
+	b = binary.BigEndian.AppendUint32(b, h.SrcInc)
+	return binary.BigEndian.AppendUint32(b, h.DstInc)
+}
+
+// Data is a DATA frame's header fields; Payload follows them.
+type Data struct {
+	PSN     uint32 // position in the sender's packet stream (unused with FlagUD)
+	MsgID   uint32 // the message (for READ_RESP and RESP: the message answered)
+	Offset  uint32 // the segment's byte offset in the message
+	Length  uint32 // the message's total payload (READ_REQ, READ_RESP: the bytes read)
+	Op      uint8
+	Flags   uint8
+	SrcQPN  uint16
+	DstQPN  uint16
+	Status  uint8 // RESP: the EFA completion status of the message answered
+	QKey    uint32
+	Imm     uint32
+	RKey    uint32
+	RAddr   uint64
+	Payload []byte
+}
+
+// AppendData appends a DATA frame with d's fields and payload.
+func AppendData(b []byte, d *Data) []byte {
+	b = appendFrameHeader(b, TypeData, FrameHeaderSize+DataHeaderSize+len(d.Payload))
+	b = binary.BigEndian.AppendUint32(b, d.PSN)
+	b = binary.BigEndian.AppendUint32(b, d.MsgID)
+	b = binary.BigEndian.AppendUint32(b, d.Offset)
+	b = binary.BigEndian.AppendUint32(b, d.Length)
+	b = append(b, d.Op, d.Flags)
+	b = binary.BigEndian.AppendUint16(b, d.SrcQPN)
+	b = binary.BigEndian.AppendUint16(b, d.DstQPN)
+	b = append(b, d.Status, 0)
+	b = binary.BigEndian.AppendUint32(b, d.QKey)
+	b = binary.BigEndian.AppendUint32(b, d.Imm)
+	b = binary.BigEndian.AppendUint32(b, d.RKey)
+	b = binary.BigEndian.AppendUint64(b, d.RAddr)
+	return append(b, d.Payload...)
+}
+
+// Ack acknowledges a receiver's packet stream: every PSN below Cum has arrived, bit i of Sack
+// (word i/64, bit i%64) says whether Cum+1+i has, and Highest is the highest PSN seen. Path is
+// the path of the newest DATA frame the ACK answers, so that the sender credits that path.
+type Ack struct {
+	Cum     uint32
+	Highest uint32
+	Sack    [SackWords]uint64
+	Path    uint8
+}
+
+// AppendAck appends an ACK frame.
+func AppendAck(b []byte, a *Ack) []byte {
+	b = appendFrameHeader(b, TypeAck, FrameHeaderSize+AckSize)
+	b = binary.BigEndian.AppendUint32(b, a.Cum)
+	b = binary.BigEndian.AppendUint32(b, a.Highest)
+	for _, w := range a.Sack {
+		b = binary.BigEndian.AppendUint64(b, w)
+	}
+	return append(b, a.Path, 0, 0, 0)
+}
+
+// AppendProbe appends a PROBE (or, with ack, a PROBE_ACK) frame carrying nonce.
+func AppendProbe(b []byte, nonce uint32, ack bool) []byte {
+	typ := uint8(TypeProbe)
+	if ack {
+		typ = TypeProbeAck
+	}
+	b = appendFrameHeader(b, typ, FrameHeaderSize+ProbeSize)
+	return binary.BigEndian.AppendUint32(b, nonce)
+}
+
+// AppendReset appends a RESET frame: "I am not the incarnation you addressed".
+func AppendReset(b []byte) []byte { return appendFrameHeader(b, TypeReset, FrameHeaderSize) }
+
+func appendFrameHeader(b []byte, typ uint8, n int) []byte {
+	b = append(b, typ, 0)
+	return binary.BigEndian.AppendUint16(b, uint16(n))
+}
+
+// Frame is one parsed frame: its type and, for the types that have them, its fields. Payload
+// and the other slices refer into the datagram.
+type Frame struct {
+	Type  uint8
+	Data  Data
+	Ack   Ack
+	Nonce uint32
+}
+
+// Parse splits a datagram: it returns the header and calls fn for each frame in order, stopping
+// at the first frame fn rejects (returns false). A malformed header is an error; a malformed
+// frame ends the datagram with ErrFrame, after the frames before it were handed to fn.
+func Parse(b []byte, fn func(h *Header, f *Frame) bool) (Header, error) {
+	var h Header
+	if len(b) < DatagramHeaderSize {
+		return h, ErrShort
+	}
+	if b[0] != Version {
+		return h, ErrVersion
+	}
+	h = Header{Path: b[1], SrcPort: binary.BigEndian.Uint16(b[2:]), SrcInc: binary.BigEndian.Uint32(b[4:]),
+		DstInc: binary.BigEndian.Uint32(b[8:])}
+	b = b[DatagramHeaderSize:]
+	if len(b) == 0 {
+		return h, ErrFrame
+	}
+	var f Frame
+	for len(b) > 0 {
+		if len(b) < FrameHeaderSize {
+			return h, ErrFrame
+		}
+		n := int(binary.BigEndian.Uint16(b[2:]))
+		if n < FrameHeaderSize || n > len(b) || b[1] != 0 {
+			return h, ErrFrame
+		}
+		if err := parseFrame(b[:n], &f); err != nil {
+			return h, err
+		}
+		if !fn(&h, &f) {
+			return h, nil
+		}
+		b = b[n:]
+	}
+	return h, nil
+}
+
+func parseFrame(b []byte, f *Frame) error {
+	f.Type = b[0]
+	body := b[FrameHeaderSize:]
+	switch f.Type {
+	case TypeData:
+		if len(body) < DataHeaderSize {
+			return ErrFrame
+		}
+		f.Data = Data{
+			PSN:     binary.BigEndian.Uint32(body[0:]),
+			MsgID:   binary.BigEndian.Uint32(body[4:]),
+			Offset:  binary.BigEndian.Uint32(body[8:]),
+			Length:  binary.BigEndian.Uint32(body[12:]),
+			Op:      body[16],
+			Flags:   body[17],
+			SrcQPN:  binary.BigEndian.Uint16(body[18:]),
+			DstQPN:  binary.BigEndian.Uint16(body[20:]),
+			Status:  body[22],
+			QKey:    binary.BigEndian.Uint32(body[24:]),
+			Imm:     binary.BigEndian.Uint32(body[28:]),
+			RKey:    binary.BigEndian.Uint32(body[32:]),
+			RAddr:   binary.BigEndian.Uint64(body[36:]),
+			Payload: body[DataHeaderSize:],
+		}
+		d := &f.Data
+		noPayload := d.Op == OpReadReq || d.Op == OpResp
+		switch {
+		case d.Op > OpResp, d.Flags&^(FlagImm|FlagUD) != 0, body[23] != 0,
+			noPayload && len(d.Payload) != 0,
+			!noPayload && uint64(d.Offset)+uint64(len(d.Payload)) > uint64(d.Length):
+			return ErrFrame
+		}
+	case TypeAck:
+		if len(body) != AckSize || body[41] != 0 || body[42] != 0 || body[43] != 0 {
+			return ErrFrame
+		}
+		a := &f.Ack
+		a.Cum = binary.BigEndian.Uint32(body[0:])
+		a.Highest = binary.BigEndian.Uint32(body[4:])
+		for i := range SackWords {
+			a.Sack[i] = binary.BigEndian.Uint64(body[8+8*i:])
+		}
+		a.Path = body[40]
+	case TypeProbe, TypeProbeAck:
+		if len(body) != ProbeSize {
+			return ErrFrame
+		}
+		f.Nonce = binary.BigEndian.Uint32(body)
+	case TypeReset:
+		if len(body) != 0 {
+			return ErrFrame
+		}
+	default:
+		return ErrFrame
+	}
+	return nil
+}

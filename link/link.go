@@ -1,0 +1,41 @@
+// Package link is the device's way onto a network: a small batch-first interface over datagrams,
+// with a UDP implementation (one socket per path, so that each path has its own source port and
+// ECMP hashing spreads them) and, in package memlink, an in-memory fabric for tests.
+//
+// Buffers belong to the caller: Send reads pkts[i].Buf[:N] before it returns, and Receive fills
+// the caller's Buf slices. Neither keeps a reference, so a caller can reuse one set of buffers for
+// every call, and neither allocates per packet.
+package link
+
+import (
+	"errors"
+	"net/netip"
+)
+
+// Packet is one datagram: Buf[:N] holds its bytes; Addr is the peer (destination on Send, source
+// on Receive); Path is the local path index (the socket it leaves from, or arrived on).
+type Packet struct {
+	Buf  []byte
+	N    int
+	Addr netip.AddrPort
+	Path int
+}
+
+// Link carries datagrams for one device.
+type Link interface {
+	// Send transmits each packet from its path to its address. Datagrams the network refuses
+	// (an unreachable address, a full buffer) are dropped silently, as the network would drop
+	// them; an error means the link itself failed.
+	Send(pkts []Packet) error
+	// Receive waits for at least one datagram, fills pkts from the front and returns how many.
+	// After Close it returns ErrClosed.
+	Receive(pkts []Packet) (int, error)
+	// LocalAddr is the device's address: where peers send to.
+	LocalAddr() netip.AddrPort
+	// Paths is the number of paths (source ports) the link sends on.
+	Paths() int
+	Close() error
+}
+
+// ErrClosed is returned by Receive and Send after Close.
+var ErrClosed = errors.New("link: closed")

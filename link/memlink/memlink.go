@@ -1,0 +1,198 @@
+// Package memlink is an in-memory network of links for tests: devices in one process exchange
+// datagrams through a Fabric that can drop, duplicate, delay and reorder them, per path, with
+// its randomness drawn from a seed. Delays use timers, so under testing/synctest a test runs in
+// virtual time.
+package memlink
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/softefa/softefa/link"
+)
+
+// Impairment is what a path does to the datagrams sent on it.
+type Impairment struct {
+	Loss      float64       // probability a datagram is dropped
+	Duplicate float64       // probability a datagram is delivered twice
+	Delay     time.Duration // added to every datagram
+	Jitter    time.Duration // a uniform extra delay in [0, Jitter): reorders datagrams
+	Down      bool          // every datagram is dropped
+}
+
+// Fabric joins Nodes. Each sender's path has its own impairment and random stream.
+type Fabric struct {
+	mu    sync.Mutex
+	seed  uint64
+	nodes map[netip.AddrPort]*Node
+	paths map[int]Impairment // by sender path index; applies to every node
+	stats map[int]*PathStats
+}
+
+// PathStats count what happened on a path (by sender path index).
+type PathStats struct {
+	Sent, Dropped, Duplicated uint64
+}
+
+// New returns an empty fabric whose randomness comes from seed.
+func New(seed uint64) *Fabric {
+	return &Fabric{seed: seed, nodes: make(map[netip.AddrPort]*Node), paths: make(map[int]Impairment),
+		stats: make(map[int]*PathStats)}
+}
+
+// SetPath sets the impairment of every sender's path i.
+func (f *Fabric) SetPath(i int, imp Impairment) {
+	f.mu.Lock()
+	f.paths[i] = imp
+	f.mu.Unlock()
+}
+
+// Stats returns a copy of path i's counters.
+func (f *Fabric) Stats(i int) PathStats {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if s := f.stats[i]; s != nil {
+		return *s
+	}
+	return PathStats{}
+}
+
+// Listen adds a node at addr with the given number of paths.
+func (f *Fabric) Listen(addr netip.AddrPort, paths int) *Node {
+	n := &Node{f: f, addr: addr, paths: paths, sig: make(chan struct{}, 1), done: make(chan struct{})}
+	n.rngs = make([]*rand.Rand, paths)
+	for i := range n.rngs {
+		a := addr.Addr().As16()
+		n.rngs[i] = rand.New(rand.NewPCG(f.seed^uint64(addr.Port())<<32^uint64(i), uint64(a[15])|uint64(a[14])<<8))
+	}
+	f.mu.Lock()
+	f.nodes[addr] = n
+	f.mu.Unlock()
+	return n
+}
+
+// Node is one device's Link on the fabric.
+type Node struct {
+	f     *Fabric
+	addr  netip.AddrPort
+	paths int
+	rngs  []*rand.Rand // per path, guarded by f.mu
+
+	mu     sync.Mutex
+	inbox  []delivery
+	sig    chan struct{}
+	done   chan struct{}
+	closed bool
+}
+
+type delivery struct {
+	buf  []byte
+	from netip.AddrPort
+}
+
+// LocalAddr is the node's address.
+func (n *Node) LocalAddr() netip.AddrPort { return n.addr }
+
+// Paths is the node's path count.
+func (n *Node) Paths() int { return n.paths }
+
+// Close detaches the node; datagrams to it are dropped.
+func (n *Node) Close() error {
+	n.f.mu.Lock()
+	if n.f.nodes[n.addr] == n {
+		delete(n.f.nodes, n.addr)
+	}
+	n.f.mu.Unlock()
+	n.mu.Lock()
+	if !n.closed {
+		n.closed = true
+		close(n.done)
+	}
+	n.mu.Unlock()
+	return nil
+}
+
+// Send passes each datagram through its path's impairment to the destination node.
+func (n *Node) Send(pkts []link.Packet) error {
+	f := n.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range pkts {
+		p := &pkts[i]
+		path := min(max(p.Path, 0), n.paths-1)
+		imp := f.paths[path]
+		st := f.stats[path]
+		if st == nil {
+			st = &PathStats{}
+			f.stats[path] = st
+		}
+		st.Sent++
+		rng := n.rngs[path]
+		dst := f.nodes[p.Addr]
+		if dst == nil || imp.Down || rng.Float64() < imp.Loss {
+			st.Dropped++
+			continue
+		}
+		copies := 1
+		if rng.Float64() < imp.Duplicate {
+			copies = 2
+			st.Duplicated++
+		}
+		for range copies {
+			d := imp.Delay
+			if imp.Jitter > 0 {
+				d += time.Duration(rng.Int64N(int64(imp.Jitter)))
+			}
+			dst.deliver(append([]byte(nil), p.Buf[:p.N]...), n.addr, d)
+		}
+	}
+	return nil
+}
+
+func (n *Node) deliver(b []byte, from netip.AddrPort, after time.Duration) {
+	if after > 0 {
+		time.AfterFunc(after, func() { n.deliver(b, from, 0) })
+		return
+	}
+	n.mu.Lock()
+	if !n.closed {
+		n.inbox = append(n.inbox, delivery{b, from})
+	}
+	n.mu.Unlock()
+	select {
+	case n.sig <- struct{}{}:
+	default:
+	}
+}
+
+// Receive waits for datagrams and copies them into pkts.
+func (n *Node) Receive(pkts []link.Packet) (int, error) {
+	for {
+		n.mu.Lock()
+		if n.closed {
+			n.mu.Unlock()
+			return 0, link.ErrClosed
+		}
+		k := 0
+		for k < len(pkts) && k < len(n.inbox) {
+			d := n.inbox[k]
+			pkts[k].N = copy(pkts[k].Buf, d.buf)
+			pkts[k].Addr, pkts[k].Path = d.from, 0
+			k++
+		}
+		n.inbox = n.inbox[k:]
+		if len(n.inbox) == 0 {
+			n.inbox = nil
+		}
+		n.mu.Unlock()
+		if k > 0 {
+			return k, nil
+		}
+		select {
+		case <-n.sig:
+		case <-n.done:
+		}
+	}
+}

@@ -1,0 +1,145 @@
+package link
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// maxBatch is the most datagrams one sendmmsg or recvmmsg moves.
+const maxBatch = 64
+
+// batch is the scratch space of one sendmmsg or recvmmsg call: message headers, one iovec and one
+// socket address per datagram. Allocated once, on first use.
+type batch struct {
+	hdrs  []unix.Mmsghdr
+	iovs  []unix.Iovec
+	names []unix.RawSockaddrInet6
+}
+
+func (b *batch) init() {
+	if b.hdrs != nil {
+		return
+	}
+	b.hdrs = make([]unix.Mmsghdr, maxBatch)
+	b.iovs = make([]unix.Iovec, maxBatch)
+	b.names = make([]unix.RawSockaddrInet6, maxBatch)
+	for i := range b.hdrs {
+		h := &b.hdrs[i].Hdr
+		h.Iov = &b.iovs[i]
+		h.Iovlen = 1
+		h.Name = (*byte)(unsafe.Pointer(&b.names[i]))
+	}
+}
+
+func (u *UDP) sendPath(path int, pkts []Packet) error {
+	b := &u.tx
+	b.init()
+	for len(pkts) > 0 {
+		n := min(len(pkts), maxBatch)
+		for i := range n {
+			p := &pkts[i]
+			b.iovs[i].Base = &p.Buf[0]
+			b.iovs[i].SetLen(p.N)
+			b.hdrs[i].Hdr.Namelen = putSockaddr(&b.names[i], p.Addr)
+		}
+		sent := 0
+		var serr error
+		err := u.raws[path].Write(func(fd uintptr) bool {
+			for sent < n {
+				r, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[sent])),
+					uintptr(n-sent), unix.MSG_DONTWAIT, 0, 0)
+				switch {
+				case errno == unix.EAGAIN:
+					return false
+				case errno == unix.EINTR:
+					continue
+				case errno != 0 && transient(errno):
+					sent++ // the datagram at sent is refused: drop it, send the rest
+				case errno != 0:
+					serr = errno
+					return true
+				default:
+					sent += int(r)
+				}
+			}
+			return true
+		})
+		if err != nil {
+			return err
+		}
+		if serr != nil {
+			return serr
+		}
+		pkts = pkts[n:]
+	}
+	return nil
+}
+
+func (u *UDP) receive(pkts []Packet) (int, error) {
+	b := &u.rx
+	b.init()
+	n := min(len(pkts), maxBatch)
+	for i := range n {
+		b.iovs[i].Base = &pkts[i].Buf[0]
+		b.iovs[i].SetLen(len(pkts[i].Buf))
+		b.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
+		b.hdrs[i].Hdr.Flags = 0
+	}
+	var got int
+	var rerr error
+	err := u.raws[0].Read(func(fd uintptr) bool {
+		r, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[0])), uintptr(n),
+			unix.MSG_DONTWAIT, 0, 0)
+		switch errno {
+		case unix.EAGAIN:
+			return false
+		case 0:
+			got = int(r)
+		default:
+			rerr = errno
+		}
+		return true
+	})
+	if err != nil {
+		return 0, err
+	}
+	if rerr != nil {
+		return 0, rerr
+	}
+	for i := range got {
+		pkts[i].N = int(b.hdrs[i].Len)
+		pkts[i].Addr = getSockaddr(&b.names[i])
+		pkts[i].Path = 0
+	}
+	return got, nil
+}
+
+func putSockaddr(sa *unix.RawSockaddrInet6, ap netip.AddrPort) uint32 {
+	a := ap.Addr()
+	if a.Is4() {
+		s4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		s4.Family = unix.AF_INET
+		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&s4.Port))[:], ap.Port())
+		s4.Addr = a.As4()
+		s4.Zero = [8]byte{}
+		return unix.SizeofSockaddrInet4
+	}
+	sa.Family = unix.AF_INET6
+	binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:], ap.Port())
+	sa.Flowinfo = 0
+	sa.Addr = a.As16()
+	sa.Scope_id = 0
+	return unix.SizeofSockaddrInet6
+}
+
+func getSockaddr(sa *unix.RawSockaddrInet6) netip.AddrPort {
+	port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:])
+	if sa.Family == unix.AF_INET {
+		s4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		return netip.AddrPortFrom(netip.AddrFrom4(s4.Addr), port)
+	}
+	return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), port)
+}

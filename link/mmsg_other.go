@@ -1,0 +1,25 @@
+//go:build !linux
+
+package link
+
+// batch is unused where datagrams move one per system call.
+type batch struct{}
+
+func (u *UDP) sendPath(path int, pkts []Packet) error {
+	for i := range pkts {
+		p := &pkts[i]
+		if _, err := u.conns[path].WriteToUDPAddrPort(p.Buf[:p.N], p.Addr); err != nil && !transient(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+func (u *UDP) receive(pkts []Packet) (int, error) {
+	n, addr, err := u.conns[0].ReadFromUDPAddrPort(pkts[0].Buf)
+	if err != nil {
+		return 0, err
+	}
+	pkts[0].N, pkts[0].Addr, pkts[0].Path = n, addr, 0
+	return 1, nil
+}

@@ -1,0 +1,127 @@
+package link
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+)
+
+// UDP is a Link over UDP sockets: socket 0 is bound to the device's address and receives
+// everything; sockets 1..paths-1 are bound to the same IP with ports of their own and only send.
+// A datagram sent on path i leaves from socket i, so paths differ in source port, which is what
+// ECMP routers hash.
+//
+// On Linux, Send and Receive move batches with sendmmsg and recvmmsg; elsewhere one datagram
+// per system call. Receive must be called from one goroutine at a time; Send may be called from
+// several.
+type UDP struct {
+	conns  []*net.UDPConn
+	raws   []syscall.RawConn
+	local  netip.AddrPort
+	closed atomic.Bool
+
+	rx   batch      // Receive's scratch, owned by the receiving goroutine
+	txMu sync.Mutex // guards tx
+	tx   batch
+}
+
+// DefaultSocketBuffer is the send and receive buffer size ListenUDP asks for.
+const DefaultSocketBuffer = 4 << 20
+
+// ListenUDP binds a device's sockets: the first on addr (port 0 picks one), the others on the
+// same IP. addr's IP must be a concrete address, since it becomes part of the device's GID.
+func ListenUDP(addr netip.AddrPort, paths int) (*UDP, error) {
+	if !addr.Addr().IsValid() || addr.Addr().IsUnspecified() {
+		return nil, fmt.Errorf("link: %v: a device needs a concrete IP address", addr)
+	}
+	if paths < 1 || paths > 255 {
+		return nil, fmt.Errorf("link: %d paths; 1 to 255", paths)
+	}
+	u := &UDP{}
+	for i := range paths {
+		a := addr
+		if i > 0 {
+			a = netip.AddrPortFrom(addr.Addr(), 0)
+		}
+		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(a))
+		if err != nil {
+			u.Close()
+			return nil, fmt.Errorf("link: %w", err)
+		}
+		_ = c.SetReadBuffer(DefaultSocketBuffer)
+		_ = c.SetWriteBuffer(DefaultSocketBuffer)
+		raw, err := c.SyscallConn()
+		if err != nil {
+			c.Close()
+			u.Close()
+			return nil, fmt.Errorf("link: %w", err)
+		}
+		u.conns = append(u.conns, c)
+		u.raws = append(u.raws, raw)
+	}
+	u.local = u.conns[0].LocalAddr().(*net.UDPAddr).AddrPort()
+	u.local = netip.AddrPortFrom(u.local.Addr().Unmap(), u.local.Port())
+	return u, nil
+}
+
+// LocalAddr is the address of socket 0.
+func (u *UDP) LocalAddr() netip.AddrPort { return u.local }
+
+// Paths is the number of sockets.
+func (u *UDP) Paths() int { return len(u.conns) }
+
+// Close closes every socket; a blocked Receive returns ErrClosed.
+func (u *UDP) Close() error {
+	u.closed.Store(true)
+	for _, c := range u.conns {
+		c.Close()
+	}
+	return nil
+}
+
+// Send transmits pkts, batched per path.
+func (u *UDP) Send(pkts []Packet) error {
+	if u.closed.Load() {
+		return ErrClosed
+	}
+	u.txMu.Lock()
+	defer u.txMu.Unlock()
+	for start := 0; start < len(pkts); {
+		path := pkts[start].Path
+		end := start + 1
+		for end < len(pkts) && pkts[end].Path == path {
+			end++
+		}
+		if path < 0 || path >= len(u.conns) {
+			path = 0
+		}
+		if err := u.sendPath(path, pkts[start:end]); err != nil {
+			if u.closed.Load() {
+				return ErrClosed
+			}
+			return err
+		}
+		start = end
+	}
+	return nil
+}
+
+// Receive reads datagrams from socket 0.
+func (u *UDP) Receive(pkts []Packet) (int, error) {
+	n, err := u.receive(pkts)
+	if err != nil && (u.closed.Load() || errors.Is(err, net.ErrClosed)) {
+		return 0, ErrClosed
+	}
+	return n, err
+}
+
+// transient reports errors the network gives for single datagrams, which Send drops.
+func transient(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) ||
+		errors.Is(err, syscall.ENETUNREACH) || errors.Is(err, syscall.ENOBUFS) ||
+		errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EMSGSIZE)
+}
