@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/softefa/softefa/internal/uapi"
+	"github.com/softefa/softefa/link"
 )
 
 // Device describes a device: its name, address and limits. Zero fields take the defaults of
@@ -54,6 +55,20 @@ type Device struct {
 	HWVer         uint32
 	LinkSpeedGbps int // default 100
 
+	// Link carries the device's traffic to other devices. Nil: package verbs opens a UDP link on
+	// Addr when Addr is set; without either the device reaches only itself.
+	Link link.Link
+	// Paths is the number of paths (UDP source ports) per device; default 4.
+	Paths int
+	// PathMTU is the largest IP packet on the network; SRD messages are cut into segments that
+	// fit it. Default 1500 (Ethernet).
+	PathMTU int
+	// TransportTimeout is how long a peer may leave sent packets unacknowledged before every
+	// outstanding WR to it fails (unresponsive or unreachable). Default 5 s.
+	TransportTimeout time.Duration
+	// MaxPeers bounds the peer contexts a device keeps; default 65536.
+	MaxPeers int
+
 	// PollMin and PollMax bound the period at which the engine looks at doorbells stored without
 	// Ring: PollMin after activity, doubling to PollMax when idle. Defaults 1 ms and 16 ms.
 	PollMin, PollMax time.Duration
@@ -75,6 +90,7 @@ func Default() Device {
 		Caps: uapi.CapRDMARead | uapi.CapRNRRetry | uapi.CapCQWithSGID | uapi.CapRDMAWrite |
 			uapi.CapUnsolicitedWriteRecv,
 		VendorPartID: 0xefa2, LinkSpeedGbps: 100,
+		Paths: 4, PathMTU: 1500, TransportTimeout: 5 * time.Second, MaxPeers: 1 << 16,
 		PollMin: time.Millisecond, PollMax: 16 * time.Millisecond, RNRInterval: time.Millisecond,
 	}
 }
@@ -110,6 +126,12 @@ func (c *Device) Fill() error {
 	setInt(&c.MaxTxBatch, def.MaxTxBatch)
 	setInt(&c.MinSQWR, def.MinSQWR)
 	setInt(&c.LinkSpeedGbps, def.LinkSpeedGbps)
+	setInt(&c.Paths, def.Paths)
+	setInt(&c.PathMTU, def.PathMTU)
+	setInt(&c.MaxPeers, def.MaxPeers)
+	if c.TransportTimeout == 0 {
+		c.TransportTimeout = def.TransportTimeout
+	}
 	if c.MaxRDMASize == 0 {
 		c.MaxRDMASize = def.MaxRDMASize
 	}
@@ -150,6 +172,10 @@ func (c *Device) Fill() error {
 		return fmt.Errorf("config: MR, PD and AH counts are 16-bit: %w", syscall.EINVAL)
 	case c.VendorPartID == 0xefa0:
 		return fmt.Errorf("config: vendor part id 0xefa0 means sub-CQs, which this device lacks: %w", syscall.EINVAL)
+	case c.PathMTU < 576 || c.PathMTU > 65535:
+		return fmt.Errorf("config: path MTU %d outside [576, 65535]: %w", c.PathMTU, syscall.EINVAL)
+	case c.Paths < 1 || c.Paths > 255:
+		return fmt.Errorf("config: %d paths outside [1, 255]: %w", c.Paths, syscall.EINVAL)
 	case c.MaxSQWR > c.MaxLLQSize/64:
 		c.MaxSQWR = c.MaxLLQSize / 64
 	}

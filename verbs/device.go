@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/engine"
+	"github.com/softefa/softefa/link"
 )
 
 // GID is a device's 16-byte address (union ibv_gid). See package config for how it encodes a
@@ -43,14 +45,27 @@ var registry struct {
 }
 
 // NewDevice creates a device from cfg, starts its engine and adds it to the list GetDeviceList
-// returns. Zero fields of cfg take config.Default's values. Without an address the device gets a
-// unique loopback GID (127.0.0.1 and a made-up port), enough for same-device traffic.
+// returns. Zero fields of cfg take config.Default's values. With cfg.Addr (an IP and a port, 0
+// for any) the device binds UDP sockets there and talks SRD to other devices; with cfg.Link it
+// uses that link. With neither, it gets a unique loopback GID (127.0.0.1 and a made-up port) and
+// reaches only itself.
 func NewDevice(cfg config.Device) (*Device, error) {
-	if !cfg.Addr.IsValid() {
+	switch {
+	case cfg.Link != nil:
+	case cfg.Addr.IsValid():
+		l, err := link.ListenUDP(cfg.Addr, cmp.Or(cfg.Paths, config.Default().Paths))
+		if err != nil {
+			return nil, err
+		}
+		cfg.Link = l
+	default:
 		cfg.Addr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(nextPort.Add(1)))
 	}
 	e, err := engine.NewDevice(cfg)
 	if err != nil {
+		if cfg.Link != nil {
+			cfg.Link.Close()
+		}
 		return nil, err
 	}
 	gid := e.GID()
@@ -325,7 +340,9 @@ type Counters struct {
 	SendBytes, SendWRs, RecvBytes, RecvWRs                           uint64
 	RDMAReadWRs, RDMAReadBytes, RDMAReadWRErr, RDMAReadRespBytes     uint64
 	RDMAWriteWRs, RDMAWriteBytes, RDMAWriteWRErr, RDMAWriteRecvBytes uint64
-	CQOverruns                                                       uint64
+	RetransBytes, RetransPkts, RetransTimeoutEvents                  uint64
+	UnresponsiveRemoteEvents, ImpairedRemoteConnEvents               uint64
+	CQOverruns, BadPackets, StalePackets                             uint64
 }
 
 // Counters returns a snapshot of the device's counters.
@@ -339,5 +356,9 @@ func (c *Context) Counters() Counters {
 		RDMAReadRespBytes: e.RDMAReadRespBytes.Load(), RDMAWriteWRs: e.RDMAWriteWRs.Load(),
 		RDMAWriteBytes: e.RDMAWriteBytes.Load(), RDMAWriteWRErr: e.RDMAWriteWRErr.Load(),
 		RDMAWriteRecvBytes: e.RDMAWriteRecvBytes.Load(), CQOverruns: e.CQOverruns.Load(),
+		RetransBytes: e.RetransBytes.Load(), RetransPkts: e.RetransPkts.Load(),
+		RetransTimeoutEvents: e.RetransTimeoutEvents.Load(), UnresponsiveRemoteEvents: e.UnresponsiveRemoteEvents.Load(),
+		ImpairedRemoteConnEvents: e.ImpairedRemoteConnEvents.Load(), BadPackets: e.BadPackets.Load(),
+		StalePackets: e.StalePackets.Load(),
 	}
 }

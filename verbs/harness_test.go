@@ -25,6 +25,8 @@ type end struct {
 	qp  *verbs.QP
 	x   *verbs.QPEx
 	ah  *verbs.AH // to the peer's GID, in this end's PD
+
+	closed bool
 }
 
 type loopOpts struct {
@@ -112,6 +114,10 @@ func (e *end) makeAH(g verbs.GID) *verbs.AH {
 }
 
 func (e *end) close() {
+	if e.closed {
+		return
+	}
+	e.closed = true
 	if e.ah != nil {
 		check(e.t, e.ah.Destroy())
 	}

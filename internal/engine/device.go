@@ -26,9 +26,11 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/qpn"
+	"github.com/softefa/softefa/link"
 )
 
 // Device is one software EFA device.
@@ -51,6 +53,16 @@ type Device struct {
 	counts  Counters
 	pending pendingQueue // QPs whose doorbells a provider rang (own lock)
 
+	// SRD over the link (srd*.go).
+	link     link.Link // nil: the device reaches only itself
+	inc      uint32    // this device's incarnation
+	start    time.Time
+	peers    map[[16]byte]*peer
+	txq      *txq    // where frames go: the queue of the goroutine holding mu
+	ackList  []*peer // peers owed an ACK at the end of the receive batch
+	freeMsgs []*outMsg
+	freeIn   []*inbound
+
 	kick     chan struct{} // one slot: wakes the engine loop
 	evNotify chan struct{} // one slot: an async event was queued
 	done     chan struct{}
@@ -72,6 +84,10 @@ func NewDevice(cfg config.Device) (*Device, error) {
 	d := &Device{
 		cfg:      cfg,
 		gid:      GIDFromAddr(cfg.Addr),
+		link:     cfg.Link,
+		inc:      newIncarnation(),
+		start:    time.Now(),
+		peers:    make(map[[16]byte]*peer),
 		qpns:     tab,
 		qps:      make(map[uint32]*QP),
 		pds:      make(map[uint16]*PD),
@@ -80,13 +96,18 @@ func NewDevice(cfg config.Device) (*Device, error) {
 		done:     make(chan struct{}),
 	}
 	d.mrs.init(cfg.MaxMR)
+	if d.link != nil {
+		d.gid = GIDFromAddr(d.link.LocalAddr())
+		d.wg.Add(1)
+		go d.rxLoop()
+	}
 	d.wg.Add(1)
 	go d.run()
 	return d, nil
 }
 
-// Close stops the engine loop. Objects still open are left as they are; their memory is freed
-// with the device.
+// Close stops the engine loop and closes the link. Objects still open are left as they are;
+// their memory is freed with the device.
 func (d *Device) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -96,6 +117,9 @@ func (d *Device) Close() error {
 	d.closed = true
 	d.mu.Unlock()
 	close(d.done)
+	if d.link != nil {
+		d.link.Close()
+	}
 	d.wg.Wait()
 	return nil
 }
@@ -150,7 +174,10 @@ type Counters struct {
 	SendBytes, SendWRs, RecvBytes, RecvWRs                           atomic.Uint64
 	RDMAReadWRs, RDMAReadBytes, RDMAReadWRErr, RDMAReadRespBytes     atomic.Uint64
 	RDMAWriteWRs, RDMAWriteBytes, RDMAWriteWRErr, RDMAWriteRecvBytes atomic.Uint64
+	RetransBytes, RetransPkts, RetransTimeoutEvents                  atomic.Uint64
+	UnresponsiveRemoteEvents, ImpairedRemoteConnEvents               atomic.Uint64
 	CQOverruns                                                       atomic.Uint64
+	BadPackets, StalePackets                                         atomic.Uint64 // dropped: malformed; for another incarnation
 }
 
 // Counters returns the device's live counters.

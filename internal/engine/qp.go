@@ -54,6 +54,7 @@ type QP struct {
 	rq   recvQueue
 
 	parked   []parkedWR // sends waiting to retry after RNR
+	out      []*outMsg  // sends on the network, waiting for the peer's answer
 	drainReq bool       // raise SQ_DRAINED when nothing is in flight
 	kicked   atomic.Bool
 	dead     bool
@@ -236,7 +237,7 @@ func (d *Device) QueryQP(q *QP) (QPAttr, QPCaps) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	a := q.attr
-	a.SQDraining = a.State == uapi.QPSSQD && len(q.parked) > 0
+	a.SQDraining = a.State == uapi.QPSSQD && len(q.parked)+len(q.out) > 0
 	return a, q.caps
 }
 
@@ -300,6 +301,11 @@ func (s *sendQueue) slot(i uint16) efaio.TxWQE {
 // flush completes every outstanding work request of q with FLUSHED: waiting sends, sends not yet
 // consumed from the SQ, and receives posted to the RQ.
 func (q *QP) flush() {
+	for len(q.out) > 0 {
+		o := q.out[len(q.out)-1]
+		q.completeSend(&o.w, efaio.StatusFlushed)
+		q.dropOut(o) // the answer, if it comes, is ignored
+	}
 	for i := range q.parked {
 		q.completeSend(&q.parked[i].desc, efaio.StatusFlushed)
 	}
@@ -320,7 +326,7 @@ func (q *QP) flush() {
 
 // checkDrained raises SQ_DRAINED once an SQD QP that asked for it has nothing in flight.
 func (q *QP) checkDrained() {
-	if q.drainReq && len(q.parked) == 0 {
+	if q.drainReq && len(q.parked) == 0 && len(q.out) == 0 {
 		q.drainReq = false
 		q.d.raise(AsyncEvent{Type: uapi.EventSQDrained, QP: q})
 	}

@@ -31,6 +31,7 @@ func (d *Device) run() {
 	defer timer.Stop()
 	armed := true
 	var batch []*QP
+	q := newTxq(d.maxDatagram(), 64)
 	for {
 		polled := false
 		select {
@@ -41,10 +42,12 @@ func (d *Device) run() {
 			polled = true
 		}
 		d.mu.Lock()
+		d.useTx(q)
 		batch = d.pending.drain(batch)
 		worked, busy := d.step(batch, polled)
-		idle := len(d.qpList) == 0
+		idle := len(d.qpList) == 0 && len(d.peers) == 0
 		d.mu.Unlock()
+		d.sendTx(q)
 		switch {
 		case worked || busy:
 			period = d.cfg.PollMin
@@ -94,6 +97,9 @@ func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
 		if len(q.parked) > 0 {
 			busy = true
 		}
+	}
+	if polled && d.transportTick(d.clock()) {
+		busy = true
 	}
 	return worked || rqMoved, busy
 }

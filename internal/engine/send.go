@@ -64,7 +64,10 @@ func (d *Device) execute(q *QP, w *efaio.TxDesc, tries int, now time.Time) {
 	var m message
 	st := d.prepare(q, w, &m)
 	if st == efaio.StatusOK {
-		st = d.deliver(&m)
+		st = d.deliver(q, w, &m, tries)
+	}
+	if st == statusPending {
+		return // on the network: completeReq finishes it
 	}
 	if st == efaio.StatusRemoteRNR && q.typ == uapi.QPTypeDriver &&
 		(q.attr.RNRRetry == uapi.RNRRetryInfinite || tries < int(q.attr.RNRRetry)) {
@@ -156,13 +159,19 @@ func (d *Device) prepareSend(q *QP, w *efaio.TxDesc, m *message) efaio.Status {
 	return efaio.StatusOK
 }
 
-// deliver hands m to its destination. Same-device messages are carried out at once; a device
-// without a link cannot reach any other address.
-func (d *Device) deliver(m *message) efaio.Status {
-	if m.dstGID == d.gid {
+// deliver hands m to its destination. Same-device messages are carried out at once; others go
+// on the link: UD as one datagram, SRD on the peer's stream (statusPending). A device without a
+// link reaches no other address.
+func (d *Device) deliver(q *QP, w *efaio.TxDesc, m *message, tries int) efaio.Status {
+	switch {
+	case m.dstGID == d.gid:
 		return d.respond(m)
+	case d.link == nil:
+		return efaio.StatusLocalUnreachRemote
+	case m.typ == uapi.QPTypeUD:
+		return d.sendUD(m)
 	}
-	return efaio.StatusLocalUnreachRemote
+	return d.sendRemote(q, w, m, tries)
 }
 
 func (d *Device) count(w *efaio.TxDesc, m *message, st efaio.Status) {

@@ -2,9 +2,10 @@
 // by one or more frames (DATA, ACK, PROBE, PROBE_ACK, RESET). docs/wire.md is the specification;
 // this package is one implementation of it.
 //
-// Each frame type is a view over its bytes with accessors, and an Append function that encodes a
-// whole frame onto a buffer. Parse checks every length before anything reads past it, so a
-// datagram from the network can be handed to it as is; it never panics and never allocates.
+// Each frame type has an Append function that encodes a whole frame onto a buffer, and
+// ParseHeader and NextFrame decode a datagram. They check every length before anything reads past
+// it, so a datagram from the network can be handed to them as is; they never panic and never
+// allocate.
 package wire
 
 import (
@@ -17,7 +18,7 @@ const Version = 1
 
 // Sizes of the fixed parts.
 const (
-	DatagramHeaderSize = 12
+	DatagramHeaderSize = 16
 	FrameHeaderSize    = 4
 	DataHeaderSize     = 44 // after the frame header
 	AckSize            = 44 // after the frame header
@@ -56,12 +57,15 @@ var (
 	ErrFrame   = errors.New("wire: malformed frame")
 )
 
-// Header is the datagram header: who sent it, on which path, and the two incarnations.
+// Header is the datagram header: who sent it, on which path, the two incarnations, and the
+// epochs of the two packet streams between the devices.
 type Header struct {
 	Path    uint8  // the sender's path index
 	SrcPort uint16 // the sender's device port; with the source IP it names the sender's GID
 	SrcInc  uint32 // the sender's incarnation
 	DstInc  uint32 // the receiver's incarnation as the sender knows it; 0 if unknown
+	TxEpoch uint16 // epoch of the sender's packet stream, which this datagram's DATA frames are in
+	RxEpoch uint16 // epoch of the receiver's packet stream, which this datagram's ACK frames answer
 }
 
 // AppendHeader appends a datagram header.
@@ -69,7 +73,9 @@ func AppendHeader(b []byte, h *Header) []byte {
 	b = append(b, Version, h.Path)
 	b = binary.BigEndian.AppendUint16(b, h.SrcPort)
 	b = binary.BigEndian.AppendUint32(b, h.SrcInc)
-	return binary.BigEndian.AppendUint32(b, h.DstInc)
+	b = binary.BigEndian.AppendUint32(b, h.DstInc)
+	b = binary.BigEndian.AppendUint16(b, h.TxEpoch)
+	return binary.BigEndian.AppendUint16(b, h.RxEpoch)
 }
 
 // Data is a DATA frame's header fields; Payload follows them.
@@ -148,7 +154,7 @@ func appendFrameHeader(b []byte, typ uint8, n int) []byte {
 }
 
 // Frame is one parsed frame: its type and, for the types that have them, its fields. Payload
-// and the other slices refer into the datagram.
+// refers into the datagram.
 type Frame struct {
 	Type  uint8
 	Data  Data
@@ -156,41 +162,49 @@ type Frame struct {
 	Nonce uint32
 }
 
-// Parse splits a datagram: it returns the header and calls fn for each frame in order, stopping
-// at the first frame fn rejects (returns false). A malformed header is an error; a malformed
-// frame ends the datagram with ErrFrame, after the frames before it were handed to fn.
-func Parse(b []byte, fn func(h *Header, f *Frame) bool) (Header, error) {
+// ParseHeader checks a datagram's header and returns it with the bytes of its frames.
+func ParseHeader(b []byte) (Header, []byte, error) {
 	var h Header
 	if len(b) < DatagramHeaderSize {
-		return h, ErrShort
+		return h, nil, ErrShort
 	}
 	if b[0] != Version {
-		return h, ErrVersion
+		return h, nil, ErrVersion
 	}
 	h = Header{Path: b[1], SrcPort: binary.BigEndian.Uint16(b[2:]), SrcInc: binary.BigEndian.Uint32(b[4:]),
-		DstInc: binary.BigEndian.Uint32(b[8:])}
-	b = b[DatagramHeaderSize:]
-	if len(b) == 0 {
-		return h, ErrFrame
+		DstInc: binary.BigEndian.Uint32(b[8:]), TxEpoch: binary.BigEndian.Uint16(b[12:]),
+		RxEpoch: binary.BigEndian.Uint16(b[14:])}
+	if len(b) == DatagramHeaderSize {
+		return h, nil, ErrFrame // a datagram carries at least one frame
 	}
-	var f Frame
-	for len(b) > 0 {
-		if len(b) < FrameHeaderSize {
-			return h, ErrFrame
-		}
-		n := int(binary.BigEndian.Uint16(b[2:]))
-		if n < FrameHeaderSize || n > len(b) || b[1] != 0 {
-			return h, ErrFrame
-		}
-		if err := parseFrame(b[:n], &f); err != nil {
-			return h, err
-		}
-		if !fn(&h, &f) {
-			return h, nil
-		}
-		b = b[n:]
+	return h, b[DatagramHeaderSize:], nil
+}
+
+// NextFrame parses the first frame of b into f and returns the bytes after it. A malformed frame
+// is ErrFrame; the frames after it cannot be found and are lost with it.
+func NextFrame(b []byte, f *Frame) ([]byte, error) {
+	if len(b) < FrameHeaderSize {
+		return nil, ErrFrame
 	}
-	return h, nil
+	n := int(binary.BigEndian.Uint16(b[2:]))
+	if n < FrameHeaderSize || n > len(b) || b[1] != 0 {
+		return nil, ErrFrame
+	}
+	if err := parseFrame(b[:n], f); err != nil {
+		return nil, err
+	}
+	return b[n:], nil
+}
+
+// AppendDataHeader appends a DATA frame whose payload of n bytes the caller appends next (from
+// several buffers, say); d.Payload is ignored.
+func AppendDataHeader(b []byte, d *Data, n int) []byte {
+	p := d.Payload
+	d.Payload = nil
+	b = AppendData(b, d)
+	d.Payload = p
+	binary.BigEndian.PutUint16(b[len(b)-FrameHeaderSize-DataHeaderSize+2:], uint16(FrameHeaderSize+DataHeaderSize+n))
+	return b
 }
 
 func parseFrame(b []byte, f *Frame) error {

@@ -1,0 +1,193 @@
+package engine
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"net/netip"
+	"time"
+
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/wire"
+	"github.com/softefa/softefa/link"
+)
+
+// SRD over a link: each pair of devices shares a peer context per side. A device's DATA frames to
+// a peer form a packet stream: PSNs from 0 in each stream epoch, acknowledged cumulatively and
+// selectively, retransmitted until acknowledged, delivered to the receiver exactly once (the
+// receiver keeps a window of PSNs seen). Messages ride on that stream: a SEND or RDMA write is cut
+// into segments that fit the path MTU; the responder places segments as they come, in any order,
+// and answers the whole message with a RESP frame carrying its status; an RDMA read is a READ_REQ
+// answered by READ_RESP segments. RESP, READ_REQ and READ_RESP frames are in the streams too, so
+// they are as reliable as data.
+//
+// All of it is device state under Device.mu; frames are built into the txq of whichever goroutine
+// holds the lock (the engine loop or the receive loop) and sent after it lets go.
+
+// Transport constants.
+const (
+	rxWindow      = 8192 // PSNs a receiver tracks beyond its cumulative point
+	maxCwnd       = 4096 // packets in flight per peer (below rxWindow)
+	initialCwnd   = 64
+	reorderThresh = 3                      // later PSNs acknowledged before a packet counts it lost
+	minRTO        = 2 * time.Millisecond   // Go timers do not fire much faster when idle
+	maxRTO        = 200 * time.Millisecond //
+	initialRTO    = 10 * time.Millisecond
+	pathFailLoss  = 3                     // consecutive losses on a path that mark it failed
+	probeInterval = 50 * time.Millisecond // how often a failed path is probed
+	rnrInterval   = time.Millisecond      // default RNR retry pacing (Config.RNRInterval)
+	ackEvery      = 16                    // DATA frames between ACKs within one receive batch
+	datagramSlack = 48                    // IPv6 + UDP headers: what PathMTU leaves for us
+)
+
+// peer is this device's context for one other device.
+type peer struct {
+	gid   [16]byte
+	addr  netip.AddrPort
+	inc   uint32 // the peer's incarnation; 0 until heard from
+	heard bool   // the peer has sent us something: a timeout means unresponsive, not unreachable
+
+	tx txStream
+	rx rxStream
+
+	paths  []pathState
+	pathRR int
+}
+
+// pathState is the scoreboard of one of our paths towards a peer.
+type pathState struct {
+	srtt      time.Duration
+	losses    int // consecutive packets lost on this path
+	failed    bool
+	probeAt   time.Duration // when to probe a failed path next
+	probeSent bool
+	nonce     uint32
+	sent      uint64
+	lost      uint64
+}
+
+// newIncarnation draws a device's incarnation: random, never 0.
+func newIncarnation() uint32 {
+	var b [4]byte
+	for {
+		_, _ = rand.Read(b[:])
+		if v := binary.BigEndian.Uint32(b[:]); v != 0 {
+			return v
+		}
+	}
+}
+
+// peerFor returns the context for gid, creating it (nil if MaxPeers are in use).
+func (d *Device) peerFor(gid [16]byte) *peer {
+	if p := d.peers[gid]; p != nil {
+		return p
+	}
+	if len(d.peers) >= d.cfg.MaxPeers {
+		return nil
+	}
+	p := &peer{gid: gid, addr: AddrFromGID(gid, d.link.LocalAddr().Port()), paths: make([]pathState, d.link.Paths())}
+	p.tx.init()
+	p.rx.init()
+	d.peers[gid] = p
+	return p
+}
+
+// clock is the device's monotonic time, as a duration since it started.
+func (d *Device) clock() time.Duration { return time.Since(d.start) }
+
+// segSize is the payload of one DATA frame that keeps a datagram within the path MTU.
+func (d *Device) segSize() int {
+	return d.cfg.PathMTU - datagramSlack - wire.DatagramHeaderSize - wire.FrameHeaderSize - wire.DataHeaderSize
+}
+
+// maxDatagram is the most bytes one datagram carries.
+func (d *Device) maxDatagram() int { return d.cfg.PathMTU - datagramSlack }
+
+// txq collects the datagrams one goroutine builds while it holds the device lock. Frames for the
+// same peer and path go into the same datagram while they fit, so ACKs ride with data and small
+// frames share datagrams.
+type txq struct {
+	pkts   []link.Packet
+	n      int
+	cur    *peer
+	path   int
+	maxLen int
+}
+
+func newTxq(max, n int) *txq {
+	q := &txq{pkts: make([]link.Packet, n), maxLen: max}
+	for i := range q.pkts {
+		q.pkts[i].Buf = make([]byte, 0, max)
+	}
+	return q
+}
+
+// room returns the datagram to append a frame of size bytes to, for p on path, starting a new
+// one when needed. It returns nil when the queue is full: the caller flushes and retries.
+func (d *Device) room(p *peer, path, size int) []byte {
+	q := d.txq
+	if q.n > 0 && q.cur == p && q.path == path && q.pkts[q.n-1].N+size <= q.maxLen {
+		return q.pkts[q.n-1].Buf[:q.pkts[q.n-1].N]
+	}
+	if q.n == len(q.pkts) {
+		d.flushTx()
+	}
+	pk := &q.pkts[q.n]
+	q.n++
+	q.cur, q.path = p, path
+	h := wire.Header{Path: uint8(path), SrcPort: d.link.LocalAddr().Port(), SrcInc: d.inc, DstInc: p.inc,
+		TxEpoch: p.tx.epoch, RxEpoch: p.rx.epoch}
+	pk.Buf = wire.AppendHeader(pk.Buf[:0], &h)
+	pk.N, pk.Addr, pk.Path = len(pk.Buf), p.addr, path
+	return pk.Buf[:pk.N]
+}
+
+// commit records the datagram grown by the last room call.
+func (d *Device) commit(b []byte) {
+	q := d.txq
+	q.pkts[q.n-1].Buf = b
+	q.pkts[q.n-1].N = len(b)
+}
+
+// flushTx sends the queued datagrams. Called with the lock held only when the queue is full;
+// normally the lock holder swaps the queue out and sends after unlocking (takeTx).
+func (d *Device) flushTx() {
+	q := d.txq
+	if q.n == 0 {
+		return
+	}
+	d.sendPkts(q.pkts[:q.n])
+	q.n, q.cur = 0, nil
+}
+
+func (d *Device) sendPkts(pkts []link.Packet) {
+	var bytes uint64
+	for i := range pkts {
+		bytes += uint64(pkts[i].N)
+	}
+	d.counts.TxPkts.Add(uint64(len(pkts)))
+	d.counts.TxBytes.Add(bytes)
+	_ = d.link.Send(pkts) // a failed link shows up as timeouts
+}
+
+// useTx makes q the queue frames go to until the lock is released; the caller sends what it
+// holds afterwards with sendTx.
+func (d *Device) useTx(q *txq) { d.txq = q }
+
+// sendTx sends q's datagrams; called without the lock.
+func (d *Device) sendTx(q *txq) {
+	if q.n > 0 {
+		d.sendPkts(q.pkts[:q.n])
+		q.n, q.cur = 0, nil
+	}
+}
+
+// resetPeer forgets everything about the peer's streams: outstanding requests to it fail with
+// st, partly received messages from it are dropped. Used when the peer restarts (st is
+// REMOTE_ABORT) and after a transport timeout.
+func (d *Device) resetPeer(p *peer, st efaio.Status, inc uint32) {
+	d.resetTx(p, st)
+	d.resetRx(p)
+	p.inc = inc
+	p.rx.epoch = 0
+	p.heard = false
+}

@@ -1,0 +1,513 @@
+package engine
+
+import (
+	"math/bits"
+	"net/netip"
+	"time"
+
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/uapi"
+	"github.com/softefa/softefa/internal/wire"
+	"github.com/softefa/softefa/link"
+)
+
+// rxStream is the receiving half of a peer context: which PSNs of the peer's stream have
+// arrived, and the multi-segment messages being put together.
+type rxStream struct {
+	epoch    uint16
+	started  bool
+	cum      uint32   // every PSN below has arrived
+	highest  uint32   // highest PSN seen
+	seen     []uint64 // bit psn%rxWindow: psn in [cum, cum+rxWindow) arrived
+	ackDue   bool
+	ackPath  uint8
+	sinceAck int
+	in       map[uint32]*inbound // by the peer's message id
+}
+
+func (r *rxStream) init() { r.in = make(map[uint32]*inbound) }
+
+func (r *rxStream) test(psn uint32) bool {
+	i := psn % rxWindow
+	return r.seen[i/64]&(1<<(i%64)) != 0
+}
+
+func (r *rxStream) flip(psn uint32) {
+	i := psn % rxWindow
+	r.seen[i/64] ^= 1 << (i % 64)
+}
+
+func psnLess(a, b uint32) bool { return int32(a-b) < 0 }
+
+// rxLoop is the receive goroutine: it reads batches from the link and handles them under the
+// device lock, then sends the ACKs and frames the batch produced.
+func (d *Device) rxLoop() {
+	defer d.wg.Done()
+	size := max(d.maxDatagram(), d.cfg.MTU+wire.DatagramHeaderSize+wire.FrameHeaderSize+wire.DataHeaderSize)
+	pkts := make([]link.Packet, 32)
+	for i := range pkts {
+		pkts[i].Buf = make([]byte, size)
+	}
+	q := newTxq(d.maxDatagram(), 64)
+	for {
+		n, err := d.link.Receive(pkts)
+		if err != nil {
+			select {
+			case <-d.done:
+				return
+			default:
+			}
+			if err == link.ErrClosed {
+				return
+			}
+			continue
+		}
+		d.mu.Lock()
+		d.useTx(q)
+		now := d.clock()
+		for i := range pkts[:n] {
+			d.input(&pkts[i], now)
+		}
+		for _, p := range d.ackList {
+			d.sendAck(p)
+		}
+		d.ackList = d.ackList[:0]
+		d.mu.Unlock()
+		d.sendTx(q)
+		d.wake() // parked retries and raw doorbells get a look
+	}
+}
+
+// input handles one datagram from the network. Anything malformed, addressed to another
+// incarnation of this device, or beyond the peer table is dropped and counted.
+func (d *Device) input(pk *link.Packet, now time.Duration) {
+	d.counts.RxPkts.Add(1)
+	d.counts.RxBytes.Add(uint64(pk.N))
+	h, frames, err := wire.ParseHeader(pk.Buf[:pk.N])
+	if err != nil {
+		d.counts.BadPackets.Add(1)
+		return
+	}
+	src := netip.AddrPortFrom(pk.Addr.Addr().Unmap(), h.SrcPort)
+	gid := GIDFromAddr(src)
+	if gid == d.gid {
+		d.counts.BadPackets.Add(1)
+		return
+	}
+	p := d.peerFor(gid)
+	if p == nil {
+		d.counts.RxDrops.Add(1)
+		return
+	}
+	if h.DstInc != 0 && h.DstInc != d.inc {
+		// Sent to an earlier life of this device: say so, so that the sender starts afresh.
+		d.counts.StalePackets.Add(1)
+		saved := p.inc
+		p.inc = h.SrcInc
+		d.commit(wire.AppendReset(d.room(p, p.pathRR, wire.FrameHeaderSize)))
+		p.inc = saved
+		return
+	}
+	if p.inc != 0 && h.SrcInc != p.inc {
+		d.resetPeer(p, efaio.StatusRemoteAbort, h.SrcInc) // the peer restarted
+	}
+	p.inc, p.heard = h.SrcInc, true
+	var f wire.Frame
+	for len(frames) > 0 {
+		if frames, err = wire.NextFrame(frames, &f); err != nil {
+			d.counts.BadPackets.Add(1)
+			return
+		}
+		switch f.Type {
+		case wire.TypeData:
+			d.onData(p, &h, &f.Data)
+		case wire.TypeAck:
+			if h.RxEpoch == p.tx.epoch {
+				d.onAck(p, &f.Ack, now)
+			}
+		case wire.TypeProbe:
+			d.commit(wire.AppendProbe(d.room(p, p.pathRR, wire.FrameHeaderSize+wire.ProbeSize), f.Nonce, true))
+		case wire.TypeProbeAck:
+			for i := range p.paths {
+				if ps := &p.paths[i]; ps.failed && ps.probeSent && ps.nonce == f.Nonce {
+					ps.failed, ps.losses, ps.probeSent = false, 0, false
+				}
+			}
+		case wire.TypeReset:
+			// Handled by the incarnation check above.
+		}
+	}
+}
+
+// onData takes a DATA frame: UD frames at once; stream frames once each, in any order.
+func (d *Device) onData(p *peer, h *wire.Header, f *wire.Data) {
+	if f.Flags&wire.FlagUD != 0 {
+		d.onUD(p, f)
+		return
+	}
+	r := &p.rx
+	if !r.started || h.TxEpoch != r.epoch {
+		if r.started && int16(h.TxEpoch-r.epoch) < 0 {
+			d.counts.StalePackets.Add(1) // from a stream the peer has since abandoned
+			return
+		}
+		d.resetRx(p)
+		r.started, r.epoch = true, h.TxEpoch
+	}
+	if !r.ackDue {
+		r.ackDue = true
+		d.ackList = append(d.ackList, p)
+	}
+	r.ackPath = h.Path
+	r.sinceAck++
+	psn := f.PSN
+	switch {
+	case psnLess(psn, r.cum):
+		return // a duplicate: the ACK tells the sender again
+	case psn-r.cum >= rxWindow:
+		d.counts.RxDrops.Add(1) // beyond the window: the sender must not have sent it yet
+		return
+	case r.test(psn):
+		return // a duplicate
+	}
+	r.flip(psn)
+	if psnLess(r.highest, psn) {
+		r.highest = psn
+	}
+	for r.test(r.cum) {
+		r.flip(r.cum)
+		r.cum++
+	}
+	if r.sinceAck >= ackEvery {
+		d.sendAck(p)
+	}
+	switch f.Op {
+	case wire.OpSend, wire.OpWrite:
+		d.onSegment(p, f)
+	case wire.OpReadReq:
+		d.onReadReq(p, f)
+	case wire.OpReadResp:
+		d.onReadResp(p, f)
+	case wire.OpResp:
+		if o := p.tx.reqs[f.MsgID]; o != nil {
+			d.completeReq(o, efaio.Status(f.Status), true)
+		}
+	}
+}
+
+// message builds the responder's view of a request frame.
+func (d *Device) message(p *peer, f *wire.Data, op efaio.OpType, typ int) message {
+	return message{
+		op: op, typ: typ, hasImm: f.Flags&wire.FlagImm != 0, imm: f.Imm, qkey: f.QKey,
+		srcGID: p.gid, dstGID: d.gid, srcQPN: f.SrcQPN, dstQPN: f.DstQPN, length: uint64(f.Length),
+		raddr: f.RAddr, rkey: f.RKey,
+	}
+}
+
+// onSegment places a SEND or RDMA write segment; the message is answered when complete.
+func (d *Device) onSegment(p *peer, f *wire.Data) {
+	op := efaio.OpSend
+	if f.Op == wire.OpWrite {
+		op = efaio.OpRDMAWrite
+	}
+	m := d.message(p, f, op, uapi.QPTypeDriver)
+	if f.Offset == 0 && len(f.Payload) == int(f.Length) { // the whole message in one frame
+		m.src[0], m.nsrc = f.Payload, 1
+		d.answer(p, f.MsgID, d.respond(&m))
+		return
+	}
+	in := p.rx.in[f.MsgID]
+	if in == nil {
+		in = d.newInbound()
+		p.rx.in[f.MsgID] = in
+		d.accept(&m, in)
+	}
+	d.place(in, uint64(f.Offset), f.Payload)
+	if in.got >= in.m.length {
+		delete(p.rx.in, f.MsgID)
+		d.answer(p, f.MsgID, d.finish(in))
+		d.freeIn = append(d.freeIn, in)
+	}
+}
+
+// onReadReq answers an RDMA read: the data as READ_RESP segments, or a RESP with the error.
+func (d *Device) onReadReq(p *peer, f *wire.Data) {
+	m := d.message(p, f, efaio.OpRDMARead, uapi.QPTypeDriver)
+	var in inbound
+	if st := d.accept(&m, &in); st != efaio.StatusOK {
+		d.answer(p, f.MsgID, st)
+		return
+	}
+	src, _ := d.remoteSpan(in.t.pd, m.rkey, m.raddr, m.length, uapi.AccessRemoteRead)
+	o := d.newMsg(p, kindReadResp)
+	o.hdr = wire.Data{MsgID: f.MsgID, Length: f.Length, Op: wire.OpReadResp, SrcQPN: f.DstQPN, DstQPN: f.SrcQPN}
+	o.src[0], o.nsrc, o.length, o.done = src, 1, m.length, true
+	d.counts.RDMAReadRespBytes.Add(m.length)
+	d.enqueue(p, o)
+}
+
+// onReadResp places read data at the requester; the read completes with its last byte.
+func (d *Device) onReadResp(p *peer, f *wire.Data) {
+	o := p.tx.reqs[f.MsgID]
+	if o == nil || o.hdr.Op != wire.OpReadReq {
+		return // answered already, or flushed
+	}
+	end := uint64(f.Offset) + uint64(len(f.Payload))
+	if end > uint64(len(o.sink)) || uint64(f.Length) != o.length {
+		d.completeReq(o, efaio.StatusRemoteBadStatus, false)
+		return
+	}
+	copy(o.sink[f.Offset:], f.Payload)
+	o.got += uint64(len(f.Payload))
+	if o.got >= o.length {
+		d.completeReq(o, efaio.StatusOK, false)
+	}
+}
+
+// onUD delivers a UD datagram: no stream, no answer.
+func (d *Device) onUD(p *peer, f *wire.Data) {
+	if f.Op != wire.OpSend || f.Offset != 0 || len(f.Payload) != int(f.Length) {
+		d.counts.BadPackets.Add(1)
+		return
+	}
+	m := d.message(p, f, efaio.OpSend, uapi.QPTypeUD)
+	m.src[0], m.nsrc = f.Payload, 1
+	d.respond(&m)
+}
+
+// answer sends a RESP frame with a message's status on p's stream.
+func (d *Device) answer(p *peer, msgID uint32, st efaio.Status) {
+	o := d.newMsg(p, kindResp)
+	o.hdr = wire.Data{MsgID: msgID, Op: wire.OpResp, Status: uint8(st)}
+	o.done = true
+	d.enqueue(p, o)
+}
+
+func (d *Device) newInbound() *inbound {
+	if n := len(d.freeIn); n > 0 {
+		in := d.freeIn[n-1]
+		d.freeIn = d.freeIn[:n-1]
+		return in
+	}
+	return new(inbound)
+}
+
+// resetRx forgets the peer's stream: a message half received took a receive WR, which
+// completes with REMOTE_ABORT.
+func (d *Device) resetRx(p *peer) {
+	r := &p.rx
+	for id, in := range r.in {
+		if in.hasWR {
+			in.t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: efaio.StatusRemoteAbort})
+		}
+		delete(r.in, id)
+		d.freeIn = append(d.freeIn, in)
+	}
+	r.cum, r.highest, r.started = 0, 0, false
+	if r.seen == nil {
+		r.seen = make([]uint64, rxWindow/64)
+	}
+	clear(r.seen)
+}
+
+// sendAck acknowledges p's stream: the cumulative point, the next 256 PSNs bit by bit, the
+// highest PSN seen, and the path of the newest frame.
+func (d *Device) sendAck(p *peer) {
+	r := &p.rx
+	a := wire.Ack{Cum: r.cum, Highest: r.highest, Path: r.ackPath}
+	for i := range wire.SackWords * 64 {
+		if psn := r.cum + 1 + uint32(i); !psnLess(r.highest, psn) && r.test(psn) {
+			a.Sack[i/64] |= 1 << (i % 64)
+		}
+	}
+	r.ackDue, r.sinceAck = false, 0
+	d.commit(wire.AppendAck(d.room(p, p.pathRR, wire.FrameHeaderSize+wire.AckSize), &a))
+}
+
+// onAck takes an acknowledgement of our stream: it frees acknowledged packets, samples the RTT,
+// counts as lost the packets that later ones overtook, adjusts the window and sends what it
+// allows.
+func (d *Device) onAck(p *peer, a *wire.Ack, now time.Duration) {
+	s := &p.tx
+	if psnLess(s.next, a.Cum) || psnLess(a.Cum, s.una-rxWindow) {
+		d.counts.BadPackets.Add(1)
+		return
+	}
+	newly := 0
+	rtt := time.Duration(-1)
+	ack := func(psn uint32) {
+		e := s.slot(psn)
+		if e.acked || e.msg == nil {
+			return
+		}
+		e.acked = true
+		if !e.lost {
+			s.inflight--
+		}
+		newly++
+		ps := &p.paths[e.path]
+		ps.losses, ps.failed = 0, false
+		if e.retx == 0 {
+			rtt = now - e.at
+			ps.srtt = (7*ps.srtt + rtt) / 8
+		}
+		m := e.msg
+		e.msg = nil
+		m.pending--
+		d.release(m)
+	}
+	highest := a.Cum - 1
+	for psn := s.una; psnLess(psn, a.Cum); psn++ {
+		ack(psn)
+	}
+	for w, word := range a.Sack {
+		for word != 0 {
+			i := bits.TrailingZeros64(word)
+			word &^= 1 << i
+			psn := a.Cum + 1 + uint32(w*64+i)
+			if psnLess(psn, s.next) && !psnLess(psn, s.una) {
+				ack(psn)
+				highest = psn
+			}
+		}
+	}
+	for s.una != s.next && s.slot(s.una).acked {
+		*s.slot(s.una) = sentPkt{}
+		s.una++
+	}
+	if newly > 0 {
+		s.progress = now
+	}
+	if rtt >= 0 {
+		d.sampleRTT(s, rtt)
+	}
+	lost := 0
+	for psn := s.una; psnLess(psn, highest) && int32(highest-psn) >= reorderThresh; psn++ {
+		e := s.slot(psn)
+		if e.acked || e.lost || e.msg == nil {
+			continue
+		}
+		e.lost = true
+		s.inflight--
+		s.retx = append(s.retx, psn)
+		lost++
+		d.pathLoss(p, int(e.path), now)
+	}
+	d.congestion(s, newly, lost)
+	d.pump(p)
+}
+
+func (d *Device) sampleRTT(s *txStream, rtt time.Duration) {
+	if s.srtt == 0 {
+		s.srtt, s.rttvar, s.minRTT = rtt, rtt/2, rtt
+	} else {
+		dev := s.srtt - rtt
+		if dev < 0 {
+			dev = -dev
+		}
+		s.rttvar = (3*s.rttvar + dev) / 4
+		s.srtt = (7*s.srtt + rtt) / 8
+		s.minRTT = min(s.minRTT, rtt)
+	}
+	s.rto = min(max(s.srtt+4*s.rttvar, minRTO), maxRTO)
+}
+
+// congestion is the window rule (docs/congestion.md): additive increase per acknowledged packet
+// (one per packet in slow start), halving once per round trip with losses.
+func (d *Device) congestion(s *txStream, newly, lost int) {
+	if s.recovering && !psnLess(s.una, s.recoverPSN) {
+		s.recovering = false
+	}
+	if lost > 0 && !s.recovering {
+		s.ssthresh = max(s.cwnd/2, 2)
+		s.cwnd = s.ssthresh
+		s.recovering, s.recoverPSN = true, s.next
+		return
+	}
+	for range newly {
+		if s.cwnd < s.ssthresh {
+			s.cwnd++
+		} else {
+			s.cwnd += 1 / s.cwnd
+		}
+	}
+	s.cwnd = min(s.cwnd, maxCwnd)
+}
+
+// pathLoss counts a loss against one of our paths; consecutive losses mark it failed (as long as
+// another path is left), and it is probed until it answers again.
+func (d *Device) pathLoss(p *peer, i int, now time.Duration) {
+	ps := &p.paths[i]
+	ps.losses++
+	ps.lost++
+	if ps.failed || ps.losses < pathFailLoss {
+		return
+	}
+	healthy := 0
+	for j := range p.paths {
+		if j != i && !p.paths[j].failed {
+			healthy++
+		}
+	}
+	if healthy > 0 {
+		ps.failed, ps.probeAt, ps.probeSent = true, now+probeInterval, false
+		d.counts.ImpairedRemoteConnEvents.Add(1)
+	}
+}
+
+// transportTick runs on the engine loop's timer: path probes, transport timeouts and
+// retransmission timeouts. It reports whether any stream has something outstanding.
+func (d *Device) transportTick(now time.Duration) bool {
+	busy := false
+	for _, p := range d.peers {
+		for i := range p.paths {
+			if ps := &p.paths[i]; ps.failed && now >= ps.probeAt {
+				ps.nonce, ps.probeSent, ps.probeAt = uint32(now)^uint32(i)<<24|1, true, now+probeInterval
+				d.commit(wire.AppendProbe(d.room(p, i, wire.FrameHeaderSize+wire.ProbeSize), ps.nonce, false))
+			}
+		}
+		s := &p.tx
+		if !s.busy() {
+			s.progress = now
+			continue
+		}
+		if now-s.progress > d.cfg.TransportTimeout {
+			st := efaio.StatusLocalUnreachRemote
+			if p.heard {
+				st = efaio.StatusLocalUnrespRemote
+				d.counts.UnresponsiveRemoteEvents.Add(1)
+			}
+			d.resetTx(p, st)
+			continue
+		}
+		busy = true
+		d.checkRTO(p, now)
+		d.pump(p)
+	}
+	return busy
+}
+
+// checkRTO counts as lost every packet that has waited longer than the retransmission timeout:
+// the fallback for losses no later acknowledgement reveals (the last packets of a burst).
+func (d *Device) checkRTO(p *peer, now time.Duration) {
+	s := &p.tx
+	fired := false
+	for psn := s.una; psn != s.next; psn++ {
+		e := s.slot(psn)
+		if e.acked || e.lost || e.msg == nil || now-e.at < s.rto {
+			continue
+		}
+		e.lost = true
+		s.inflight--
+		s.retx = append(s.retx, psn)
+		d.pathLoss(p, int(e.path), now)
+		fired = true
+	}
+	if fired {
+		d.counts.RetransTimeoutEvents.Add(1)
+		s.rto = min(2*s.rto, maxRTO)
+		s.ssthresh = max(s.cwnd/2, 2)
+		s.cwnd = max(s.cwnd/4, 2)
+		s.recovering, s.recoverPSN = true, s.next
+	}
+}

@@ -1,0 +1,383 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/uapi"
+	"github.com/softefa/softefa/internal/wire"
+)
+
+// Kinds of outgoing message.
+const (
+	kindRequest  = iota // a SEND, RDMA write or read request from one of our QPs
+	kindResp            // our answer to a peer's request
+	kindReadResp        // read data answering a peer's READ_REQ
+)
+
+// outMsg is a message in a peer's outgoing stream. Requests are also in txStream.reqs until
+// answered, and in their QP's out list until completed. An outMsg returns to the device's free
+// list once it is answered (or needs no answer) and none of its segments is unacknowledged.
+type outMsg struct {
+	kind    int
+	p       *peer
+	hdr     wire.Data // fields of every frame of the message; PSN, Offset and Payload per segment
+	src     [efaio.TxNumBufs][]byte
+	nsrc    int
+	length  uint64
+	nseg    uint32
+	sent    uint32 // segments handed to the stream at least once
+	pending int    // segments in the stream not yet acknowledged
+	done    bool   // needs nothing more but its segments' acknowledgements
+
+	// Requests only.
+	q     *QP // nil once the QP flushed it
+	qIdx  int // position in q.out
+	w     efaio.TxDesc
+	tries int
+	sink  []byte // RDMA read: where the data goes
+	got   uint64 // RDMA read: bytes arrived
+}
+
+// sentPkt is a PSN's slot in the stream: which segment of which message it carries.
+type sentPkt struct {
+	msg   *outMsg
+	seg   uint32
+	at    time.Duration
+	path  uint8
+	retx  uint8
+	acked bool
+	lost  bool
+}
+
+// txStream is the sending half of a peer context.
+type txStream struct {
+	epoch      uint16
+	next, una  uint32    // PSNs [una, next) are in ring
+	ring       []sentPkt // indexed by psn & (len-1)
+	inflight   int       // sent, not acknowledged, not counted lost
+	cwnd       float64
+	ssthresh   float64
+	recovering bool
+	recoverPSN uint32
+	srtt       time.Duration
+	rttvar     time.Duration
+	minRTT     time.Duration
+	rto        time.Duration
+	progress   time.Duration // last time the peer acknowledged something, or the stream was idle
+	queue      []*outMsg     // messages with segments not yet sent, in order
+	retx       []uint32      // PSNs counted lost, to send again
+	reqs       map[uint32]*outMsg
+	nextMsg    uint32
+	burst      int // packets sent on the current path since it was picked
+}
+
+func (s *txStream) init() {
+	s.ring = make([]sentPkt, 64)
+	s.cwnd, s.ssthresh, s.rto = initialCwnd, maxCwnd, initialRTO
+	s.reqs = make(map[uint32]*outMsg)
+}
+
+func (s *txStream) slot(psn uint32) *sentPkt { return &s.ring[psn&uint32(len(s.ring)-1)] }
+
+// busy reports whether the stream has anything outstanding.
+func (s *txStream) busy() bool { return s.una != s.next || len(s.queue) > 0 || len(s.reqs) > 0 }
+
+// grow doubles the ring, keeping [una, next) in place by PSN.
+func (s *txStream) grow() {
+	old := s.ring
+	s.ring = make([]sentPkt, 2*len(old))
+	for psn := s.una; psn != s.next; psn++ {
+		*s.slot(psn) = old[psn&uint32(len(old)-1)]
+	}
+}
+
+// newMsg takes an outMsg from the free list.
+func (d *Device) newMsg(p *peer, kind int) *outMsg {
+	var m *outMsg
+	if n := len(d.freeMsgs); n > 0 {
+		m = d.freeMsgs[n-1]
+		d.freeMsgs = d.freeMsgs[:n-1]
+		*m = outMsg{}
+	} else {
+		m = new(outMsg)
+	}
+	m.p, m.kind = p, kind
+	return m
+}
+
+// release returns m to the free list when nothing refers to it any more.
+func (d *Device) release(m *outMsg) {
+	if m.done && m.pending == 0 && m.sent == m.nseg && m.q == nil {
+		m.p = nil
+		d.freeMsgs = append(d.freeMsgs, m)
+	}
+}
+
+// enqueue adds m to p's stream: its segments go out as the window allows.
+func (d *Device) enqueue(p *peer, m *outMsg) {
+	seg := uint64(d.segSize())
+	m.nseg = uint32(max((m.length+seg-1)/seg, 1))
+	if m.hdr.Op == wire.OpReadReq || m.hdr.Op == wire.OpResp {
+		m.nseg = 1
+	}
+	if !p.tx.busy() {
+		p.tx.progress = d.clock()
+	}
+	p.tx.queue = append(p.tx.queue, m)
+	d.pump(p)
+}
+
+// sendRemote starts a request to another device: it goes on the peer's stream, and q's WR
+// completes when the peer answers (or the transport gives up).
+func (d *Device) sendRemote(q *QP, w *efaio.TxDesc, m *message, tries int) efaio.Status {
+	p := d.peerFor(m.dstGID)
+	if p == nil {
+		return efaio.StatusLocalUnreachRemote
+	}
+	o := d.newMsg(p, kindRequest)
+	o.q, o.w, o.tries = q, *w, tries
+	o.length, o.src, o.nsrc, o.sink = m.length, m.src, m.nsrc, m.sink
+	op := uint8(wire.OpSend)
+	switch m.op {
+	case efaio.OpRDMAWrite:
+		op = wire.OpWrite
+	case efaio.OpRDMARead:
+		op = wire.OpReadReq
+	}
+	o.hdr = wire.Data{
+		MsgID: p.tx.nextMsg, Length: uint32(m.length), Op: op, SrcQPN: m.srcQPN, DstQPN: m.dstQPN,
+		QKey: m.qkey, Imm: m.imm, RKey: m.rkey, RAddr: m.raddr,
+	}
+	if m.hasImm {
+		o.hdr.Flags |= wire.FlagImm
+	}
+	p.tx.nextMsg++
+	p.tx.reqs[o.hdr.MsgID] = o
+	o.qIdx = len(q.out)
+	q.out = append(q.out, o)
+	d.enqueue(p, o)
+	return statusPending
+}
+
+// statusPending is execute's "the WR is on the network": not an EFA status.
+const statusPending efaio.Status = 0xff
+
+// sendUD sends a UD message as one unacknowledged datagram; the WR succeeds once it is sent.
+func (d *Device) sendUD(m *message) efaio.Status {
+	p := d.peerFor(m.dstGID)
+	if p == nil {
+		return efaio.StatusLocalUnreachRemote
+	}
+	hdr := wire.Data{Length: uint32(m.length), Op: wire.OpSend, Flags: wire.FlagUD, SrcQPN: m.srcQPN,
+		DstQPN: m.dstQPN, QKey: m.qkey, Imm: m.imm}
+	if m.hasImm {
+		hdr.Flags |= wire.FlagImm
+	}
+	size := wire.FrameHeaderSize + wire.DataHeaderSize + int(m.length)
+	b := d.roomLarge(p, d.pickPath(p, -1), size)
+	b = wire.AppendDataHeader(b, &hdr, int(m.length))
+	for _, s := range m.src[:m.nsrc] {
+		b = append(b, s...)
+	}
+	d.commit(b)
+	return efaio.StatusOK
+}
+
+// roomLarge is room for a frame that may not fit a path-MTU datagram (a UD message up to the
+// device MTU): it gets a datagram of its own, which the IP layer fragments if it must.
+func (d *Device) roomLarge(p *peer, path, size int) []byte {
+	if wire.DatagramHeaderSize+size <= d.txq.maxLen {
+		return d.room(p, path, size)
+	}
+	d.txq.cur = nil // start a datagram of its own
+	b := d.room(p, path, 0)
+	pk := &d.txq.pkts[d.txq.n-1]
+	if cap(pk.Buf) < wire.DatagramHeaderSize+size {
+		nb := make([]byte, len(b), wire.DatagramHeaderSize+size)
+		copy(nb, b)
+		pk.Buf = nb
+		b = nb
+	}
+	d.txq.cur = nil // nothing else joins it
+	return b
+}
+
+// pump sends what p's window allows: retransmissions first, then new segments.
+func (d *Device) pump(p *peer) {
+	s := &p.tx
+	now := d.clock()
+	for len(s.retx) > 0 {
+		psn := s.retx[0]
+		s.retx = s.retx[1:]
+		if psnLess(psn, s.una) || !psnLess(psn, s.next) {
+			continue
+		}
+		e := s.slot(psn)
+		if e.acked || !e.lost || e.msg == nil {
+			continue
+		}
+		e.lost = false
+		e.retx++
+		d.sendSeg(p, psn, e, now, int(e.path))
+	}
+	if len(s.retx) == 0 {
+		s.retx = s.retx[:0]
+	}
+	for len(s.queue) > 0 && float64(s.inflight) < s.cwnd {
+		m := s.queue[0]
+		if m.sent == m.nseg {
+			s.queue = s.queue[1:]
+			continue
+		}
+		if s.next-s.una >= uint32(len(s.ring)) {
+			if len(s.ring) >= maxCwnd*2 {
+				break
+			}
+			s.grow()
+		}
+		psn := s.next
+		s.next++
+		e := s.slot(psn)
+		*e = sentPkt{msg: m, seg: m.sent}
+		m.sent++
+		m.pending++
+		d.sendSeg(p, psn, e, now, -1)
+		if m.sent == m.nseg {
+			s.queue = s.queue[1:]
+		}
+	}
+	if len(s.queue) == 0 {
+		s.queue = s.queue[:0]
+	}
+}
+
+// sendSeg writes the DATA frame for slot e (PSN psn) on a path other than avoid when it can.
+func (d *Device) sendSeg(p *peer, psn uint32, e *sentPkt, now time.Duration, avoid int) {
+	m := e.msg
+	path := d.pickPath(p, avoid)
+	seg := uint64(d.segSize())
+	off := uint64(e.seg) * seg
+	n := 0
+	if m.hdr.Op != wire.OpReadReq && m.hdr.Op != wire.OpResp {
+		n = int(min(seg, m.length-min(off, m.length)))
+	}
+	hdr := m.hdr
+	hdr.PSN, hdr.Offset = psn, uint32(off)
+	b := d.room(p, path, wire.FrameHeaderSize+wire.DataHeaderSize+n)
+	b = wire.AppendDataHeader(b, &hdr, n)
+	b = appendRange(b, m.src[:m.nsrc], off, n)
+	d.commit(b)
+	e.at, e.path = now, uint8(path)
+	p.tx.inflight++
+	p.paths[path].sent++
+	if e.retx > 0 {
+		d.counts.RetransPkts.Add(1)
+		d.counts.RetransBytes.Add(uint64(n))
+	}
+}
+
+// appendRange appends bytes [off, off+n) of the concatenation of src.
+func appendRange(b []byte, src [][]byte, off uint64, n int) []byte {
+	for _, s := range src {
+		if n == 0 {
+			break
+		}
+		if off >= uint64(len(s)) {
+			off -= uint64(len(s))
+			continue
+		}
+		k := min(n, len(s)-int(off))
+		b = append(b, s[off:int(off)+k]...)
+		n -= k
+		off = 0
+	}
+	return b
+}
+
+// pickPath chooses the path for the next packet to p: the current one for a burst of packets,
+// so that GSO/GRO-style batching survives, then the next healthy one; never avoid if another
+// healthy path exists.
+func (d *Device) pickPath(p *peer, avoid int) int {
+	const burst = 16
+	n := len(p.paths)
+	if n == 1 {
+		return 0
+	}
+	if avoid < 0 && p.tx.burst < burst && !p.paths[p.pathRR].failed {
+		p.tx.burst++
+		return p.pathRR
+	}
+	for i := 1; i <= n; i++ {
+		c := (p.pathRR + i) % n
+		if !p.paths[c].failed && c != avoid {
+			p.pathRR, p.tx.burst = c, 1
+			return c
+		}
+	}
+	// Every other path has failed: use them anyway, in turn.
+	p.pathRR = (p.pathRR + 1) % n
+	return p.pathRR
+}
+
+// resetTx abandons p's outgoing stream: answered-or-not, every request fails with st, and the
+// stream starts again from PSN 0 in a new epoch so that the receiver starts afresh too.
+func (d *Device) resetTx(p *peer, st efaio.Status) {
+	s := &p.tx
+	for _, m := range s.reqs {
+		if m.q != nil {
+			d.completeReq(m, st, false)
+		}
+	}
+	for psn := s.una; psn != s.next; psn++ {
+		if e := s.slot(psn); e.msg != nil {
+			e.msg.pending = 0
+			e.msg.done = true
+			e.msg.sent = e.msg.nseg
+			d.release(e.msg)
+			e.msg = nil
+		}
+	}
+	for _, m := range s.queue {
+		m.done, m.sent, m.pending = true, m.nseg, 0
+		d.release(m)
+	}
+	epoch := s.epoch + 1
+	nextMsg := s.nextMsg
+	*s = txStream{}
+	s.init()
+	s.epoch, s.nextMsg = epoch, nextMsg
+	for i := range p.paths {
+		p.paths[i] = pathState{}
+	}
+}
+
+// completeReq finishes a request with st: its WR completes (or, after RNR, waits to be tried
+// again as a new message) and it leaves its QP and its stream's request table.
+func (d *Device) completeReq(m *outMsg, st efaio.Status, mayRetry bool) {
+	delete(m.p.tx.reqs, m.hdr.MsgID)
+	m.done = true
+	if q := m.q; q != nil {
+		q.dropOut(m)
+		if mayRetry && st == efaio.StatusRemoteRNR && (q.attr.RNRRetry == 7 || m.tries < int(q.attr.RNRRetry)) &&
+			(q.attr.State == uapi.QPSRTS || q.attr.State == uapi.QPSSQD) {
+			q.parked = append(q.parked, parkedWR{desc: m.w, tries: m.tries + 1, due: time.Now().Add(d.cfg.RNRInterval)})
+		} else {
+			var msg message
+			msg.length = m.length
+			d.count(&m.w, &msg, st)
+			q.completeSend(&m.w, st)
+		}
+	}
+	d.release(m)
+}
+
+// dropOut removes m from q's list of requests on the network.
+func (q *QP) dropOut(m *outMsg) {
+	last := len(q.out) - 1
+	q.out[m.qIdx] = q.out[last]
+	q.out[m.qIdx].qIdx = m.qIdx
+	q.out[last] = nil
+	q.out = q.out[:last]
+	m.q = nil
+}

@@ -1,0 +1,260 @@
+package verbs_test
+
+import (
+	"bytes"
+	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/softefa/softefa/config"
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/link/memlink"
+	"github.com/softefa/softefa/verbs"
+)
+
+// SRD between two devices: over real UDP sockets on loopback, and over the in-memory fabric with
+// loss, reordering, duplication and path failures in virtual time.
+
+var loopback = netip.MustParseAddrPort("127.0.0.1:0")
+
+// newRemotePair makes ends a and b on two devices built from cfgA and cfgB.
+func newRemotePair(t testing.TB, cfgA, cfgB config.Device, o loopOpts) (a, b *end) {
+	t.Helper()
+	if o.size == 0 {
+		o.size = 1 << 20
+	}
+	if o.typ == 0 {
+		o.typ = verbs.QPTDriver
+	}
+	if o.cap == (verbs.QPCap{}) {
+		o.cap = verbs.QPCap{MaxSendWR: 256, MaxRecvWR: 256, MaxSendSGE: 2, MaxRecvSGE: 2, MaxInlineData: 32}
+	}
+	da := newDevice(t, func(c *config.Device) { *c = cfgA })
+	db := newDevice(t, func(c *config.Device) { *c = cfgB })
+	a, b = newEnd(t, openCtx(t, da), o), newEnd(t, openCtx(t, db), o)
+	a.ah, b.ah = a.makeAH(db.GID()), b.makeAH(da.GID())
+	return a, b
+}
+
+// exchange runs n messages of each operation from a to b with random sizes up to max, checking
+// every byte, the statuses and that each WR completes exactly once.
+func exchange(t testing.TB, a, b *end, n, maxSend, maxRDMA int, seed uint64) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(seed, 1))
+	for i := range n {
+		size := r.IntN(maxSend + 1)
+		pattern(a.buf[:size], byte(i))
+		sum := crc32.ChecksumIEEE(a.buf[:size])
+		b.recv(uint64(i), 0, maxSend)
+		check(t, a.post(uint64(i), b, func(x *verbs.QPEx) {
+			x.WRSendImm(uint32(i))
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), uint32(size))
+		}))
+		wantWC(t, a.one(), uint64(i), verbs.WCSuccess, verbs.WCSend)
+		wc := b.one()
+		wantWC(t, wc, uint64(i), verbs.WCSuccess, verbs.WCRecv)
+		if int(wc.ByteLen) != size || wc.ImmData != uint32(i) || crc32.ChecksumIEEE(b.buf[:size]) != sum {
+			t.Fatalf("SEND %d of %d bytes: received %+v, data ok %v", i, size, wc, crc32.ChecksumIEEE(b.buf[:size]) == sum)
+		}
+		// RDMA write then read back into another part of a's buffer.
+		size = r.IntN(maxRDMA + 1)
+		off := len(a.buf) / 2
+		pattern(a.buf[:size], byte(i+7))
+		check(t, a.post(uint64(1000+i), b, func(x *verbs.QPEx) {
+			x.WRRDMAWrite(b.mr.RKey(), b.mr.Addr())
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), uint32(size))
+		}))
+		wantWC(t, a.one(), uint64(1000+i), verbs.WCSuccess, verbs.WCRDMAWrite)
+		if !bytes.Equal(b.buf[:size], a.buf[:size]) {
+			t.Fatalf("RDMA write %d of %d bytes: data differs", i, size)
+		}
+		check(t, a.post(uint64(2000+i), b, func(x *verbs.QPEx) {
+			x.WRRDMARead(b.mr.RKey(), b.mr.Addr())
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr()+uint64(off), uint32(size))
+		}))
+		wantWC(t, a.one(), uint64(2000+i), verbs.WCSuccess, verbs.WCSend)
+		if !bytes.Equal(a.buf[off:off+size], b.buf[:size]) {
+			t.Fatalf("RDMA read %d of %d bytes: data differs", i, size)
+		}
+	}
+	a.empty()
+	b.empty()
+}
+
+func TestUDPLoopback(t *testing.T) {
+	a, b := newRemotePair(t, config.Device{Addr: loopback}, config.Device{Addr: loopback}, loopOpts{
+		access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead, size: 4 << 20})
+	exchange(t, a, b, 50, 8192, 4<<20/2, 1)
+	if c := a.ctx.Counters(); c.TxPkts == 0 || c.RxPkts == 0 {
+		t.Fatalf("counters %+v", c)
+	}
+}
+
+// memPair is a pair of devices on an in-memory fabric.
+func memPair(t testing.TB, f *memlink.Fabric, paths int, o loopOpts) (a, b *end) {
+	t.Helper()
+	aa := netip.MustParseAddrPort("10.0.0.1:4791")
+	ba := netip.MustParseAddrPort("10.0.0.2:4791")
+	cfg := func(ap netip.AddrPort) config.Device {
+		c := config.Device{Link: f.Listen(ap, paths), Paths: paths, TransportTimeout: time.Second}
+		if o.cfg != nil {
+			o.cfg(&c)
+		}
+		return c
+	}
+	if o.access == 0 {
+		o.access = verbs.AccessRemoteWrite | verbs.AccessRemoteRead
+	}
+	o.cfg = nil
+	return newRemotePair(t, cfg(aa), cfg(ba), o)
+}
+
+func TestLossReorderDuplication(t *testing.T) {
+	for _, imp := range []memlink.Impairment{
+		{Loss: 0.1},
+		{Jitter: 2 * time.Millisecond},
+		{Duplicate: 0.2},
+		{Loss: 0.1, Duplicate: 0.05, Delay: 100 * time.Microsecond, Jitter: time.Millisecond},
+	} {
+		t.Run(fmt.Sprintf("%+v", imp), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := memlink.New(7)
+				for i := range 4 {
+					f.SetPath(i, imp)
+				}
+				a, b := memPair(t, f, 4, loopOpts{})
+				exchange(t, a, b, 40, 8192, 256<<10, 2)
+			})
+		})
+	}
+}
+
+func TestPathBlackholed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(3)
+		a, b := memPair(t, f, 4, loopOpts{})
+		exchange(t, a, b, 5, 8192, 64<<10, 3)
+		f.SetPath(2, memlink.Impairment{Down: true})
+		exchange(t, a, b, 30, 8192, 256<<10, 4)
+		if a.ctx.Counters().ImpairedRemoteConnEvents == 0 {
+			t.Fatal("the blackholed path was never marked failed")
+		}
+		sent := f.Stats(2).Sent
+		exchange(t, a, b, 20, 8192, 256<<10, 5)
+		if extra := f.Stats(2).Sent - sent; extra > 20 { // probes only
+			t.Fatalf("%d datagrams on the failed path after it failed", extra)
+		}
+		f.SetPath(2, memlink.Impairment{})
+		time.Sleep(200 * time.Millisecond) // probes find the path again
+		sent = f.Stats(2).Sent
+		exchange(t, a, b, 20, 8192, 256<<10, 6)
+		if f.Stats(2).Sent-sent < 10 {
+			t.Fatal("the restored path carries no traffic")
+		}
+	})
+}
+
+// A peer that never answers: every WR to it fails with UNREACH_REMOTE after the transport
+// timeout. One that answered and then went away: UNRESP_REMOTE.
+func TestUnreachableAndUnresponsive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(1)
+		a, b := memPair(t, f, 2, loopOpts{})
+		exchange(t, a, b, 2, 1000, 1000, 1)
+		f.SetPath(0, memlink.Impairment{Down: true})
+		f.SetPath(1, memlink.Impairment{Down: true})
+		start := time.Now()
+		a.send(7, b, 0, 100)
+		wc := a.one()
+		wantWC(t, wc, 7, verbs.WCRespTimeoutErr, verbs.WCSend)
+		if efaio.Status(wc.VendorErr) != efaio.StatusLocalUnrespRemote || time.Since(start) < time.Second {
+			t.Fatalf("vendor_err %d after %v", wc.VendorErr, time.Since(start))
+		}
+		// An address nobody listens at.
+		ghost := a.makeAH(verbs.GID{10: 0xff, 11: 0xff, 12: 10, 13: 0, 14: 0, 15: 9, 8: 0x12, 9: 0xb7})
+		a.x.WRStart()
+		a.x.WRID, a.x.WRFlags = 8, verbs.SendSignaled
+		a.x.WRSend()
+		a.x.WRSetUDAddr(ghost, 5, qkey)
+		a.x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 10)
+		check(t, a.x.WRComplete())
+		wc = a.one()
+		if wc.WRID != 8 || efaio.Status(wc.VendorErr) != efaio.StatusLocalUnreachRemote {
+			t.Fatalf("completion %+v, want UNREACH_REMOTE", wc)
+		}
+		check(t, ghost.Destroy())
+	})
+}
+
+// Remote errors come back as the WR's status and leave both sides working.
+func TestRemoteErrorStatuses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(1)
+		a, b := memPair(t, f, 2, loopOpts{rnrRetry: 2})
+		a.send(1, b, 0, 100) // no receive: RNR after 2 retries
+		wc := a.one()
+		wantWC(t, wc, 1, verbs.WCRNRRetryExcErr, verbs.WCSend)
+		b.recv(2, 0, 10)
+		a.send(3, b, 0, 5000) // receive too short
+		wantWC(t, a.one(), 3, verbs.WCRemInvReqErr, verbs.WCSend)
+		check(t, a.post(4, b, func(x *verbs.QPEx) {
+			x.WRRDMAWrite(b.mr.RKey()^1, b.mr.Addr())
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 5000)
+		}))
+		wantWC(t, a.one(), 4, verbs.WCRemAccessErr, verbs.WCRDMAWrite)
+		check(t, a.post(5, b, func(x *verbs.QPEx) {
+			x.WRRDMARead(b.mr.RKey(), b.mr.Addr()+uint64(len(b.buf))-10)
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 100)
+		}))
+		wantWC(t, a.one(), 5, verbs.WCRemAccessErr, verbs.WCSend)
+		a.x.WRStart()
+		a.x.WRID, a.x.WRFlags = 6, verbs.SendSignaled
+		a.x.WRSend()
+		a.x.WRSetUDAddr(a.ah, b.qp.QPN()+100, qkey)
+		a.x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 10)
+		check(t, a.x.WRComplete())
+		wantWC(t, a.one(), 6, verbs.WCRemInvRDReqErr, verbs.WCSend)
+		a.send(7, b, 0, 10) // the short receive is still there
+		wantWC(t, a.one(), 7, verbs.WCSuccess, verbs.WCSend)
+		wantWC(t, b.one(), 2, verbs.WCSuccess, verbs.WCRecv)
+		exchange(t, a, b, 3, 8192, 100000, 9)
+	})
+}
+
+// A peer that restarts: WRs in flight to its old incarnation fail with REMOTE_ABORT, and new
+// traffic flows without manual steps.
+func TestPeerRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(5)
+		a, b := memPair(t, f, 2, loopOpts{})
+		exchange(t, a, b, 2, 1000, 1000, 1)
+		f.SetPath(0, memlink.Impairment{Down: true})
+		f.SetPath(1, memlink.Impairment{Down: true})
+		b.recv(1, 0, 100)
+		a.send(1, b, 0, 100) // in flight: retransmitted until the paths come back
+		time.Sleep(20 * time.Millisecond)
+		// b's process dies and a new one takes its address.
+		b.close()
+		check(t, b.ctx.Close())
+		check(t, b.ctx.Device().Close())
+		addr := netip.MustParseAddrPort("10.0.0.2:4791")
+		nd := newDevice(t, func(c *config.Device) {
+			*c = config.Device{Link: f.Listen(addr, 2), Paths: 2, TransportTimeout: time.Second}
+		})
+		nb := newEnd(t, openCtx(t, nd), loopOpts{size: 1 << 20, access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead,
+			typ: verbs.QPTDriver, cap: verbs.QPCap{MaxSendWR: 256, MaxRecvWR: 256, MaxSendSGE: 2, MaxRecvSGE: 2}})
+		nb.ah = nb.makeAH(a.ctx.Device().GID())
+		f.SetPath(0, memlink.Impairment{})
+		f.SetPath(1, memlink.Impairment{})
+		wc := a.one()
+		if wc.WRID != 1 || efaio.Status(wc.VendorErr) != efaio.StatusRemoteAbort {
+			t.Fatalf("WR in flight to the old incarnation: %+v, want REMOTE_ABORT", wc)
+		}
+		exchange(t, a, nb, 3, 8192, 100000, 2)
+		exchange(t, nb, a, 3, 8192, 100000, 3)
+	})
+}
