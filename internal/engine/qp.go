@@ -304,7 +304,7 @@ func (q *QP) flush() {
 	for len(q.out) > 0 {
 		o := q.out[len(q.out)-1]
 		q.completeSend(&o.w, efaio.StatusFlushed)
-		q.dropOut(o) // the answer, if it comes, is ignored
+		q.d.cancel(o) // the answer, if it comes, is ignored
 	}
 	for i := range q.parked {
 		q.completeSend(&q.parked[i].desc, efaio.StatusFlushed)

@@ -192,6 +192,14 @@ func (d *Device) onData(p *peer, h *wire.Header, f *wire.Data) {
 		if o := p.tx.reqs[f.MsgID]; o != nil {
 			d.completeReq(o, efaio.Status(f.Status), true)
 		}
+	case wire.OpAbort:
+		if in := p.rx.in[f.MsgID]; in != nil {
+			if in.hasWR {
+				in.t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: efaio.StatusRemoteAbort})
+			}
+			delete(p.rx.in, f.MsgID)
+			d.freeIn = append(d.freeIn, in)
+		}
 	}
 }
 
@@ -257,7 +265,9 @@ func (d *Device) onReadResp(p *peer, f *wire.Data) {
 		d.completeReq(o, efaio.StatusRemoteBadStatus, false)
 		return
 	}
-	copy(o.sink[f.Offset:], f.Payload)
+	if o.q != nil { // a flushed read's memory is the application's again
+		copy(o.sink[f.Offset:], f.Payload)
+	}
 	o.got += uint64(len(f.Payload))
 	if o.got >= o.length {
 		d.completeReq(o, efaio.StatusOK, false)
@@ -333,29 +343,8 @@ func (d *Device) onAck(p *peer, a *wire.Ack, now time.Duration) {
 		d.counts.BadPackets.Add(1)
 		return
 	}
-	newly := 0
-	rtt := time.Duration(-1)
-	ack := func(psn uint32) {
-		e := s.slot(psn)
-		if e.acked || e.msg == nil {
-			return
-		}
-		e.acked = true
-		if !e.lost {
-			s.inflight--
-		}
-		newly++
-		ps := &p.paths[e.path]
-		ps.losses, ps.failed = 0, false
-		if e.retx == 0 {
-			rtt = now - e.at
-			ps.srtt = (7*ps.srtt + rtt) / 8
-		}
-		m := e.msg
-		e.msg = nil
-		m.pending--
-		d.release(m)
-	}
+	s.newly, s.rtt = 0, -1
+	ack := func(psn uint32) { d.ackSlot(p, s.slot(psn), now) }
 	highest := a.Cum - 1
 	for psn := s.una; psnLess(psn, a.Cum); psn++ {
 		ack(psn)
@@ -375,11 +364,11 @@ func (d *Device) onAck(p *peer, a *wire.Ack, now time.Duration) {
 		*s.slot(s.una) = sentPkt{}
 		s.una++
 	}
-	if newly > 0 {
+	if s.newly > 0 {
 		s.progress = now
 	}
-	if rtt >= 0 {
-		d.sampleRTT(s, rtt)
+	if s.rtt >= 0 {
+		d.sampleRTT(s, s.rtt)
 	}
 	lost := 0
 	for psn := s.una; psnLess(psn, highest) && int32(highest-psn) >= reorderThresh; psn++ {
@@ -393,8 +382,32 @@ func (d *Device) onAck(p *peer, a *wire.Ack, now time.Duration) {
 		lost++
 		d.pathLoss(p, int(e.path), now)
 	}
-	d.congestion(s, newly, lost)
+	d.congestion(s, s.newly, lost)
 	d.pump(p)
+}
+
+// ackSlot records the acknowledgement of one stream slot: the packet leaves the flight, credits
+// its path, gives an RTT sample unless it was sent twice, and lets go of its message.
+func (d *Device) ackSlot(p *peer, e *sentPkt, now time.Duration) {
+	s := &p.tx
+	if e.acked || e.msg == nil {
+		return
+	}
+	e.acked = true
+	if !e.lost {
+		s.inflight--
+	}
+	s.newly++
+	ps := &p.paths[e.path]
+	ps.losses, ps.failed = 0, false
+	if e.retx == 0 {
+		s.rtt = now - e.at
+		ps.srtt = (7*ps.srtt + s.rtt) / 8
+	}
+	m := e.msg
+	e.msg = nil
+	m.pending--
+	d.release(m)
 }
 
 func (d *Device) sampleRTT(s *txStream, rtt time.Duration) {

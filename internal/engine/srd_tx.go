@@ -31,12 +31,13 @@ type outMsg struct {
 	done    bool   // needs nothing more but its segments' acknowledgements
 
 	// Requests only.
-	q     *QP // nil once the QP flushed it
-	qIdx  int // position in q.out
-	w     efaio.TxDesc
-	tries int
-	sink  []byte // RDMA read: where the data goes
-	got   uint64 // RDMA read: bytes arrived
+	q        *QP // nil once the QP flushed it
+	qIdx     int // position in q.out
+	w        efaio.TxDesc
+	tries    int
+	sink     []byte // RDMA read: where the data goes
+	got      uint64 // RDMA read: bytes arrived
+	answered bool   // the peer answered: it has every segment
 }
 
 // sentPkt is a PSN's slot in the stream: which segment of which message it carries.
@@ -70,6 +71,9 @@ type txStream struct {
 	reqs       map[uint32]*outMsg
 	nextMsg    uint32
 	burst      int // packets sent on the current path since it was picked
+
+	newly int           // onAck's scratch: packets newly acknowledged
+	rtt   time.Duration // onAck's scratch: the latest RTT sample, or -1
 }
 
 func (s *txStream) init() {
@@ -218,6 +222,12 @@ func (d *Device) pump(p *peer) {
 			continue
 		}
 		e.lost = false
+		if m := e.msg; m.kind == kindRequest && m.done && m.q == nil && m.answered {
+			// The answer proved the peer has every segment: nothing to send again.
+			s.inflight++ // ack() takes it back out
+			d.ackSlot(p, e, now)
+			continue
+		}
 		e.retx++
 		d.sendSeg(p, psn, e, now, int(e.path))
 	}
@@ -264,6 +274,11 @@ func (d *Device) sendSeg(p *peer, psn uint32, e *sentPkt, now time.Duration, avo
 	}
 	hdr := m.hdr
 	hdr.PSN, hdr.Offset = psn, uint32(off)
+	if m.kind == kindRequest && m.q == nil && !m.answered {
+		// Flushed by its QP: the application may reuse the buffer, so the segment goes again
+		// without it, as an ABORT that lets the responder drop what it has of the message.
+		hdr.Op, n = wire.OpAbort, 0
+	}
 	b := d.room(p, path, wire.FrameHeaderSize+wire.DataHeaderSize+n)
 	b = wire.AppendDataHeader(b, &hdr, n)
 	b = appendRange(b, m.src[:m.nsrc], off, n)
@@ -357,6 +372,7 @@ func (d *Device) resetTx(p *peer, st efaio.Status) {
 func (d *Device) completeReq(m *outMsg, st efaio.Status, mayRetry bool) {
 	delete(m.p.tx.reqs, m.hdr.MsgID)
 	m.done = true
+	m.answered = true
 	if q := m.q; q != nil {
 		q.dropOut(m)
 		if mayRetry && st == efaio.StatusRemoteRNR && (q.attr.RNRRetry == 7 || m.tries < int(q.attr.RNRRetry)) &&
@@ -367,6 +383,23 @@ func (d *Device) completeReq(m *outMsg, st efaio.Status, mayRetry bool) {
 			msg.length = m.length
 			d.count(&m.w, &msg, st)
 			q.completeSend(&m.w, st)
+		}
+	}
+	d.release(m)
+}
+
+// cancel detaches a request from its flushed QP: it stops waiting for an answer, its segments
+// not yet sent are dropped and, if the responder may hold part of it, one ABORT frame tells it to
+// let go.
+func (d *Device) cancel(m *outMsg) {
+	m.q.dropOut(m)
+	delete(m.p.tx.reqs, m.hdr.MsgID) // an answer, if one comes, finds nothing
+	m.done = true
+	if m.sent < m.nseg {
+		partial := m.sent > 0
+		m.nseg = m.sent
+		if partial {
+			m.nseg++ // the ABORT, sent as the message's next segment
 		}
 	}
 	d.release(m)

@@ -42,6 +42,7 @@ const (
 	OpWrite    = 2 // an RDMA write's payload segment
 	OpReadResp = 3 // a segment of RDMA read data, answering a READ_REQ
 	OpResp     = 4 // the responder's result for a message (Status)
+	OpAbort    = 5 // the requester abandoned message MsgID; this PSN carries nothing else
 )
 
 // DATA frame flags.
@@ -232,9 +233,9 @@ func parseFrame(b []byte, f *Frame) error {
 			Payload: body[DataHeaderSize:],
 		}
 		d := &f.Data
-		noPayload := d.Op == OpReadReq || d.Op == OpResp
+		noPayload := d.Op == OpReadReq || d.Op == OpResp || d.Op == OpAbort
 		switch {
-		case d.Op > OpResp, d.Flags&^(FlagImm|FlagUD) != 0, body[23] != 0,
+		case d.Op > OpAbort, d.Flags&^(FlagImm|FlagUD) != 0, body[23] != 0,
 			noPayload && len(d.Payload) != 0,
 			!noPayload && uint64(d.Offset)+uint64(len(d.Payload)) > uint64(d.Length):
 			return ErrFrame
