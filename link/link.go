@@ -37,5 +37,12 @@ type Link interface {
 	Close() error
 }
 
+// Poller is a Link that can also be read without waiting, which lets a receiver spin for a
+// moment after traffic instead of parking in the network poller.
+type Poller interface {
+	// TryReceive is Receive that returns 0 at once when nothing is queued.
+	TryReceive(pkts []Packet) (int, error)
+}
+
 // ErrClosed is returned by Receive and Send after Close.
 var ErrClosed = errors.New("link: closed")

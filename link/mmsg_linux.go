@@ -78,7 +78,18 @@ func (u *UDP) sendPath(path int, pkts []Packet) error {
 	return nil
 }
 
-func (u *UDP) receive(pkts []Packet) (int, error) {
+func (u *UDP) receive(pkts []Packet) (int, error) { return u.recv(pkts, true) }
+
+// TryReceive reads what socket 0 has queued without waiting.
+func (u *UDP) TryReceive(pkts []Packet) (int, error) {
+	n, err := u.recv(pkts, false)
+	if err != nil && u.closed.Load() {
+		return 0, ErrClosed
+	}
+	return n, err
+}
+
+func (u *UDP) recv(pkts []Packet, wait bool) (int, error) {
 	b := &u.rx
 	b.init()
 	n := min(len(pkts), maxBatch)
@@ -95,7 +106,7 @@ func (u *UDP) receive(pkts []Packet) (int, error) {
 			unix.MSG_DONTWAIT, 0, 0)
 		switch errno {
 		case unix.EAGAIN:
-			return false
+			return !wait
 		case 0:
 			got = int(r)
 		default:

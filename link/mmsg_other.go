@@ -2,6 +2,12 @@
 
 package link
 
+import (
+	"errors"
+	"os"
+	"time"
+)
+
 // batch is unused where datagrams move one per system call.
 type batch struct{}
 
@@ -22,4 +28,17 @@ func (u *UDP) receive(pkts []Packet) (int, error) {
 	}
 	pkts[0].N, pkts[0].Addr, pkts[0].Path = n, addr, 0
 	return 1, nil
+}
+
+// TryReceive reads one queued datagram without waiting.
+func (u *UDP) TryReceive(pkts []Packet) (int, error) {
+	if err := u.conns[0].SetReadDeadline(time.Now()); err != nil {
+		return 0, err
+	}
+	defer u.conns[0].SetReadDeadline(time.Time{})
+	n, err := u.receive(pkts)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return 0, nil
+	}
+	return n, err
 }

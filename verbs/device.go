@@ -98,6 +98,11 @@ func (d *Device) GUID() uint64 { return d.guid }
 // GID returns the device's address.
 func (d *Device) GID() GID { return GID(d.e.GID()) }
 
+// Addr returns the UDP endpoint the device's GID stands for.
+func (d *Device) Addr() netip.AddrPort {
+	return engine.AddrFromGID(d.e.GID(), d.e.Config().Addr.Port())
+}
+
 // Close stops the device and removes it from the device list. It fails with EBUSY while contexts
 // are open on it.
 func (d *Device) Close() error {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
+	"net/netip"
 	"os"
 	"runtime"
 	"text/tabwriter"
@@ -122,35 +123,56 @@ func runDemo(args []string) error {
 	iters := fs.Int("n", 1000, "work requests per operation")
 	size := fs.Int("s", 4096, "message size in bytes (SEND ≤ the 8 KiB MTU)")
 	rdma := fs.Int("rdma", 1<<20, "RDMA transfer size in bytes")
+	same := fs.Bool("same-device", false, "run both ends on one device (no network)")
+	addr := fs.String("addr", "127.0.0.1:0", "UDP address each device binds (port 0: any)")
+	paths := fs.Int("paths", 4, "paths (UDP source ports) per device")
+	pathMTU := fs.Int("mtu", 1500, "path MTU: SRD segments fit it")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *size > 8192 || *size < 4 {
 		return fmt.Errorf("-s %d: SEND messages are 4 to 8192 bytes", *size)
 	}
-	dev, err := verbs.NewDevice(config.Device{Name: "efa_demo"})
-	if err != nil {
-		return err
+	devs := make([]*verbs.Device, 2)
+	for i := range devs {
+		if *same && i == 1 {
+			devs[1] = devs[0]
+			break
+		}
+		cfg := config.Device{Name: fmt.Sprintf("efa_demo%d", i), Paths: *paths, PathMTU: *pathMTU}
+		if !*same {
+			cfg.Addr = netip.MustParseAddrPort(*addr)
+		}
+		dev, err := verbs.NewDevice(cfg)
+		if err != nil {
+			return err
+		}
+		defer dev.Close()
+		devs[i] = dev
 	}
-	defer dev.Close()
-	a, err := newSide(dev, max(*rdma, *size))
+	a, err := newSide(devs[0], max(*rdma, *size))
 	if err != nil {
 		return err
 	}
 	defer a.close()
-	b, err := newSide(dev, max(*rdma, *size))
+	b, err := newSide(devs[1], max(*rdma, *size))
 	if err != nil {
 		return err
 	}
 	defer b.close()
-	if err := a.connect(dev.GID()); err != nil {
+	if err := a.connect(devs[1].GID()); err != nil {
 		return err
 	}
-	if err := b.connect(dev.GID()); err != nil {
+	if err := b.connect(devs[0].GID()); err != nil {
 		return err
 	}
-	fmt.Printf("softefa demo: device %s, GID %v, QP %d -> QP %d (same device, two contexts)\n",
-		dev.Name(), dev.GID(), a.qp.QPN(), b.qp.QPN())
+	if *same {
+		fmt.Printf("softefa demo: device %s, GID %v, QP %d -> QP %d (same device, two contexts)\n",
+			devs[0].Name(), devs[0].GID(), a.qp.QPN(), b.qp.QPN())
+	} else {
+		fmt.Printf("softefa demo: SRD over UDP, %d paths, path MTU %d\n  %s %v QP %d  ->  %s %v QP %d\n",
+			*paths, *pathMTU, devs[0].Name(), devs[0].Addr(), a.qp.QPN(), devs[1].Name(), devs[1].Addr(), b.qp.QPN())
+	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "operation\tWRs\tbytes/WR\ttotal µs\tµs/WR\tMB/s\tchecked\t")
 	for _, op := range demoOps() {
@@ -171,8 +193,8 @@ func runDemo(args []string) error {
 	}
 	tw.Flush()
 	c := a.ctx.Counters()
-	fmt.Printf("counters: send_wrs %d recv_wrs %d rdma_write_wrs %d rdma_read_wrs %d, errors 0\n",
-		c.SendWRs, c.RecvWRs, c.RDMAWriteWRs, c.RDMAReadWRs)
+	fmt.Printf("requester: send_wrs %d rdma_write_wrs %d rdma_read_wrs %d tx_pkts %d rx_pkts %d retrans_pkts %d, errors 0\n",
+		c.SendWRs, c.RDMAWriteWRs, c.RDMAReadWRs, c.TxPkts, c.RxPkts, c.RetransPkts)
 	return nil
 }
 

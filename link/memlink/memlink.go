@@ -167,8 +167,13 @@ func (n *Node) deliver(b []byte, from netip.AddrPort, after time.Duration) {
 	}
 }
 
+// TryReceive copies queued datagrams into pkts without waiting.
+func (n *Node) TryReceive(pkts []link.Packet) (int, error) { return n.receive(pkts, false) }
+
 // Receive waits for datagrams and copies them into pkts.
-func (n *Node) Receive(pkts []link.Packet) (int, error) {
+func (n *Node) Receive(pkts []link.Packet) (int, error) { return n.receive(pkts, true) }
+
+func (n *Node) receive(pkts []link.Packet, wait bool) (int, error) {
 	for {
 		n.mu.Lock()
 		if n.closed {
@@ -187,7 +192,7 @@ func (n *Node) Receive(pkts []link.Packet) (int, error) {
 			n.inbox = nil
 		}
 		n.mu.Unlock()
-		if k > 0 {
+		if k > 0 || !wait {
 			return k, nil
 		}
 		select {
