@@ -68,6 +68,10 @@ type Device struct {
 	TransportTimeout time.Duration
 	// MaxPeers bounds the peer contexts a device keeps; default 65536.
 	MaxPeers int
+	// RxSpin is how long the receive loop keeps reading without waiting after traffic, so that
+	// it does not depend on the Go network poller's wake-up (which a busy-polling application
+	// can delay by milliseconds). Default 200 µs; negative: never spin.
+	RxSpin time.Duration
 
 	// PollMin and PollMax bound the period at which the engine looks at doorbells stored without
 	// Ring: PollMin after activity, doubling to PollMax when idle. Defaults 1 ms and 16 ms.
@@ -90,7 +94,7 @@ func Default() Device {
 		Caps: uapi.CapRDMARead | uapi.CapRNRRetry | uapi.CapCQWithSGID | uapi.CapRDMAWrite |
 			uapi.CapUnsolicitedWriteRecv,
 		VendorPartID: 0xefa2, LinkSpeedGbps: 100,
-		Paths: 4, PathMTU: 1500, TransportTimeout: 5 * time.Second, MaxPeers: 1 << 16,
+		Paths: 4, PathMTU: 1500, TransportTimeout: 5 * time.Second, MaxPeers: 1 << 16, RxSpin: 200 * time.Microsecond,
 		PollMin: time.Millisecond, PollMax: 16 * time.Millisecond, RNRInterval: time.Millisecond,
 	}
 }
@@ -131,6 +135,9 @@ func (c *Device) Fill() error {
 	setInt(&c.MaxPeers, def.MaxPeers)
 	if c.TransportTimeout == 0 {
 		c.TransportTimeout = def.TransportTimeout
+	}
+	if c.RxSpin == 0 {
+		c.RxSpin = def.RxSpin
 	}
 	if c.MaxRDMASize == 0 {
 		c.MaxRDMASize = def.MaxRDMASize

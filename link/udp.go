@@ -60,6 +60,7 @@ func ListenUDP(addr netip.AddrPort, paths int) (*UDP, error) {
 			u.Close()
 			return nil, fmt.Errorf("link: %w", err)
 		}
+		forceBuffers(raw, DefaultSocketBuffer)
 		u.conns = append(u.conns, c)
 		u.raws = append(u.raws, raw)
 	}

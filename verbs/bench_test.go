@@ -40,4 +40,5 @@ func BenchmarkUDPSendLatency(b *testing.B) {
 	b.ReportMetric(float64(ca.RetransTimeoutEvents)/float64(b.N), "rto/op")
 	b.ReportMetric(float64(ca.TxPkts)/float64(b.N), "txpkts/op")
 }
+
 var benchSize = 4096

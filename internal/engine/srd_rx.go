@@ -3,6 +3,7 @@ package engine
 import (
 	"math/bits"
 	"net/netip"
+	"runtime"
 	"time"
 
 	"github.com/softefa/softefa/efaio"
@@ -49,8 +50,19 @@ func (d *Device) rxLoop() {
 		pkts[i].Buf = make([]byte, size)
 	}
 	q := newTxq(d.maxDatagram(), 64)
+	poller, _ := d.link.(link.Poller)
+	var last time.Time // when the last datagram came
 	for {
-		n, err := d.link.Receive(pkts)
+		var n int
+		var err error
+		if poller != nil && d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin {
+			if n, err = poller.TryReceive(pkts); n == 0 && err == nil {
+				runtime.Gosched()
+				continue
+			}
+		} else {
+			n, err = d.link.Receive(pkts)
+		}
 		if err != nil {
 			select {
 			case <-d.done:
@@ -62,6 +74,7 @@ func (d *Device) rxLoop() {
 			}
 			continue
 		}
+		last = time.Now()
 		d.mu.Lock()
 		d.useTx(q)
 		now := d.clock()

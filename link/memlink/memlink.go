@@ -167,13 +167,9 @@ func (n *Node) deliver(b []byte, from netip.AddrPort, after time.Duration) {
 	}
 }
 
-// TryReceive copies queued datagrams into pkts without waiting.
-func (n *Node) TryReceive(pkts []link.Packet) (int, error) { return n.receive(pkts, false) }
-
-// Receive waits for datagrams and copies them into pkts.
-func (n *Node) Receive(pkts []link.Packet) (int, error) { return n.receive(pkts, true) }
-
-func (n *Node) receive(pkts []link.Packet, wait bool) (int, error) {
+// Receive waits for datagrams and copies them into pkts. (A Node is not a link.Poller: a
+// receiver spinning on it would keep a synctest bubble's clock from moving.)
+func (n *Node) Receive(pkts []link.Packet) (int, error) {
 	for {
 		n.mu.Lock()
 		if n.closed {
@@ -192,7 +188,7 @@ func (n *Node) receive(pkts []link.Packet, wait bool) (int, error) {
 			n.inbox = nil
 		}
 		n.mu.Unlock()
-		if k > 0 || !wait {
+		if k > 0 {
 			return k, nil
 		}
 		select {

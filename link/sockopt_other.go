@@ -1,0 +1,7 @@
+//go:build !linux
+
+package link
+
+import "syscall"
+
+func forceBuffers(syscall.RawConn, int) {}
