@@ -188,3 +188,32 @@ func (c *Device) Fill() error {
 	}
 	return nil
 }
+
+// GIDFromAddr maps a UDP endpoint to a 16-byte GID. An IPv4 endpoint a.b.c.d:p becomes the
+// IPv4-mapped IPv6 address ::ffff:a.b.c.d with the port, big-endian, in bytes 8 and 9; an IPv6
+// endpoint is its address (the port is the device's configured one). The zero AddrPort gives the
+// zero GID.
+func GIDFromAddr(ap netip.AddrPort) [16]byte {
+	a := ap.Addr()
+	if !a.IsValid() {
+		return [16]byte{}
+	}
+	if a.Is4() || a.Is4In6() {
+		var g [16]byte
+		v4 := a.Unmap().As4()
+		copy(g[12:], v4[:])
+		g[10], g[11] = 0xff, 0xff
+		g[8], g[9] = byte(ap.Port()>>8), byte(ap.Port())
+		return g
+	}
+	return a.As16()
+}
+
+// AddrFromGID is the inverse of GIDFromAddr; port is used for IPv6 GIDs.
+func AddrFromGID(g [16]byte, port uint16) netip.AddrPort {
+	if g[10] == 0xff && g[11] == 0xff && [8]byte(g[0:8]) == [8]byte{} {
+		p := uint16(g[8])<<8 | uint16(g[9])
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(g[12:16])), p)
+	}
+	return netip.AddrPortFrom(netip.AddrFrom16(g), port)
+}

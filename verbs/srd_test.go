@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"math/rand/v2"
 	"net/netip"
+	"runtime"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -276,5 +277,88 @@ func TestPeerRestart(t *testing.T) {
 		}
 		exchange(t, a, nb, 3, 8192, 100000, 2)
 		exchange(t, nb, a, 3, 8192, 100000, 3)
+	})
+}
+
+// UD QPs over UDP: unreliable datagrams with a GRH; undeliverable ones are dropped.
+func TestUDOverUDP(t *testing.T) {
+	a, b := newRemotePair(t, config.Device{Addr: loopback}, config.Device{Addr: loopback}, loopOpts{typ: verbs.QPTUD, size: 1 << 16})
+	for i := range 50 {
+		n := i * 163 % 8192
+		pattern(a.buf[:n], byte(i))
+		b.recv(uint64(i), 0, 8192+40)
+		a.send(uint64(i), b, 0, n)
+		wantWC(t, a.one(), uint64(i), verbs.WCSuccess, verbs.WCSend)
+		wc := b.one()
+		wantWC(t, wc, uint64(i), verbs.WCSuccess, verbs.WCRecv)
+		if int(wc.ByteLen) != n+40 || wc.WCFlags&verbs.WCGRH == 0 || !bytes.Equal(b.buf[40:40+n], a.buf[:n]) {
+			t.Fatalf("UD message %d of %d bytes: %+v", i, n, wc)
+		}
+		if g := verbs.GID(b.buf[8:24]); g != a.ctx.Device().GID() {
+			t.Fatalf("GRH source %v, want %v", g, a.ctx.Device().GID())
+		}
+	}
+}
+
+// One QP talks to QPs on many devices: SRD is connectionless. The memory each peer context
+// holds is measured and reported.
+func TestOneQPManyPeers(t *testing.T) {
+	peers := 1000
+	if testing.Short() {
+		peers = 100
+	}
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(11)
+		dev := newDevice(t, func(c *config.Device) {
+			*c = config.Device{Link: f.Listen(netip.MustParseAddrPort("10.1.0.1:4791"), 2), Paths: 2}
+		})
+		hub := newEnd(t, openCtx(t, dev), loopOpts{size: 1 << 16, typ: verbs.QPTDriver,
+			cap: verbs.QPCap{MaxSendWR: 256, MaxRecvWR: 1024, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		ends := make([]*end, peers)
+		ahs := make([]*verbs.AH, peers)
+		for i := range ends {
+			ap := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 4792)
+			d := newDevice(t, func(c *config.Device) { *c = config.Device{Link: f.Listen(ap, 2), Paths: 2, MaxQP: 4, MaxCQ: 4} })
+			ends[i] = newEnd(t, openCtx(t, d), loopOpts{size: 4096, typ: verbs.QPTDriver,
+				cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}})
+			ends[i].ah = ends[i].makeAH(dev.GID())
+			ahs[i] = hub.makeAH(d.GID())
+		}
+		t.Cleanup(func() {
+			for _, ah := range ahs {
+				check(t, ah.Destroy())
+			}
+		})
+		// Peer contexts are made on first contact, one on the hub and one on the other device
+		// for each exchange partner: the heap grows by 2×peers contexts in the first round.
+		var ms0, ms1 runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&ms0)
+		for round := range 2 {
+			for i, e := range ends {
+				e.recv(uint64(i), 0, 64)
+				hub.x.WRStart()
+				hub.x.WRID, hub.x.WRFlags = uint64(i), verbs.SendSignaled
+				hub.x.WRSend()
+				hub.x.WRSetUDAddr(ahs[i], e.qp.QPN(), qkey)
+				hub.x.WRSetSGE(hub.mr.LKey(), hub.mr.Addr(), 64)
+				check(t, hub.x.WRComplete())
+				wantWC(t, hub.one(), uint64(i), verbs.WCSuccess, verbs.WCSend)
+				wantWC(t, e.one(), uint64(i), verbs.WCSuccess, verbs.WCRecv)
+				hub.recv(uint64(i), 64, 64)
+				e.send(uint64(i), hub, 0, 64)
+				wantWC(t, e.one(), uint64(i), verbs.WCSuccess, verbs.WCSend)
+				wantWC(t, hub.one(), uint64(i), verbs.WCSuccess, verbs.WCRecv)
+			}
+			if round == 0 {
+				runtime.GC()
+				runtime.ReadMemStats(&ms1)
+			}
+		}
+		per := (float64(ms1.HeapAlloc) - float64(ms0.HeapAlloc)) / float64(2*peers)
+		t.Logf("%d peers: %.0f bytes of heap per peer context", peers, per)
+		if per > 64<<10 {
+			t.Fatalf("%.0f bytes per peer context, over the 64 KiB bound", per)
+		}
 	})
 }

@@ -23,7 +23,6 @@ package engine
 
 import (
 	"errors"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -130,43 +129,11 @@ func (d *Device) Config() config.Device { return d.cfg }
 // GID returns the device's 16-byte address.
 func (d *Device) GID() [16]byte { return d.gid }
 
-// GIDFromAddr maps a UDP endpoint to a 16-byte GID. An IPv4 endpoint a.b.c.d:p becomes the
-// IPv4-mapped IPv6 address ::ffff:a.b.c.d with the port, big-endian, in bytes 8 and 9; an IPv6
-// endpoint is its address (the port is the device's configured one). The zero AddrPort gives the
-// zero GID.
-func GIDFromAddr(ap netip.AddrPort) [16]byte {
-	a := ap.Addr()
-	if !a.IsValid() {
-		return [16]byte{}
-	}
-	if a.Is4() || a.Is4In6() {
-		var g [16]byte
-		v4 := a.Unmap().As4()
-		copy(g[12:], v4[:])
-		g[10], g[11] = 0xff, 0xff
-		g[8], g[9] = byte(ap.Port()>>8), byte(ap.Port())
-		return g
-	}
-	return a.As16()
-}
-
-// AddrFromGID is the inverse of GIDFromAddr; port is used for IPv6 GIDs.
-func AddrFromGID(g [16]byte, port uint16) netip.AddrPort {
-	if g[10] == 0xff && g[11] == 0xff && allZero(g[0:8]) {
-		p := uint16(g[8])<<8 | uint16(g[9])
-		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(g[12:16])), p)
-	}
-	return netip.AddrPortFrom(netip.AddrFrom16(g), port)
-}
-
-func allZero(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
-	}
-	return true
-}
+// GIDFromAddr and AddrFromGID are config's: the GID scheme of docs/wire.md.
+var (
+	GIDFromAddr = config.GIDFromAddr
+	AddrFromGID = config.AddrFromGID
+)
 
 // Counters are the device's port counters, with EFA's names (efa_verbs.c port stats).
 type Counters struct {
