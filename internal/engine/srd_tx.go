@@ -207,11 +207,12 @@ func (d *Device) roomLarge(p *peer, path, size int) []byte {
 	return b
 }
 
-// pump sends what p's window allows: retransmissions first, then new segments.
+// pump sends what p's window allows: retransmissions first, then new segments. Both count
+// against the congestion window.
 func (d *Device) pump(p *peer) {
 	s := &p.tx
 	now := d.clock()
-	for len(s.retx) > 0 {
+	for len(s.retx) > 0 && float64(s.inflight) < max(s.cwnd, 1) {
 		psn := s.retx[0]
 		s.retx = s.retx[1:]
 		if psnLess(psn, s.una) || !psnLess(psn, s.next) {

@@ -29,6 +29,45 @@ type Fabric struct {
 	nodes map[netip.AddrPort]*Node
 	paths map[int]Impairment // by sender path index; applies to every node
 	stats map[int]*PathStats
+	necks map[netip.AddrPort]*Bottleneck
+}
+
+// Bottleneck is a link of limited rate with a drop-tail queue in front of one node: every
+// datagram to the node waits its turn, and one that finds the queue full is dropped.
+type Bottleneck struct {
+	Rate  float64 // bytes per second
+	Queue int     // bytes the queue holds
+
+	busyUntil time.Time
+	Delivered uint64        // datagrams through
+	Dropped   uint64        // datagrams dropped at the full queue
+	MaxDelay  time.Duration // longest queueing delay seen
+	delaySum  time.Duration
+}
+
+// AvgDelay is the mean queueing delay of the datagrams through.
+func (b *Bottleneck) AvgDelay() time.Duration {
+	if b.Delivered == 0 {
+		return 0
+	}
+	return b.delaySum / time.Duration(b.Delivered)
+}
+
+// SetBottleneck puts a bottleneck of rate bytes/s and a queue of queue bytes in front of dst.
+func (f *Fabric) SetBottleneck(dst netip.AddrPort, rate float64, queue int) {
+	f.mu.Lock()
+	f.necks[dst] = &Bottleneck{Rate: rate, Queue: queue}
+	f.mu.Unlock()
+}
+
+// BottleneckStats returns a copy of dst's bottleneck counters.
+func (f *Fabric) BottleneckStats(dst netip.AddrPort) Bottleneck {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if b := f.necks[dst]; b != nil {
+		return *b
+	}
+	return Bottleneck{}
 }
 
 // PathStats count what happened on a path (by sender path index).
@@ -39,7 +78,7 @@ type PathStats struct {
 // New returns an empty fabric whose randomness comes from seed.
 func New(seed uint64) *Fabric {
 	return &Fabric{seed: seed, nodes: make(map[netip.AddrPort]*Node), paths: make(map[int]Impairment),
-		stats: make(map[int]*PathStats)}
+		stats: make(map[int]*PathStats), necks: make(map[netip.AddrPort]*Bottleneck)}
 }
 
 // SetPath sets the impairment of every sender's path i.
@@ -145,6 +184,14 @@ func (n *Node) Send(pkts []link.Packet) error {
 			if imp.Jitter > 0 {
 				d += time.Duration(rng.Int64N(int64(imp.Jitter)))
 			}
+			if b := f.necks[p.Addr]; b != nil {
+				q, ok := b.admit(p.N)
+				if !ok {
+					st.Dropped++
+					continue
+				}
+				d += q
+			}
 			dst.deliver(append([]byte(nil), p.Buf[:p.N]...), n.addr, d)
 		}
 	}
@@ -196,4 +243,23 @@ func (n *Node) Receive(pkts []link.Packet) (int, error) {
 		case <-n.done:
 		}
 	}
+}
+
+// admit queues a datagram of n bytes and returns when it leaves the bottleneck, relative to now;
+// false if the queue has no room for it.
+func (b *Bottleneck) admit(n int) (time.Duration, bool) {
+	now := time.Now()
+	if b.busyUntil.Before(now) {
+		b.busyUntil = now
+	}
+	wait := b.busyUntil.Sub(now)
+	if float64(wait)/float64(time.Second)*b.Rate+float64(n) > float64(b.Queue) {
+		b.Dropped++
+		return 0, false
+	}
+	b.busyUntil = b.busyUntil.Add(time.Duration(float64(n) / b.Rate * float64(time.Second)))
+	b.Delivered++
+	b.delaySum += wait
+	b.MaxDelay = max(b.MaxDelay, wait)
+	return b.busyUntil.Sub(now), true
 }
