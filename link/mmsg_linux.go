@@ -12,11 +12,19 @@ import (
 const maxBatch = 64
 
 // batch is the scratch space of one sendmmsg or recvmmsg call: message headers, one iovec and one
-// socket address per datagram. Allocated once, on first use.
+// socket address per datagram, the call's arguments and results, and the function handed to
+// syscall.RawConn, made once so that a call allocates nothing.
 type batch struct {
 	hdrs  []unix.Mmsghdr
 	iovs  []unix.Iovec
 	names []unix.RawSockaddrInet6
+
+	n    int   // datagrams in the call
+	done int   // datagrams sent or received
+	wait bool  // receive: wait for readability when nothing is queued
+	err  error // the call's error
+	send func(fd uintptr) bool
+	recv func(fd uintptr) bool
 }
 
 func (b *batch) init() {
@@ -32,6 +40,44 @@ func (b *batch) init() {
 		h.Iovlen = 1
 		h.Name = (*byte)(unsafe.Pointer(&b.names[i]))
 	}
+	b.send = b.sendmmsg
+	b.recv = b.recvmmsg
+}
+
+// sendmmsg sends b.hdrs[b.done:b.n]; it returns false to wait for writability.
+func (b *batch) sendmmsg(fd uintptr) bool {
+	for b.done < b.n {
+		r, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[b.done])),
+			uintptr(b.n-b.done), unix.MSG_DONTWAIT, 0, 0)
+		switch {
+		case errno == unix.EAGAIN:
+			return false
+		case errno == unix.EINTR:
+		case errno != 0 && transient(errno):
+			b.done++ // the datagram at done is refused: drop it, send the rest
+		case errno != 0:
+			b.err = errno
+			return true
+		default:
+			b.done += int(r)
+		}
+	}
+	return true
+}
+
+// recvmmsg receives into b.hdrs[:b.n]; it returns false to wait for readability.
+func (b *batch) recvmmsg(fd uintptr) bool {
+	r, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[0])), uintptr(b.n),
+		unix.MSG_DONTWAIT, 0, 0)
+	switch errno {
+	case unix.EAGAIN:
+		return !b.wait
+	case 0:
+		b.done = int(r)
+	default:
+		b.err = errno
+	}
+	return true
 }
 
 func (u *UDP) sendPath(path int, pkts []Packet) error {
@@ -45,33 +91,12 @@ func (u *UDP) sendPath(path int, pkts []Packet) error {
 			b.iovs[i].SetLen(p.N)
 			b.hdrs[i].Hdr.Namelen = putSockaddr(&b.names[i], p.Addr)
 		}
-		sent := 0
-		var serr error
-		err := u.raws[path].Write(func(fd uintptr) bool {
-			for sent < n {
-				r, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[sent])),
-					uintptr(n-sent), unix.MSG_DONTWAIT, 0, 0)
-				switch {
-				case errno == unix.EAGAIN:
-					return false
-				case errno == unix.EINTR:
-					continue
-				case errno != 0 && transient(errno):
-					sent++ // the datagram at sent is refused: drop it, send the rest
-				case errno != 0:
-					serr = errno
-					return true
-				default:
-					sent += int(r)
-				}
-			}
-			return true
-		})
-		if err != nil {
+		b.n, b.done, b.err = n, 0, nil
+		if err := u.raws[path].Write(b.send); err != nil {
 			return err
 		}
-		if serr != nil {
-			return serr
+		if b.err != nil {
+			return b.err
 		}
 		pkts = pkts[n:]
 	}
@@ -99,33 +124,19 @@ func (u *UDP) recv(pkts []Packet, wait bool) (int, error) {
 		b.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
 		b.hdrs[i].Hdr.Flags = 0
 	}
-	var got int
-	var rerr error
-	err := u.raws[0].Read(func(fd uintptr) bool {
-		r, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[0])), uintptr(n),
-			unix.MSG_DONTWAIT, 0, 0)
-		switch errno {
-		case unix.EAGAIN:
-			return !wait
-		case 0:
-			got = int(r)
-		default:
-			rerr = errno
-		}
-		return true
-	})
-	if err != nil {
+	b.n, b.done, b.err, b.wait = n, 0, nil, wait
+	if err := u.raws[0].Read(b.recv); err != nil {
 		return 0, err
 	}
-	if rerr != nil {
-		return 0, rerr
+	if b.err != nil {
+		return 0, b.err
 	}
-	for i := range got {
+	for i := range b.done {
 		pkts[i].N = int(b.hdrs[i].Len)
 		pkts[i].Addr = getSockaddr(&b.names[i])
 		pkts[i].Path = 0
 	}
-	return got, nil
+	return b.done, nil
 }
 
 func putSockaddr(sa *unix.RawSockaddrInet6, ap netip.AddrPort) uint32 {

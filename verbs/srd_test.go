@@ -362,3 +362,58 @@ func TestOneQPManyPeers(t *testing.T) {
 		}
 	})
 }
+
+// Over UDP too the data path allocates nothing per work request or packet in steady state:
+// posting, segmentation, the link's batched sends and receives, acknowledgements, answers and
+// completions, for SEND and for RDMA write and read of several segments.
+func TestRemoteDataPathDoesNotAllocate(t *testing.T) {
+	a, b := newRemotePair(t, config.Device{Addr: loopback}, config.Device{Addr: loopback}, loopOpts{
+		size: 1 << 16, access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead})
+	recv := []verbs.RecvWR{{WRID: 1, SGList: []verbs.SGE{b.mr.SGE(0, 4096)}}}
+	send := []verbs.SendWR{{WRID: 2, SGList: []verbs.SGE{a.mr.SGE(0, 4096)}, Opcode: verbs.WRSend,
+		SendFlags: verbs.SendSignaled, AH: a.ah, RemoteQPN: b.qp.QPN(), RemoteQKey: qkey}}
+	var wc [1]verbs.WC
+	wait := func(cq *verbs.CQ) {
+		for {
+			if n, _ := cq.Poll(wc[:]); n == 1 {
+				if wc[0].Status != verbs.WCSuccess {
+					t.Fatalf("completion %+v", wc[0])
+				}
+				return
+			}
+			runtime.Gosched()
+		}
+	}
+	rkey, raddr, lkey, laddr := b.mr.RKey(), b.mr.Addr(), a.mr.LKey(), a.mr.Addr()
+	rdma := func(read bool) {
+		a.x.WRStart()
+		a.x.WRID, a.x.WRFlags = 4, verbs.SendSignaled
+		if read {
+			a.x.WRRDMARead(rkey, raddr)
+		} else {
+			a.x.WRRDMAWrite(rkey, raddr)
+		}
+		a.x.WRSetUDAddr(a.ah, b.qp.QPN(), qkey)
+		a.x.WRSetSGE(lkey, laddr, 16384)
+		a.x.WRComplete()
+		wait(a.cq)
+	}
+	ops := map[string]func(){
+		"send": func() {
+			b.qp.PostRecv(recv)
+			a.qp.PostSend(send)
+			wait(a.cq)
+			wait(b.cq)
+		},
+		"write": func() { rdma(false) },
+		"read":  func() { rdma(true) },
+	}
+	for name, op := range ops {
+		for range 100 {
+			op() // warm up: pools and rings reach their working size
+		}
+		if n := testing.AllocsPerRun(300, op); n > 0.05 {
+			t.Errorf("%s: %.2f allocations per WR, want 0", name, n)
+		}
+	}
+}

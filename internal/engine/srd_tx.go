@@ -212,9 +212,10 @@ func (d *Device) roomLarge(p *peer, path, size int) []byte {
 func (d *Device) pump(p *peer) {
 	s := &p.tx
 	now := d.clock()
-	for len(s.retx) > 0 && float64(s.inflight) < max(s.cwnd, 1) {
-		psn := s.retx[0]
-		s.retx = s.retx[1:]
+	taken := 0
+	for taken < len(s.retx) && float64(s.inflight) < max(s.cwnd, 1) {
+		psn := s.retx[taken]
+		taken++
 		if psnLess(psn, s.una) || !psnLess(psn, s.next) {
 			continue
 		}
@@ -232,13 +233,12 @@ func (d *Device) pump(p *peer) {
 		e.retx++
 		d.sendSeg(p, psn, e, now, int(e.path))
 	}
-	if len(s.retx) == 0 {
-		s.retx = s.retx[:0]
-	}
-	for len(s.queue) > 0 && float64(s.inflight) < s.cwnd {
-		m := s.queue[0]
+	s.retx = s.retx[:copy(s.retx, s.retx[taken:])]
+	done := 0
+	for done < len(s.queue) && float64(s.inflight) < s.cwnd {
+		m := s.queue[done]
 		if m.sent == m.nseg {
-			s.queue = s.queue[1:]
+			done++
 			continue
 		}
 		if s.next-s.una >= uint32(len(s.ring)) {
@@ -255,12 +255,12 @@ func (d *Device) pump(p *peer) {
 		m.pending++
 		d.sendSeg(p, psn, e, now, -1)
 		if m.sent == m.nseg {
-			s.queue = s.queue[1:]
+			done++
 		}
 	}
-	if len(s.queue) == 0 {
-		s.queue = s.queue[:0]
-	}
+	n := copy(s.queue, s.queue[done:])
+	clear(s.queue[n:]) // let go of the messages moved past
+	s.queue = s.queue[:n]
 }
 
 // sendSeg writes the DATA frame for slot e (PSN psn) on a path other than avoid when it can.
