@@ -8,16 +8,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// maxBatch is the most datagrams one sendmmsg or recvmmsg moves.
-const maxBatch = 64
+// maxBatch is the most entries one sendmmsg or recvmmsg moves; maxIovs the most datagrams one
+// sendmmsg sends (entries can carry GSO runs); ctrlSlot the control-message room per entry.
+const (
+	maxBatch = 64
+	maxIovs  = 256
+	ctrlSlot = 32
+)
 
 // batch is the scratch space of one sendmmsg or recvmmsg call: message headers, one iovec and one
 // socket address per datagram, the call's arguments and results, and the function handed to
 // syscall.RawConn, made once so that a call allocates nothing.
 type batch struct {
 	hdrs  []unix.Mmsghdr
-	iovs  []unix.Iovec
+	iovs  []unix.Iovec // one per datagram; a GSO entry points at a run of them
 	names []unix.RawSockaddrInet6
+	ctrl  []byte // a control-message slot per entry (ctrlSlot bytes)
 
 	n    int   // datagrams in the call
 	done int   // datagrams sent or received
@@ -32,8 +38,9 @@ func (b *batch) init() {
 		return
 	}
 	b.hdrs = make([]unix.Mmsghdr, maxBatch)
-	b.iovs = make([]unix.Iovec, maxBatch)
+	b.iovs = make([]unix.Iovec, maxIovs)
 	b.names = make([]unix.RawSockaddrInet6, maxBatch)
+	b.ctrl = make([]byte, maxBatch*ctrlSlot)
 	for i := range b.hdrs {
 		h := &b.hdrs[i].Hdr
 		h.Iov = &b.iovs[i]
@@ -84,21 +91,44 @@ func (u *UDP) sendPath(path int, pkts []Packet) error {
 	b := &u.tx
 	b.init()
 	for len(pkts) > 0 {
-		n := min(len(pkts), maxBatch)
-		for i := range n {
-			p := &pkts[i]
-			b.iovs[i].Base = &p.Buf[0]
-			b.iovs[i].SetLen(p.N)
-			b.hdrs[i].Hdr.Namelen = putSockaddr(&b.names[i], p.Addr)
+		h, iv := 0, 0
+		for iv < len(pkts) && h < maxBatch {
+			k := 1
+			if u.gso {
+				k = min(gsoRun(pkts[iv:]), maxIovs-iv)
+			}
+			if k == 0 {
+				break
+			}
+			for j := range k {
+				p := &pkts[iv+j]
+				b.iovs[iv+j].Base = &p.Buf[0]
+				b.iovs[iv+j].SetLen(p.N)
+			}
+			hdr := &b.hdrs[h].Hdr
+			hdr.Iov, hdr.Iovlen = &b.iovs[iv], uint64(k)
+			hdr.Namelen = putSockaddr(&b.names[h], pkts[iv].Addr)
+			hdr.Control, hdr.Controllen = nil, 0
+			if k > 1 {
+				c := b.ctrl[h*ctrlSlot:][:ctrlSlot]
+				putSegCmsg(c, pkts[iv].N)
+				hdr.Control, hdr.Controllen = &c[0], uint64(cmsgSegSpace)
+			}
+			h++
+			iv += k
 		}
-		b.n, b.done, b.err = n, 0, nil
+		b.n, b.done, b.err = h, 0, nil
 		if err := u.raws[path].Write(b.send); err != nil {
 			return err
 		}
 		if b.err != nil {
+			if u.gso && (b.err == unix.EIO || b.err == unix.EINVAL) {
+				u.gso = false // the kernel or device cannot segment: send one by one from now on
+				continue
+			}
 			return b.err
 		}
-		pkts = pkts[n:]
+		pkts = pkts[iv:]
 	}
 	return nil
 }
@@ -115,21 +145,22 @@ func (u *UDP) TryReceive(pkts []Packet) (int, error) {
 }
 
 func (u *UDP) recv(pkts []Packet, wait bool) (int, error) {
+	if u.gro {
+		return u.recvGRO(pkts, wait)
+	}
 	b := &u.rx
 	b.init()
 	n := min(len(pkts), maxBatch)
 	for i := range n {
+		hdr := &b.hdrs[i].Hdr
 		b.iovs[i].Base = &pkts[i].Buf[0]
 		b.iovs[i].SetLen(len(pkts[i].Buf))
-		b.hdrs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
-		b.hdrs[i].Hdr.Flags = 0
+		hdr.Iov, hdr.Iovlen = &b.iovs[i], 1
+		hdr.Namelen = unix.SizeofSockaddrInet6
+		hdr.Control, hdr.Controllen, hdr.Flags = nil, 0, 0
 	}
-	b.n, b.done, b.err, b.wait = n, 0, nil, wait
-	if err := u.raws[0].Read(b.recv); err != nil {
+	if err := u.recvmmsg(n, wait); err != nil {
 		return 0, err
-	}
-	if b.err != nil {
-		return 0, b.err
 	}
 	for i := range b.done {
 		pkts[i].N = int(b.hdrs[i].Len)
@@ -137,6 +168,74 @@ func (u *UDP) recv(pkts []Packet, wait bool) (int, error) {
 		pkts[i].Path = 0
 	}
 	return b.done, nil
+}
+
+func (u *UDP) recvmmsg(n int, wait bool) error {
+	b := &u.rx
+	b.n, b.done, b.err, b.wait = n, 0, nil, wait
+	if err := u.raws[0].Read(b.recv); err != nil {
+		return err
+	}
+	return b.err
+}
+
+// recvGRO reads coalesced runs into the link's own buffers and cuts them into pkts; what does not
+// fit waits in u.pend for the next call.
+func (u *UDP) recvGRO(pkts []Packet, wait bool) (int, error) {
+	if out := u.drainGRO(pkts); out > 0 {
+		return out, nil
+	}
+	b := &u.rx
+	b.init()
+	if u.groBuf == nil {
+		u.groBuf = make([]byte, groBufs*groBufSize)
+	}
+	for i := range groBufs {
+		hdr := &b.hdrs[i].Hdr
+		b.iovs[i].Base = &u.groBuf[i*groBufSize]
+		b.iovs[i].SetLen(groBufSize)
+		hdr.Iov, hdr.Iovlen = &b.iovs[i], 1
+		hdr.Namelen = unix.SizeofSockaddrInet6
+		c := b.ctrl[i*ctrlSlot:][:ctrlSlot]
+		hdr.Control, hdr.Controllen, hdr.Flags = &c[0], uint64(cmsgGROSpace), 0
+	}
+	if err := u.recvmmsg(groBufs, wait); err != nil {
+		return 0, err
+	}
+	u.pend, u.pendAt = u.pend[:0], 0
+	for i := range b.done {
+		n := int(b.hdrs[i].Len)
+		size := groSize(b.ctrl[i*ctrlSlot:][:ctrlSlot], int(b.hdrs[i].Hdr.Controllen))
+		if size <= 0 || size > n {
+			size = n
+		}
+		u.pend = append(u.pend, superpacket{data: u.groBuf[i*groBufSize:][:n], size: size, addr: getSockaddr(&b.names[i])})
+	}
+	return u.drainGRO(pkts), nil
+}
+
+// superpacket is a run of datagrams GRO delivered in one buffer, each size bytes but the last.
+type superpacket struct {
+	data []byte
+	size int
+	addr netip.AddrPort
+}
+
+// drainGRO copies pending datagrams into pkts.
+func (u *UDP) drainGRO(pkts []Packet) int {
+	out := 0
+	for u.pendAt < len(u.pend) && out < len(pkts) {
+		sp := &u.pend[u.pendAt]
+		n := min(sp.size, len(sp.data))
+		pkts[out].N = copy(pkts[out].Buf, sp.data[:n])
+		pkts[out].Addr, pkts[out].Path = sp.addr, 0
+		out++
+		sp.data = sp.data[n:]
+		if len(sp.data) == 0 {
+			u.pendAt++
+		}
+	}
+	return out
 }
 
 func putSockaddr(sa *unix.RawSockaddrInet6, ap netip.AddrPort) uint32 {

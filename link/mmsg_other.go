@@ -8,8 +8,13 @@ import (
 	"time"
 )
 
-// batch is unused where datagrams move one per system call.
-type batch struct{}
+// batch and superpacket are unused where datagrams move one per system call.
+type (
+	batch       struct{}
+	superpacket struct{}
+)
+
+func (u *UDP) enableOffload() {}
 
 func (u *UDP) sendPath(path int, pkts []Packet) error {
 	for i := range pkts {

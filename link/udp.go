@@ -15,8 +15,8 @@ import (
 // A datagram sent on path i leaves from socket i, so paths differ in source port, which is what
 // ECMP routers hash.
 //
-// On Linux, Send and Receive move batches with sendmmsg and recvmmsg; elsewhere one datagram
-// per system call. Receive must be called from one goroutine at a time; Send may be called from
+// On Linux, Send and Receive move batches with sendmmsg and recvmmsg, with UDP GSO and GRO
+// where the kernel has them; elsewhere one datagram per system call. Receive must be called from one goroutine at a time; Send may be called from
 // several.
 type UDP struct {
 	conns  []*net.UDPConn
@@ -24,9 +24,14 @@ type UDP struct {
 	local  netip.AddrPort
 	closed atomic.Bool
 
-	rx   batch      // Receive's scratch, owned by the receiving goroutine
-	txMu sync.Mutex // guards tx
-	tx   batch
+	rx     batch         // Receive's scratch, owned by the receiving goroutine
+	gro    bool          // the kernel coalesces received runs (socket 0)
+	groBuf []byte        // GRO's run buffers, owned by the receiving goroutine
+	pend   []superpacket // runs received; pend[pendAt:] not yet handed out
+	pendAt int
+	txMu   sync.Mutex // guards tx and gso
+	tx     batch
+	gso    bool // sends go out as GSO runs
 }
 
 // DefaultSocketBuffer is the send and receive buffer size ListenUDP asks for.
@@ -64,6 +69,7 @@ func ListenUDP(addr netip.AddrPort, paths int) (*UDP, error) {
 		u.conns = append(u.conns, c)
 		u.raws = append(u.raws, raw)
 	}
+	u.enableOffload()
 	u.local = u.conns[0].LocalAddr().(*net.UDPAddr).AddrPort()
 	u.local = netip.AddrPortFrom(u.local.Addr().Unmap(), u.local.Port())
 	return u, nil

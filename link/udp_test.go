@@ -1,0 +1,68 @@
+package link
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+// Datagrams of mixed sizes, sent in runs that GSO can take and received through GRO, arrive
+// whole, in order, from the right address, with offload and without.
+func TestUDPBatches(t *testing.T) {
+	for _, off := range []bool{true, false} {
+		if !off {
+			t.Setenv("SOFTEFA_NO_OFFLOAD", "1")
+		}
+		lo := netip.MustParseAddrPort("127.0.0.1:0")
+		a, err := ListenUDP(lo, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := ListenUDP(lo, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes := []int{1200, 1200, 1200, 700, 1200, 1200, 5, 9000, 1200, 1200, 1200}
+		var out []Packet
+		for i, n := range sizes {
+			buf := bytes.Repeat([]byte{byte(i)}, n)
+			out = append(out, Packet{Buf: buf, N: n, Addr: b.LocalAddr(), Path: i / 4})
+		}
+		if err := a.Send(out); err != nil {
+			t.Fatal(err)
+		}
+		in := make([]Packet, 4)
+		for i := range in {
+			in[i].Buf = make([]byte, 9100)
+		}
+		got := 0
+		deadline := time.Now().Add(5 * time.Second)
+		for got < len(sizes) && time.Now().Before(deadline) {
+			n, err := b.Receive(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range in[:n] {
+				if p.N != sizes[got] || p.Buf[0] != byte(got) || p.Buf[p.N-1] != byte(got) {
+					t.Fatalf("offload %v: datagram %d: %d bytes of %d, want %d of %d", off, got, p.N, p.Buf[0], sizes[got], got)
+				}
+				if p.Addr.Addr() != a.LocalAddr().Addr() {
+					t.Fatalf("from %v", p.Addr)
+				}
+				got++
+			}
+		}
+		if got != len(sizes) {
+			t.Fatalf("offload %v: %d of %d datagrams", off, got, len(sizes))
+		}
+		if n, err := b.TryReceive(in); n != 0 || err != nil {
+			t.Fatalf("TryReceive on an empty socket: %d, %v", n, err)
+		}
+		a.Close()
+		b.Close()
+		if _, err := b.Receive(in); err != ErrClosed {
+			t.Fatalf("Receive after Close: %v", err)
+		}
+	}
+}
