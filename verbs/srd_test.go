@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"runtime"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/wire"
 	"github.com/softefa/softefa/link/memlink"
 	"github.com/softefa/softefa/verbs"
 )
@@ -117,11 +119,17 @@ func TestUDPLoopback(t *testing.T) {
 
 // memPair is a pair of devices on an in-memory fabric.
 func memPair(t testing.TB, f *memlink.Fabric, paths int, o loopOpts) (a, b *end) {
+	a, b, _ = memPairNodes(t, f, paths, o)
+	return a, b
+}
+
+// memPairNodes is memPair that also returns a's fabric node.
+func memPairNodes(t testing.TB, f *memlink.Fabric, paths int, o loopOpts) (a, b *end, na *memlink.Node) {
 	t.Helper()
-	aa := netip.MustParseAddrPort("10.0.0.1:4791")
-	ba := netip.MustParseAddrPort("10.0.0.2:4791")
-	cfg := func(ap netip.AddrPort) config.Device {
-		c := config.Device{Link: f.Listen(ap, paths), Paths: paths, TransportTimeout: time.Second}
+	na = f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), paths)
+	nb := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), paths)
+	cfg := func(n *memlink.Node) config.Device {
+		c := config.Device{Link: n, Paths: paths, TransportTimeout: time.Second}
 		if o.cfg != nil {
 			o.cfg(&c)
 		}
@@ -131,7 +139,8 @@ func memPair(t testing.TB, f *memlink.Fabric, paths int, o loopOpts) (a, b *end)
 		o.access = verbs.AccessRemoteWrite | verbs.AccessRemoteRead
 	}
 	o.cfg = nil
-	return newRemotePair(t, cfg(aa), cfg(ba), o)
+	a, b = newRemotePair(t, cfg(na), cfg(nb), o)
+	return a, b, na
 }
 
 func TestLossReorderDuplication(t *testing.T) {
@@ -157,23 +166,27 @@ func TestLossReorderDuplication(t *testing.T) {
 func TestPathBlackholed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := memlink.New(3)
-		a, b := memPair(t, f, 4, loopOpts{})
+		for i := range 4 {
+			f.SetPath(i, memlink.Impairment{Delay: 50 * time.Microsecond})
+		}
+		a, b, na := memPairNodes(t, f, 4, loopOpts{})
 		exchange(t, a, b, 5, 8192, 64<<10, 3)
-		f.SetPath(2, memlink.Impairment{Down: true})
+		// The path goes dark in the middle of the next exchange, with transfers in flight.
+		time.AfterFunc(3*time.Millisecond, func() { f.SetPath(2, memlink.Impairment{Down: true, Delay: 50 * time.Microsecond}) })
 		exchange(t, a, b, 30, 8192, 256<<10, 4)
 		if a.ctx.Counters().ImpairedRemoteConnEvents == 0 {
 			t.Fatal("the blackholed path was never marked failed")
 		}
-		sent := f.Stats(2).Sent
+		sent := na.Sent(2)
 		exchange(t, a, b, 20, 8192, 256<<10, 5)
-		if extra := f.Stats(2).Sent - sent; extra > 20 { // probes only
-			t.Fatalf("%d datagrams on the failed path after it failed", extra)
+		if extra := na.Sent(2) - sent; extra > 20 { // probes only
+			t.Fatalf("a sent %d datagrams on the failed path after it failed", extra)
 		}
-		f.SetPath(2, memlink.Impairment{})
+		f.SetPath(2, memlink.Impairment{Delay: 50 * time.Microsecond})
 		time.Sleep(200 * time.Millisecond) // probes find the path again
-		sent = f.Stats(2).Sent
+		sent = na.Sent(2)
 		exchange(t, a, b, 20, 8192, 256<<10, 6)
-		if f.Stats(2).Sent-sent < 10 {
+		if na.Sent(2)-sent < 10 {
 			t.Fatal("the restored path carries no traffic")
 		}
 	})
@@ -416,4 +429,45 @@ func TestRemoteDataPathDoesNotAllocate(t *testing.T) {
 			t.Errorf("%s: %.2f allocations per WR, want 0", name, n)
 		}
 	}
+}
+
+// Datagrams that are not what they claim are dropped and counted; the device keeps working.
+func TestHostileDatagrams(t *testing.T) {
+	a, b := newRemotePair(t, config.Device{Addr: loopback}, config.Device{Addr: loopback}, loopOpts{size: 1 << 16,
+		access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead})
+	conn, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(b.ctx.Device().Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hdr := wire.AppendHeader(nil, &wire.Header{SrcPort: 9, SrcInc: 1})
+	data := wire.AppendData(append([]byte{}, hdr...), &wire.Data{Op: wire.OpWrite, Length: 100, DstQPN: uint16(b.qp.QPN()),
+		QKey: qkey, RKey: b.mr.RKey(), RAddr: b.mr.Addr(), Payload: make([]byte, 100)})
+	hostile := [][]byte{
+		{1, 2, 3},                     // truncated header
+		append([]byte{2}, hdr[1:]...), // wrong version
+		hdr,                           // no frame
+		append(append([]byte{}, hdr...), 1, 0, 0xff, 0xff), // frame length past the end
+		data[:len(data)-1],                           // DATA shorter than its frame length
+		append(append([]byte{}, hdr...), 9, 0, 0, 4), // unknown frame type
+	}
+	for _, h := range hostile {
+		if _, err := conn.Write(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A well-formed write from a stranger is checked like any other: qkey, rkey, bounds.
+	bad := wire.AppendData(append([]byte{}, hdr...), &wire.Data{Op: wire.OpWrite, Length: 100, DstQPN: uint16(b.qp.QPN()),
+		QKey: qkey, RKey: b.mr.RKey() ^ 1, RAddr: b.mr.Addr(), Payload: make([]byte, 100)})
+	if _, err := conn.Write(bad); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for b.ctx.Counters().BadPackets < uint64(len(hostile)) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if got := b.ctx.Counters().BadPackets; got != uint64(len(hostile)) {
+		t.Fatalf("%d datagrams counted bad, want %d", got, len(hostile))
+	}
+	exchange(t, a, b, 3, 8192, 16<<10, 1)
 }

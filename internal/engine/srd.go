@@ -28,7 +28,7 @@ const (
 	rxWindow      = 8192 // PSNs a receiver tracks beyond its cumulative point
 	maxCwnd       = 4096 // packets in flight per peer (below rxWindow)
 	initialCwnd   = 64
-	reorderThresh = 3                      // later PSNs acknowledged before a packet counts it lost
+	minReorder    = 20 * time.Microsecond  // least reordering allowed within one path
 	minRTO        = 2 * time.Millisecond   // Go timers do not fire much faster when idle
 	maxRTO        = 200 * time.Millisecond //
 	initialRTO    = 10 * time.Millisecond
@@ -50,14 +50,17 @@ type peer struct {
 	rx rxStream
 
 	paths  []pathState
-	pathRR int
+	pathRR int // path of the current data burst
+	ctrlRR int // path of the last ACK or PROBE_ACK
 }
 
 // pathState is the scoreboard of one of our paths towards a peer.
 type pathState struct {
 	srtt      time.Duration
-	losses    int // consecutive packets lost on this path
+	losses    int           // consecutive packets lost on this path
+	ackedAt   time.Duration // send time of the latest packet on this path acknowledged
 	failed    bool
+	failedAt  time.Duration // when it was marked failed
 	probeAt   time.Duration // when to probe a failed path next
 	probeSent bool
 	nonce     uint32

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"math/bits"
 	"net/netip"
 	"runtime"
@@ -139,7 +140,7 @@ func (d *Device) input(pk *link.Packet, now time.Duration) {
 				d.onAck(p, &f.Ack, now)
 			}
 		case wire.TypeProbe:
-			d.commit(wire.AppendProbe(d.room(p, p.pathRR, wire.FrameHeaderSize+wire.ProbeSize), f.Nonce, true))
+			d.commit(wire.AppendProbe(d.room(p, d.controlPath(p), wire.FrameHeaderSize+wire.ProbeSize), f.Nonce, true))
 		case wire.TypeProbeAck:
 			for i := range p.paths {
 				if ps := &p.paths[i]; ps.failed && ps.probeSent && ps.nonce == f.Nonce {
@@ -344,7 +345,22 @@ func (d *Device) sendAck(p *peer) {
 		}
 	}
 	r.ackDue, r.sinceAck = false, 0
-	d.commit(wire.AppendAck(d.room(p, p.pathRR, wire.FrameHeaderSize+wire.AckSize), &a))
+	d.commit(wire.AppendAck(d.room(p, d.controlPath(p), wire.FrameHeaderSize+wire.AckSize), &a))
+}
+
+// controlPath picks the path for an ACK or PROBE_ACK: the next healthy one each time. Nothing
+// acknowledges these frames, so a device that only answers never learns that a path has gone
+// dark; rotating keeps most of its answers getting through, and its data frames (which are
+// acknowledged) mark the path failed as soon as it sends any.
+func (d *Device) controlPath(p *peer) int {
+	n := len(p.paths)
+	for range n {
+		p.ctrlRR = (p.ctrlRR + 1) % n
+		if !p.paths[p.ctrlRR].failed {
+			return p.ctrlRR
+		}
+	}
+	return p.ctrlRR
 }
 
 // onAck takes an acknowledgement of our stream: it frees acknowledged packets, samples the RTT,
@@ -358,7 +374,6 @@ func (d *Device) onAck(p *peer, a *wire.Ack, now time.Duration) {
 	}
 	s.newly, s.rtt = 0, -1
 	ack := func(psn uint32) { d.ackSlot(p, s.slot(psn), now) }
-	highest := a.Cum - 1
 	for psn := s.una; psnLess(psn, a.Cum); psn++ {
 		ack(psn)
 	}
@@ -369,7 +384,6 @@ func (d *Device) onAck(p *peer, a *wire.Ack, now time.Duration) {
 			psn := a.Cum + 1 + uint32(w*64+i)
 			if psnLess(psn, s.next) && !psnLess(psn, s.una) {
 				ack(psn)
-				highest = psn
 			}
 		}
 	}
@@ -383,10 +397,24 @@ func (d *Device) onAck(p *peer, a *wire.Ack, now time.Duration) {
 	if s.rtt >= 0 {
 		d.sampleRTT(s, s.rtt)
 	}
+	// A packet is lost when one sent after it on the same path has been acknowledged (each path
+	// is taken to keep its own order, with a reordering allowance of an eighth of the RTT), or
+	// when one sent no earlier on any path has and the packet has waited two of its own path's
+	// RTTs (paths differ in delay, but one that far behind has dropped it: this is what finds a
+	// dead path within a few RTTs).
 	lost := 0
-	for psn := s.una; psnLess(psn, highest) && int32(highest-psn) >= reorderThresh; psn++ {
+	reo := max(s.srtt/8, minReorder)
+	var anyAcked time.Duration
+	for i := range p.paths {
+		anyAcked = max(anyAcked, p.paths[i].ackedAt)
+	}
+	for psn := s.una; psnLess(psn, s.next); psn++ {
 		e := s.slot(psn)
 		if e.acked || e.lost || e.msg == nil {
+			continue
+		}
+		ps := &p.paths[e.path]
+		if e.at+reo >= ps.ackedAt && (anyAcked < e.at || now-e.at <= 2*cmp.Or(ps.srtt, s.srtt)+reo) {
 			continue
 		}
 		e.lost = true
@@ -412,10 +440,13 @@ func (d *Device) ackSlot(p *peer, e *sentPkt, now time.Duration) {
 	}
 	s.newly++
 	ps := &p.paths[e.path]
-	ps.losses, ps.failed = 0, false
+	if !ps.failed || e.at >= ps.failedAt { // an acknowledgement of a packet from before the failure proves nothing
+		ps.losses, ps.failed = 0, false
+	}
 	if e.retx == 0 {
 		s.rtt = now - e.at
 		ps.srtt = (7*ps.srtt + s.rtt) / 8
+		ps.ackedAt = max(ps.ackedAt, e.at)
 	}
 	m := e.msg
 	e.msg = nil
@@ -461,7 +492,8 @@ func (d *Device) congestion(s *txStream, newly, lost int) {
 }
 
 // pathLoss counts a loss against one of our paths; consecutive losses mark it failed (as long as
-// another path is left), and it is probed until it answers again.
+// another path is left), and it is probed until it answers again. Only losses that later
+// acknowledgements reveal count: they show the packet, not an acknowledgement, went missing.
 func (d *Device) pathLoss(p *peer, i int, now time.Duration) {
 	ps := &p.paths[i]
 	ps.losses++
@@ -476,7 +508,7 @@ func (d *Device) pathLoss(p *peer, i int, now time.Duration) {
 		}
 	}
 	if healthy > 0 {
-		ps.failed, ps.probeAt, ps.probeSent = true, now+probeInterval, false
+		ps.failed, ps.failedAt, ps.probeAt, ps.probeSent = true, now, now+probeInterval, false
 		d.counts.ImpairedRemoteConnEvents.Add(1)
 	}
 }
@@ -523,10 +555,11 @@ func (d *Device) checkRTO(p *peer, now time.Duration) {
 		if e.acked || e.lost || e.msg == nil || now-e.at < s.rto {
 			continue
 		}
+		// Not held against the packet's path: a timeout may as well be a lost acknowledgement,
+		// and acknowledgements travel on the peer's paths.
 		e.lost = true
 		s.inflight--
 		s.retx = append(s.retx, psn)
-		d.pathLoss(p, int(e.path), now)
 		fired = true
 	}
 	if fired {

@@ -102,6 +102,7 @@ func (f *Fabric) Stats(i int) PathStats {
 func (f *Fabric) Listen(addr netip.AddrPort, paths int) *Node {
 	n := &Node{f: f, addr: addr, paths: paths, sig: make(chan struct{}, 1), done: make(chan struct{})}
 	n.rngs = make([]*rand.Rand, paths)
+	n.sent = make([]uint64, paths)
 	for i := range n.rngs {
 		a := addr.Addr().As16()
 		n.rngs[i] = rand.New(rand.NewPCG(f.seed^uint64(addr.Port())<<32^uint64(i), uint64(a[15])|uint64(a[14])<<8))
@@ -118,6 +119,7 @@ type Node struct {
 	addr  netip.AddrPort
 	paths int
 	rngs  []*rand.Rand // per path, guarded by f.mu
+	sent  []uint64     // per path, guarded by f.mu
 
 	mu     sync.Mutex
 	inbox  []delivery
@@ -129,6 +131,13 @@ type Node struct {
 type delivery struct {
 	buf  []byte
 	from netip.AddrPort
+}
+
+// Sent returns how many datagrams the node has sent on path i.
+func (n *Node) Sent(i int) uint64 {
+	n.f.mu.Lock()
+	defer n.f.mu.Unlock()
+	return n.sent[i]
 }
 
 // LocalAddr is the node's address.
@@ -168,6 +177,7 @@ func (n *Node) Send(pkts []link.Packet) error {
 			f.stats[path] = st
 		}
 		st.Sent++
+		n.sent[path]++
 		rng := n.rngs[path]
 		dst := f.nodes[p.Addr]
 		if dst == nil || imp.Down || rng.Float64() < imp.Loss {
