@@ -250,6 +250,7 @@ func (d *Device) finish(in *inbound) efaio.Status {
 		return efaio.StatusOK
 	}
 	if in.status != efaio.StatusOK {
+		d.counts.RxDrops.Add(1)
 		if in.hasWR { // the message took a receive WR and then failed: the WR completes in error
 			in.t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: in.status})
 		}
