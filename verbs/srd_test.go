@@ -252,6 +252,13 @@ func TestRemoteErrorStatuses(t *testing.T) {
 		a.x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 10)
 		check(t, a.x.WRComplete())
 		wantWC(t, a.one(), 6, verbs.WCRemInvRDReqErr, verbs.WCSend)
+		a.x.WRStart()
+		a.x.WRID, a.x.WRFlags = 8, verbs.SendSignaled
+		a.x.WRSend()
+		a.x.WRSetUDAddr(a.ah, b.qp.QPN(), qkey+1)
+		a.x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 10)
+		check(t, a.x.WRComplete())
+		wantWC(t, a.one(), 8, verbs.WCRemInvRDReqErr, verbs.WCSend) // qkey mismatch
 		a.send(7, b, 0, 10) // the short receive is still there
 		wantWC(t, a.one(), 7, verbs.WCSuccess, verbs.WCSend)
 		wantWC(t, b.one(), 2, verbs.WCSuccess, verbs.WCRecv)
@@ -470,4 +477,27 @@ func TestHostileDatagrams(t *testing.T) {
 		t.Fatalf("%d datagrams counted bad, want %d", got, len(hostile))
 	}
 	exchange(t, a, b, 3, 8192, 16<<10, 1)
+}
+
+// Large RDMA transfers over UDP: segmented into thousands of packets, reassembled, completed
+// once, every byte checked.
+func TestLargeRDMAOverUDP(t *testing.T) {
+	const size = 32 << 20
+	a, b := newRemotePair(t, config.Device{Addr: loopback}, config.Device{Addr: loopback}, loopOpts{size: 2 * size,
+		access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead})
+	pattern(a.buf[:size], 3)
+	check(t, a.post(1, b, func(x *verbs.QPEx) {
+		x.WRRDMAWrite(b.mr.RKey(), b.mr.Addr())
+		x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), size)
+	}))
+	wantWC(t, a.one(), 1, verbs.WCSuccess, verbs.WCRDMAWrite)
+	check(t, a.post(2, b, func(x *verbs.QPEx) {
+		x.WRRDMARead(b.mr.RKey(), b.mr.Addr())
+		x.WRSetSGE(a.mr.LKey(), a.mr.Addr()+size, size)
+	}))
+	wantWC(t, a.one(), 2, verbs.WCSuccess, verbs.WCSend)
+	if !bytes.Equal(a.buf[:size], a.buf[size:]) {
+		t.Fatal("32 MiB written and read back differ")
+	}
+	a.empty()
 }
