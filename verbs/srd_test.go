@@ -259,7 +259,7 @@ func TestRemoteErrorStatuses(t *testing.T) {
 		a.x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 10)
 		check(t, a.x.WRComplete())
 		wantWC(t, a.one(), 8, verbs.WCRemInvRDReqErr, verbs.WCSend) // qkey mismatch
-		a.send(7, b, 0, 10) // the short receive is still there
+		a.send(7, b, 0, 10)                                         // the short receive is still there
 		wantWC(t, a.one(), 7, verbs.WCSuccess, verbs.WCSend)
 		wantWC(t, b.one(), 2, verbs.WCSuccess, verbs.WCRecv)
 		exchange(t, a, b, 3, 8192, 100000, 9)
