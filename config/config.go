@@ -6,6 +6,7 @@ package config
 
 import (
 	"fmt"
+	"os"
 	"net/netip"
 	"syscall"
 	"time"
@@ -138,6 +139,9 @@ func (c *Device) Fill() error {
 	}
 	if c.RxSpin == 0 {
 		c.RxSpin = def.RxSpin
+		if v, err := time.ParseDuration(os.Getenv("SOFTEFA_RXSPIN")); err == nil {
+			c.RxSpin = v // for measuring: SOFTEFA_RXSPIN=-1ns turns spinning off
+		}
 	}
 	if c.MaxRDMASize == 0 {
 		c.MaxRDMASize = def.MaxRDMASize

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/engine"
@@ -366,4 +367,26 @@ func (c *Context) Counters() Counters {
 		ImpairedRemoteConnEvents: e.ImpairedRemoteConnEvents.Load(), BadPackets: e.BadPackets.Load(),
 		StalePackets: e.StalePackets.Load(),
 	}
+}
+
+// PathStat is one path's scoreboard towards one peer device: smoothed RTT, packets sent and
+// counted lost, whether it is marked failed, and the peer stream's congestion window.
+type PathStat struct {
+	Peer   GID
+	Path   int
+	SRTT   time.Duration
+	Sent   uint64
+	Lost   uint64
+	Failed bool
+	Cwnd   float64
+}
+
+// PathStats returns the device's per-peer, per-path figures.
+func (c *Context) PathStats() []PathStat {
+	var out []PathStat
+	for _, p := range c.e.PathStats() {
+		out = append(out, PathStat{Peer: GID(p.Peer), Path: p.Path, SRTT: p.SRTT, Sent: p.Sent, Lost: p.Lost,
+			Failed: p.Failed, Cwnd: p.Cwnd})
+	}
+	return out
 }

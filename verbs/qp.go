@@ -470,3 +470,20 @@ func rounddownPow2(n uint32) uint32 {
 	}
 	return 1 << (bits.Len32(n) - 1)
 }
+
+// QPCounters are one QP's counters.
+type QPCounters struct {
+	SendWRs, SendBytes, RecvWRs, RecvBytes                   uint64
+	RDMAReadWRs, RDMAReadBytes, RDMAWriteWRs, RDMAWriteBytes uint64
+	WRErrors                                                 uint64
+}
+
+// Counters returns a snapshot of the QP's counters.
+func (qp *QP) Counters() QPCounters {
+	c := qp.e.Counters()
+	return QPCounters{
+		SendWRs: c.SendWRs.Load(), SendBytes: c.SendBytes.Load(), RecvWRs: c.RecvWRs.Load(), RecvBytes: c.RecvBytes.Load(),
+		RDMAReadWRs: c.RDMAReadWRs.Load(), RDMAReadBytes: c.RDMAReadBytes.Load(),
+		RDMAWriteWRs: c.RDMAWriteWRs.Load(), RDMAWriteBytes: c.RDMAWriteBytes.Load(), WRErrors: c.WRErrors.Load(),
+	}
+}

@@ -1,20 +1,28 @@
 // Command softefa runs and inspects software EFA devices.
 //
-//	softefa demo [flags]    an SRD exchange of every operation, checked and timed
+//	softefa demo [flags]          an SRD exchange of every operation over UDP, checked and timed
+//	softefa devinfo [-v] [--json] a device's attributes, as ibv_devinfo shows them
+//	softefa perf TEST [flags]     perftest's send/write/read bandwidth and latency tests over SRD
+//	softefa pingpong [flags]      the rdma-core pingpong example over SRD or UD, checking data
 //
 // Results go to stdout, diagnostics to stderr.
 package main
 
 import (
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 )
 
 var commands = map[string]struct {
 	run   func(args []string) error
 	usage string
 }{
-	"demo": {runDemo, "an SRD exchange of every operation between two QPs, checked and timed"},
+	"demo":     {runDemo, "an SRD exchange of every operation over UDP, checked and timed"},
+	"devinfo":  {runDevinfo, "a device's attributes, as ibv_devinfo -v shows them, with the efadv caps"},
+	"perf":     {runPerf, "send_bw|send_lat|write_bw|write_lat|read_bw|read_lat, as perftest"},
+	"pingpong": {runPingpong, "the rdma-core srd/ud pingpong example, checking data"},
 }
 
 func main() {
@@ -36,7 +44,7 @@ func main() {
 
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: softefa COMMAND [flags]\n\ncommands:")
-	for name, c := range commands {
-		fmt.Fprintf(os.Stderr, "  %-8s %s\n", name, c.usage)
+	for _, name := range slices.Sorted(maps.Keys(commands)) {
+		fmt.Fprintf(os.Stderr, "  %-9s %s\n", name, commands[name].usage)
 	}
 }

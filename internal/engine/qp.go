@@ -61,7 +61,18 @@ type QP struct {
 	owner    any
 
 	scratch efaio.TxDesc // decode buffer, so that the data path does not allocate
+	counts  QPCounters
 }
+
+// QPCounters are one QP's counters, with EFA's names where EFA has them.
+type QPCounters struct {
+	SendWRs, SendBytes, RecvWRs, RecvBytes                   atomic.Uint64
+	RDMAReadWRs, RDMAReadBytes, RDMAWriteWRs, RDMAWriteBytes atomic.Uint64
+	WRErrors                                                 atomic.Uint64 // send WRs completed with an error
+}
+
+// Counters returns the QP's live counters.
+func (q *QP) Counters() *QPCounters { return &q.counts }
 
 type sendQueue struct {
 	ring  []byte

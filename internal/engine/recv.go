@@ -264,6 +264,8 @@ func (d *Device) finish(in *inbound) efaio.Status {
 		}
 		d.counts.RecvWRs.Add(1)
 		d.counts.RecvBytes.Add(m.length)
+		in.t.counts.RecvWRs.Add(1)
+		in.t.counts.RecvBytes.Add(m.length)
 		in.t.completeRecv(&efaio.Completion{
 			ReqID: in.wr.reqID, Op: efaio.OpSend, HasImm: m.hasImm, Imm: m.imm,
 			Length: uint32(length), SrcQPN: m.srcQPN,

@@ -74,7 +74,7 @@ func (d *Device) execute(q *QP, w *efaio.TxDesc, tries int, now time.Time) {
 		q.parked = append(q.parked, parkedWR{desc: *w, tries: tries + 1, due: now.Add(d.cfg.RNRInterval)})
 		return
 	}
-	d.count(w, &m, st)
+	d.count(q, w, &m, st)
 	q.completeSend(w, st)
 }
 
@@ -174,27 +174,36 @@ func (d *Device) deliver(q *QP, w *efaio.TxDesc, m *message, tries int) efaio.St
 	return d.sendRemote(q, w, m, tries)
 }
 
-func (d *Device) count(w *efaio.TxDesc, m *message, st efaio.Status) {
-	c := &d.counts
+func (d *Device) count(q *QP, w *efaio.TxDesc, m *message, st efaio.Status) {
+	c, qc := &d.counts, &q.counts
+	if st != efaio.StatusOK {
+		qc.WRErrors.Add(1)
+	}
 	switch w.Op {
 	case efaio.OpSend:
 		if st == efaio.StatusOK {
 			c.SendWRs.Add(1)
 			c.SendBytes.Add(m.length)
+			qc.SendWRs.Add(1)
+			qc.SendBytes.Add(m.length)
 		}
 	case efaio.OpRDMARead:
 		c.RDMAReadWRs.Add(1)
+		qc.RDMAReadWRs.Add(1)
 		if st != efaio.StatusOK {
 			c.RDMAReadWRErr.Add(1)
 		} else {
 			c.RDMAReadBytes.Add(m.length)
+			qc.RDMAReadBytes.Add(m.length)
 		}
 	case efaio.OpRDMAWrite:
 		c.RDMAWriteWRs.Add(1)
+		qc.RDMAWriteWRs.Add(1)
 		if st != efaio.StatusOK {
 			c.RDMAWriteWRErr.Add(1)
 		} else {
 			c.RDMAWriteBytes.Add(m.length)
+			qc.RDMAWriteBytes.Add(m.length)
 		}
 	}
 }

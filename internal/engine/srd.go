@@ -194,3 +194,28 @@ func (d *Device) resetPeer(p *peer, st efaio.Status, inc uint32) {
 	p.rx.epoch = 0
 	p.heard = false
 }
+
+// PathStat is one path's scoreboard towards one peer.
+type PathStat struct {
+	Peer   [16]byte
+	Path   int
+	SRTT   time.Duration
+	Sent   uint64
+	Lost   uint64
+	Failed bool
+	Cwnd   float64 // the peer's stream's window, in packets
+}
+
+// PathStats returns every peer's path scoreboards.
+func (d *Device) PathStats() []PathStat {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []PathStat
+	for _, p := range d.peers {
+		for i, ps := range p.paths {
+			out = append(out, PathStat{Peer: p.gid, Path: i, SRTT: ps.srtt, Sent: ps.sent, Lost: ps.lost,
+				Failed: ps.failed, Cwnd: p.tx.cwnd})
+		}
+	}
+	return out
+}

@@ -566,7 +566,7 @@ func (d *Device) checkRTO(p *peer, now time.Duration) {
 		d.counts.RetransTimeoutEvents.Add(1)
 		s.rto = min(2*s.rto, maxRTO)
 		s.ssthresh = max(s.cwnd/2, 2)
-		s.cwnd = max(s.cwnd/4, 2)
+		s.cwnd = s.ssthresh
 		s.recovering, s.recoverPSN = true, s.next
 	}
 }

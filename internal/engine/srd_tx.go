@@ -382,7 +382,7 @@ func (d *Device) completeReq(m *outMsg, st efaio.Status, mayRetry bool) {
 		} else {
 			var msg message
 			msg.length = m.length
-			d.count(&m.w, &msg, st)
+			d.count(q, &m.w, &msg, st)
 			q.completeSend(&m.w, st)
 		}
 	}

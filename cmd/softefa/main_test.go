@@ -1,0 +1,205 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParsePerf(t *testing.T) {
+	for _, bad := range [][]string{
+		nil, {"-s", "1"}, {"bogus_bw", "--loopback"}, {"send_bw"}, {"send_bw", "--loopback", "-s", "9000"},
+		{"write_bw", "--loopback", "-q", "0"}, {"read_lat", "--loopback", "-x"},
+	} {
+		if _, err := parsePerf(bad, nil); err == nil {
+			t.Errorf("perf %q parsed", bad)
+		}
+	}
+	o, err := parsePerf([]string{"write_bw", "--connect", "h:1", "-s", "1048576", "-n", "7", "-q", "2", "-t", "3", "-D", "2s",
+		"--mtu", "9000", "--paths", "8", "--json", "--stats"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.size != 1<<20 || o.iters != 7 || o.qps != 2 || o.txDepth != 3 || o.duration != 2*time.Second || o.mtu != 9000 ||
+		o.paths != 8 || !o.json || !o.stats || o.connect != "h:1" {
+		t.Fatalf("parsed %+v", o)
+	}
+	if _, err := parsePerf([]string{"send_bw", "--server"}, nil); err != nil {
+		t.Fatalf("a server takes the client's size: %v", err)
+	}
+}
+
+// Each perf test runs in loopback mode, over UDP, with 0 errors and the JSON keys users rely on.
+func TestPerfLoopback(t *testing.T) {
+	for _, test := range perfTests {
+		t.Run(test, func(t *testing.T) {
+			var out bytes.Buffer
+			o, err := parsePerf([]string{test, "--loopback", "-n", "50", "-s", "4096", "-q", "2", "--json"}, &out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := perf(o); err != nil {
+				t.Fatal(err)
+			}
+			var res map[string]any
+			if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+				t.Fatalf("%v: %s", err, out.Bytes())
+			}
+			keys := []string{"test", "size", "errors", "iterations"}
+			if strings.HasSuffix(test, "_bw") {
+				keys = append(keys, "bw_gbps", "msg_rate_mpps", "bytes")
+			} else {
+				keys = append(keys, "p50_us", "p99_us", "p999_us", "avg_us")
+			}
+			for _, k := range keys {
+				if _, ok := res[k]; !ok {
+					t.Errorf("JSON lacks %q: %s", k, out.Bytes())
+				}
+			}
+			if res["errors"] != 0.0 || res["iterations"] != 50.0 || res["test"] != test {
+				t.Fatalf("result %v", res)
+			}
+		})
+	}
+}
+
+func TestPerfTables(t *testing.T) {
+	var out bytes.Buffer
+	o, _ := parsePerf([]string{"send_lat", "--loopback", "-n", "20", "-s", "64", "--stats"}, &out)
+	if err := perf(o); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"t_typical[usec]", "99.9% percentile[usec]", "send_wrs", "tx_pkts", "path 0 to"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	o, _ = parsePerf([]string{"write_bw", "--loopback", "-n", "20", "-s", "8192"}, &out)
+	if err := perf(o); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "BW average[Gb/sec]") || !strings.Contains(out.String(), " 8192 ") {
+		t.Errorf("bandwidth table:\n%s", out.String())
+	}
+}
+
+func TestDevinfo(t *testing.T) {
+	var out bytes.Buffer
+	if err := devinfo([]string{"--json"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var d map[string]any
+	if err := json.Unmarshal(out.Bytes(), &d); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]float64{"vendor_id": 0x1d0f, "vendor_part_id": 0xefa2, "max_msg_sz": 8192,
+		"max_rdma_size": 1 << 30, "device_caps": 0x1f} {
+		if d[k] != want {
+			t.Errorf("%s = %v, want %v", k, d[k], want)
+		}
+	}
+	out.Reset()
+	if err := devinfo([]string{"-v"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"vendor_id:              0x1d0f", "max_msg_sz:", "RDMA_READ, RNR_RETRY, CQ_WITH_SGID, RDMA_WRITE, UNSOLICITED_WRITE_RECV"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("devinfo -v lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestPingpongLoopback(t *testing.T) {
+	for _, ud := range []bool{false, true} {
+		var out bytes.Buffer
+		args := []string{"--loopback", "-n", "100", "-s", "1000"}
+		if ud {
+			args = append(args, "--ud")
+		}
+		o, err := parsePingpong(args, &out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pingpong(o); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out.String(), "200 messages checked, 0 errors") {
+			t.Fatalf("ud %v:\n%s", ud, out.String())
+		}
+	}
+}
+
+func TestCounterNames(t *testing.T) {
+	for in, want := range map[string]string{"SendWRs": "send_wrs", "RDMAReadWRErr": "rdma_read_wr_err", "TxBytes": "tx_bytes",
+		"RDMAWriteRecvBytes": "rdma_write_recv_bytes", "ImpairedRemoteConnEvents": "impaired_remote_conn_events"} {
+		if got := snake(in); got != want {
+			t.Errorf("snake(%s) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+// A server and a client in two processes: the test binary runs main as the server.
+func TestPerfTwoProcesses(t *testing.T) {
+	if os.Getenv("SOFTEFA_MAIN") != "" {
+		t.Skip()
+	}
+	srv := exec.Command(os.Args[0], "-test.run=^TestMainHelper$")
+	srv.Env = append(os.Environ(), "SOFTEFA_MAIN=perf read_bw --server --listen 127.0.0.1:18777")
+	var errBuf bytes.Buffer
+	srv.Stderr = &errBuf
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Process.Kill()
+	var out bytes.Buffer
+	o, _ := parsePerf([]string{"read_bw", "--connect", "127.0.0.1:18777", "-n", "200", "-s", "65536", "--json"}, &out)
+	var err error
+	for range 100 { // until the server listens
+		if err = perf(o); err == nil || !strings.Contains(err.Error(), "refused") {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("%v (server: %s)", err, errBuf.String())
+	}
+	if err := srv.Wait(); err != nil {
+		t.Fatalf("server: %v: %s", err, errBuf.String())
+	}
+	if !strings.Contains(out.String(), `"errors":0`) {
+		t.Fatalf("client: %s", out.String())
+	}
+}
+
+func TestMainHelper(t *testing.T) {
+	args := os.Getenv("SOFTEFA_MAIN")
+	if args == "" {
+		t.Skip("runs main in a child process")
+	}
+	os.Args = append([]string{"softefa"}, strings.Fields(args)...)
+	main()
+}
+
+// --metrics serves the counters in Prometheus' text format while a test runs.
+func TestMetrics(t *testing.T) {
+	e, err := newEndpoint(endpointConfig{addr: "127.0.0.1:0", typ: 0xff, qps: 1, bufSize: 4096, depth: 16, paths: 2, pathMTU: 1500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.close()
+	stop := serveMetrics("127.0.0.1:0", e)
+	defer stop()
+	var out bytes.Buffer
+	writeMetrics(&out, e)
+	for _, want := range []string{"# TYPE softefa_tx_pkts counter", `softefa_send_wrs{device="efa_0"} 0`,
+		`softefa_qp_wr_errors{device="efa_0",qpn="2"} 0`} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("metrics lack %q:\n%s", want, out.String())
+		}
+	}
+}

@@ -1,0 +1,564 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/softefa/softefa/verbs"
+)
+
+// softefa perf TEST: perftest's ib_{send,write,read}_{bw,lat} over SRD. The two sides exchange
+// their GID, QP numbers, rkey and buffer address over a TCP connection on the same address and
+// port as the server device's UDP endpoint, as perftest does over its own TCP socket.
+
+var perfTests = []string{"send_bw", "send_lat", "write_bw", "write_lat", "read_bw", "read_lat"}
+
+type perfOpts struct {
+	test     string
+	server   bool
+	loopback bool
+	listen   string
+	connect  string
+	size     int
+	iters    int
+	duration time.Duration
+	qps      int
+	txDepth  int
+	mtu      int
+	paths    int
+	json     bool
+	stats    bool
+	metrics  string
+	timeout  time.Duration
+	out      io.Writer
+}
+
+// hello is what the two sides tell each other before a test.
+type hello struct {
+	Test  string   `json:"test,omitempty"`
+	Size  int      `json:"size,omitempty"`
+	Iters int      `json:"iters,omitempty"`
+	QPs   int      `json:"qps,omitempty"`
+	Depth int      `json:"depth,omitempty"`
+	GID   string   `json:"gid"`
+	QPNs  []uint32 `json:"qpns"`
+	RKey  uint32   `json:"rkey"`
+	Addr  uint64   `json:"addr"`
+	Done  bool     `json:"done,omitempty"`
+	Err   string   `json:"err,omitempty"`
+}
+
+func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
+	o := &perfOpts{out: out}
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return nil, fmt.Errorf("usage: softefa perf TEST [flags]; TEST is one of %s", strings.Join(perfTests, ", "))
+	}
+	o.test = args[0]
+	if !slices.Contains(perfTests, o.test) {
+		return nil, fmt.Errorf("unknown test %q; one of %s", o.test, strings.Join(perfTests, ", "))
+	}
+	fs := flag.NewFlagSet("perf "+o.test, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.BoolVar(&o.server, "server", false, "wait for a client (on --listen)")
+	fs.BoolVar(&o.loopback, "loopback", false, "run server and client in this process over UDP on 127.0.0.1")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:18515", "server: the device's UDP address and the TCP address for the exchange")
+	fs.StringVar(&o.connect, "connect", "", "client: the server's address")
+	fs.IntVar(&o.size, "s", 65536, "message size in bytes")
+	fs.IntVar(&o.iters, "n", 1000, "iterations")
+	fs.DurationVar(&o.duration, "D", 0, "run for this long instead of -n iterations (bandwidth tests)")
+	fs.IntVar(&o.qps, "q", 1, "number of QPs")
+	fs.IntVar(&o.txDepth, "t", 128, "tx depth: WRs outstanding per QP (bandwidth tests)")
+	fs.IntVar(&o.mtu, "mtu", 1500, "path MTU")
+	fs.IntVar(&o.paths, "paths", 4, "paths (UDP source ports) per device")
+	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of the table")
+	fs.BoolVar(&o.stats, "stats", false, "print the device, QP and path counters at the end")
+	fs.StringVar(&o.metrics, "metrics", "", "serve counters for Prometheus on this address while running")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up when a completion takes longer")
+	if err := fs.Parse(args[1:]); err != nil {
+		return nil, err
+	}
+	switch {
+	case o.size < 1 || o.size > 1<<30:
+		return nil, fmt.Errorf("-s %d: 1 byte to 1 GiB", o.size)
+	case strings.HasPrefix(o.test, "send") && o.size > 8192 && !o.server:
+		return nil, fmt.Errorf("-s %d: SEND messages are at most the 8192-byte MTU", o.size)
+	case o.iters < 1 || o.qps < 1 || o.qps > 64 || o.txDepth < 1 || o.txDepth > 4096:
+		return nil, errors.New("-n, -q (≤ 64) and -t (≤ 4096) must be positive")
+	case !o.server && !o.loopback && o.connect == "":
+		return nil, errors.New("give --server, --connect ADDR or --loopback")
+	}
+	return o, nil
+}
+
+func runPerf(args []string) error {
+	o, err := parsePerf(args, os.Stdout)
+	if err != nil {
+		return err
+	}
+	return perf(o)
+}
+
+func perf(o *perfOpts) error {
+	if o.loopback {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		errc := make(chan error, 1)
+		go func() { errc <- perfServe(o, ln) }()
+		o.connect = ln.Addr().String()
+		cerr := perfClient(o)
+		serr := <-errc
+		return errors.Join(cerr, serr)
+	}
+	if o.server {
+		ln, err := net.Listen("tcp", o.listen)
+		if err != nil {
+			return err
+		}
+		return perfServe(o, ln)
+	}
+	return perfClient(o)
+}
+
+func endpointFor(o *perfOpts, addr string, h *hello) (*endpoint, error) {
+	depth := max(o.txDepth, 64)
+	if h != nil { // the server keeps four times the client's tx depth of receives posted
+		depth = min(4*max(h.Depth, 64), 4096)
+	}
+	size, qps := o.size, o.qps
+	if h != nil {
+		size, qps = h.Size, h.QPs
+	}
+	return newEndpoint(endpointConfig{addr: addr, typ: verbs.QPTDriver, qps: qps, bufSize: max(size, 8192),
+		depth: depth, paths: o.paths, pathMTU: o.mtu, events: h != nil})
+}
+
+func (e *endpoint) hello() hello {
+	h := hello{GID: netip.AddrFrom16(e.dev.GID()).String(), RKey: e.mr.RKey(), Addr: e.mr.Addr()}
+	for _, qp := range e.qps {
+		h.QPNs = append(h.QPNs, qp.QPN())
+	}
+	return h
+}
+
+func parseGID(s string) (verbs.GID, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return verbs.GID{}, err
+	}
+	return verbs.GID(a.As16()), nil
+}
+
+// perfServe answers one client: it creates its device on the listener's address, tells the
+// client its QPs, and plays the passive side until the client is done.
+func perfServe(o *perfOpts, ln net.Listener) error {
+	defer ln.Close()
+	c, err := ln.Accept()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	r, w := json.NewDecoder(bufio.NewReader(c)), json.NewEncoder(c)
+	var h hello
+	if err := r.Decode(&h); err != nil {
+		return fmt.Errorf("server: reading the client's hello: %w", err)
+	}
+	e, err := endpointFor(o, ln.Addr().String(), &h)
+	if err != nil {
+		_ = w.Encode(hello{Err: err.Error()})
+		return err
+	}
+	defer e.close()
+	peer, err := parseGID(h.GID)
+	if err == nil {
+		err = e.connect(peer)
+	}
+	if err != nil {
+		return err
+	}
+	if err := w.Encode(e.hello()); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() {
+		var fin hello
+		done <- r.Decode(&fin)
+	}()
+	fmt.Fprintf(os.Stderr, "softefa perf: serving %s (%d bytes, %d QPs) for %s\n", h.Test, h.Size, h.QPs, c.RemoteAddr())
+	serr := e.servePassive(&h, done, o.timeout)
+	if serr != nil {
+		_ = w.Encode(hello{Done: true, Err: serr.Error()})
+		return fmt.Errorf("server: %w", serr)
+	}
+	return w.Encode(hello{Done: true})
+}
+
+// servePassive does the server's part of h.Test until the client says it is done.
+func (e *endpoint) servePassive(h *hello, done <-chan error, timeout time.Duration) error {
+	switch h.Test {
+	case "write_bw", "read_bw", "read_lat":
+		return <-done // the client's RDMA needs nothing from the server's software
+	}
+	// SEND tests: keep receives posted; latency tests answer each message (write_lat with an
+	// RDMA write with immediate, as softefa has no ordering promise to poll memory on).
+	depth := min(4*h.Depth, 4096)
+	for i, qp := range e.qps {
+		for j := range depth {
+			if err := e.recv(qp, uint64(i<<32|j), 0, h.Size); err != nil {
+				return err
+			}
+		}
+	}
+	pong := h.Test == "send_lat" || h.Test == "write_lat"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var doneErr error
+	finished := make(chan struct{})
+	go func() { doneErr = <-done; cancel(); close(finished) }()
+	if err := e.cq.ReqNotify(false); err != nil {
+		return err
+	}
+	for {
+		n, err := e.cq.Poll(e.wc)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			if err := e.waitEvent(ctx); err != nil {
+				<-finished
+				return doneErr
+			}
+			continue
+		}
+		wcs := e.wc[:n]
+		for _, wc := range wcs {
+			if wc.Status != verbs.WCSuccess {
+				return fmt.Errorf("wr_id %d: %v (EFA status %d)", wc.WRID, wc.Status, wc.VendorErr)
+			}
+			if wc.Opcode != verbs.WCRecv && wc.Opcode != verbs.WCRecvRDMAWithImm {
+				continue // our own pong's completion
+			}
+			i := int(wc.WRID >> 32)
+			qp := e.qps[i]
+			if err := e.recv(qp, wc.WRID, 0, h.Size); err != nil {
+				return err
+			}
+			if !pong {
+				continue
+			}
+			qpn := h.QPNs[i]
+			err := e.post(qp, wc.WRID, qpn, func(x *verbs.QPEx) {
+				if h.Test == "send_lat" {
+					x.WRSend()
+				} else {
+					x.WRRDMAWriteImm(h.RKey, h.Addr, 0)
+				}
+				x.WRSetSGE(e.mr.LKey(), e.mr.Addr(), uint32(h.Size))
+			})
+			if err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func perfClient(o *perfOpts) error {
+	c, err := net.Dial("tcp", o.connect)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	local := "127.0.0.1:0"
+	if la, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		local = net.JoinHostPort(la.IP.String(), "0")
+	}
+	e, err := endpointFor(o, local, nil)
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	r, w := json.NewDecoder(bufio.NewReader(c)), json.NewEncoder(c)
+	h := e.hello()
+	h.Test, h.Size, h.Iters, h.QPs, h.Depth = o.test, o.size, o.iters, o.qps, max(o.txDepth, 64)
+	if err := w.Encode(h); err != nil {
+		return err
+	}
+	var sh hello
+	if err := r.Decode(&sh); err != nil {
+		return fmt.Errorf("client: reading the server's hello: %w", err)
+	}
+	if sh.Err != "" {
+		return fmt.Errorf("server: %s", sh.Err)
+	}
+	peer, err := parseGID(sh.GID)
+	if err != nil {
+		return err
+	}
+	if err := e.connect(peer); err != nil {
+		return err
+	}
+	stopMetrics := serveMetrics(o.metrics, e)
+	defer stopMetrics()
+	res, runErr := e.runClient(o, &sh)
+	_ = w.Encode(hello{Done: true})
+	var fin hello
+	if err := r.Decode(&fin); err == nil && fin.Err != "" && runErr == nil {
+		runErr = fmt.Errorf("server: %s", fin.Err)
+	}
+	if res != nil {
+		res.print(o)
+		if o.stats {
+			printStats(o.out, e)
+		}
+	}
+	return runErr
+}
+
+// result is a test's outcome: completion times (bandwidth) or latencies.
+type result struct {
+	test    string
+	size    int
+	iters   int
+	errors  int
+	elapsed time.Duration
+	peak    float64         // bytes/s over the best window
+	lat     []time.Duration // one per iteration (latency tests)
+}
+
+func (e *endpoint) runClient(o *perfOpts, sh *hello) (*result, error) {
+	if strings.HasSuffix(o.test, "_bw") {
+		return e.bandwidth(o, sh)
+	}
+	return e.latency(o, sh)
+}
+
+// bandwidth keeps tx-depth WRs outstanding per QP until -n completions (or -D elapses).
+func (e *endpoint) bandwidth(o *perfOpts, sh *hello) (*result, error) {
+	res := &result{test: o.test, size: o.size}
+	outstanding := make([]int, len(e.qps))
+	var posted int
+	window := max(o.iters/20, o.txDepth)
+	var times []time.Time
+	start := time.Now()
+	lastProgress := start
+	more := func() bool {
+		if o.duration > 0 {
+			return time.Since(start) < o.duration
+		}
+		return posted < o.iters
+	}
+	for more() || slices.ContainsFunc(outstanding, func(n int) bool { return n > 0 }) {
+		for i, qp := range e.qps {
+			for outstanding[i] < o.txDepth && more() {
+				err := e.post(qp, uint64(i), sh.QPNs[i], func(x *verbs.QPEx) {
+					switch o.test {
+					case "send_bw":
+						x.WRSend()
+					case "write_bw":
+						x.WRRDMAWrite(sh.RKey, sh.Addr)
+					case "read_bw":
+						x.WRRDMARead(sh.RKey, sh.Addr)
+					}
+					x.WRSetSGE(e.mr.LKey(), e.mr.Addr(), uint32(o.size))
+				})
+				if err != nil {
+					return res, err
+				}
+				outstanding[i]++
+				posted++
+			}
+		}
+		wcs, err := e.poll(o.timeout)
+		now := time.Now()
+		for _, wc := range wcs {
+			outstanding[wc.WRID]--
+			if wc.Status != verbs.WCSuccess {
+				res.errors++
+				continue
+			}
+			res.iters++
+			times = append(times, now)
+		}
+		if err != nil {
+			res.elapsed = time.Since(start)
+			return res, err
+		}
+		if now.Sub(lastProgress) > time.Second {
+			lastProgress = now
+			el := now.Sub(start).Seconds()
+			fmt.Fprintf(os.Stderr, "\r%s: %d iterations, %.2f Gb/s ", o.test, res.iters, float64(res.iters)*float64(o.size)*8/el/1e9)
+		}
+	}
+	res.elapsed = time.Since(start)
+	if res.elapsed > time.Second {
+		fmt.Fprintln(os.Stderr)
+	}
+	res.peak = peakRate(times, start, window, o.size)
+	return res, nil
+}
+
+// peakRate is the best rate over any window of completions.
+func peakRate(times []time.Time, start time.Time, window, size int) float64 {
+	best := 0.0
+	for i := window; i < len(times); i += max(window/4, 1) {
+		d := times[i].Sub(times[i-window]).Seconds()
+		if d > 0 {
+			best = max(best, float64(window*size)/d)
+		}
+	}
+	if best == 0 && len(times) > 0 {
+		best = float64(len(times)*size) / times[len(times)-1].Sub(start).Seconds()
+	}
+	return best
+}
+
+// latency runs -n round trips one at a time: SEND ping-pong, RDMA write-with-immediate
+// ping-pong, or RDMA reads. Ping-pong latencies are half the round trip, as perftest reports.
+func (e *endpoint) latency(o *perfOpts, sh *hello) (*result, error) {
+	res := &result{test: o.test, size: o.size}
+	qp := e.qps[0]
+	pong := o.test != "read_lat"
+	if pong {
+		for j := range 4 {
+			if err := e.recv(qp, uint64(1<<40|j), 0, o.size); err != nil {
+				return res, err
+			}
+		}
+	}
+	start := time.Now()
+	for i := range o.iters {
+		t0 := time.Now()
+		err := e.post(qp, uint64(i), sh.QPNs[0], func(x *verbs.QPEx) {
+			switch o.test {
+			case "send_lat":
+				x.WRSend()
+			case "write_lat":
+				x.WRRDMAWriteImm(sh.RKey, sh.Addr, uint32(i))
+			case "read_lat":
+				x.WRRDMARead(sh.RKey, sh.Addr)
+			}
+			x.WRSetSGE(e.mr.LKey(), e.mr.Addr(), uint32(o.size))
+		})
+		if err != nil {
+			return res, err
+		}
+		need := 1
+		if pong {
+			need = 2 // our send's completion and the answer's arrival
+		}
+		for need > 0 {
+			wcs, err := e.poll(o.timeout)
+			for _, wc := range wcs {
+				if wc.Status != verbs.WCSuccess {
+					res.errors++
+				}
+				if wc.Opcode == verbs.WCRecv || wc.Opcode == verbs.WCRecvRDMAWithImm {
+					if err := e.recv(qp, wc.WRID, 0, o.size); err != nil {
+						return res, err
+					}
+				}
+				need--
+			}
+			if err != nil {
+				res.elapsed = time.Since(start)
+				return res, err
+			}
+		}
+		d := time.Since(t0)
+		if pong {
+			d /= 2
+		}
+		res.lat = append(res.lat, d)
+		res.iters++
+	}
+	res.elapsed = time.Since(start)
+	return res, nil
+}
+
+func (r *result) print(o *perfOpts) {
+	w := o.out
+	if strings.HasSuffix(r.test, "_bw") {
+		bytes := uint64(r.iters) * uint64(r.size)
+		avg := float64(bytes) / r.elapsed.Seconds()
+		if o.json {
+			_ = json.NewEncoder(w).Encode(map[string]any{
+				"test": r.test, "size": r.size, "iterations": r.iters, "bytes": bytes, "errors": r.errors,
+				"bw_gbps": avg * 8 / 1e9, "bw_peak_gbps": r.peak * 8 / 1e9,
+				"msg_rate_mpps": float64(r.iters) / r.elapsed.Seconds() / 1e6,
+			})
+			return
+		}
+		line := strings.Repeat("-", 87)
+		fmt.Fprintln(w, line)
+		fmt.Fprintf(w, " %-10s %-14s %-18s %-20s %s\n", "#bytes", "#iterations", "BW peak[Gb/sec]", "BW average[Gb/sec]", "MsgRate[Mpps]")
+		fmt.Fprintf(w, " %-10d %-14d %-18.2f %-20.2f %.6f\n", r.size, r.iters, r.peak*8/1e9, avg*8/1e9,
+			float64(r.iters)/r.elapsed.Seconds()/1e6)
+		fmt.Fprintln(w, line)
+		return
+	}
+	s := summarize(r.lat)
+	if o.json {
+		_ = json.NewEncoder(w).Encode(map[string]any{
+			"test": r.test, "size": r.size, "iterations": r.iters, "errors": r.errors,
+			"p50_us": s.p50, "p99_us": s.p99, "p999_us": s.p999, "avg_us": s.avg, "min_us": s.min, "max_us": s.max,
+			"stdev_us": s.stdev,
+		})
+		return
+	}
+	line := strings.Repeat("-", 128)
+	fmt.Fprintln(w, line)
+	fmt.Fprintf(w, " %-7s %-12s %-12s %-12s %-16s %-12s %-14s %-22s %s\n", "#bytes", "#iterations", "t_min[usec]",
+		"t_max[usec]", "t_typical[usec]", "t_avg[usec]", "t_stdev[usec]", "99% percentile[usec]", "99.9% percentile[usec]")
+	fmt.Fprintf(w, " %-7d %-12d %-12.2f %-12.2f %-16.2f %-12.2f %-14.2f %-22.2f %.2f\n", r.size, r.iters, s.min, s.max,
+		s.p50, s.avg, s.stdev, s.p99, s.p999)
+	fmt.Fprintln(w, line)
+}
+
+type latSummary struct{ min, max, p50, p99, p999, avg, stdev float64 }
+
+// summarize gives latency figures in microseconds.
+func summarize(d []time.Duration) latSummary {
+	if len(d) == 0 {
+		return latSummary{}
+	}
+	us := make([]float64, len(d))
+	var sum float64
+	for i, x := range d {
+		us[i] = float64(x.Nanoseconds()) / 1e3
+		sum += us[i]
+	}
+	slices.Sort(us)
+	avg := sum / float64(len(us))
+	var v float64
+	for _, x := range us {
+		v += (x - avg) * (x - avg)
+	}
+	q := func(p float64) float64 { return us[min(int(math.Ceil(p*float64(len(us))))-1, len(us)-1)] }
+	return latSummary{min: us[0], max: us[len(us)-1], p50: q(0.5), p99: q(0.99), p999: q(0.999), avg: avg,
+		stdev: math.Sqrt(v / float64(len(us)))}
+}
+
+func parseAddr(s string) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap, nil
+	}
+	ua, err := net.ResolveUDPAddr("udp", s)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	ap := ua.AddrPort()
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
+}
