@@ -6,8 +6,8 @@ package config
 
 import (
 	"fmt"
-	"os"
 	"net/netip"
+	"os"
 	"syscall"
 	"time"
 
