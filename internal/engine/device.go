@@ -61,6 +61,8 @@ type Device struct {
 	ackList  []*peer // peers owed an ACK at the end of the receive batch
 	freeMsgs []*outMsg
 	freeIn   []*inbound
+	secret   [32]byte // the cookie key (admit.go)
+	stranger peer     // scratch context for datagrams from devices not yet validated
 
 	kick     chan struct{} // one slot: wakes the engine loop
 	evNotify chan struct{} // one slot: an async event was queued
@@ -87,6 +89,7 @@ func NewDevice(cfg config.Device) (*Device, error) {
 		inc:      newIncarnation(),
 		start:    time.Now(),
 		peers:    make(map[[16]byte]*peer),
+		secret:   newSecret(),
 		qpns:     tab,
 		qps:      make(map[uint32]*QP),
 		pds:      make(map[uint16]*PD),
@@ -145,6 +148,7 @@ type Counters struct {
 	UnresponsiveRemoteEvents, ImpairedRemoteConnEvents               atomic.Uint64
 	CQOverruns                                                       atomic.Uint64
 	BadPackets, StalePackets                                         atomic.Uint64 // dropped: malformed; for another incarnation
+	Unvalidated                                                      atomic.Uint64 // from devices not yet validated: challenged
 }
 
 // Counters returns the device's live counters.

@@ -52,6 +52,9 @@ type peer struct {
 	paths  []pathState
 	pathRR int // path of the current data burst
 	ctrlRR int // path of the last ACK or PROBE_ACK
+
+	cookie    uint64 // the peer's challenge to us: echoed in every datagram until confirmed
+	confirmed bool   // the peer has taken our cookie (it sent data or acknowledgements since)
 }
 
 // pathState is the scoreboard of one of our paths towards a peer.
@@ -97,10 +100,14 @@ func (d *Device) peerFor(gid [16]byte) *peer {
 // clock is the device's monotonic time, as a duration since it started.
 func (d *Device) clock() time.Duration { return time.Since(d.start) }
 
-// segSize is the payload of one DATA frame that keeps a datagram within the path MTU.
+// segSize is the payload of one DATA frame that keeps a datagram within the path MTU, with room
+// for a COOKIE frame.
 func (d *Device) segSize() int {
-	return d.cfg.PathMTU - datagramSlack - wire.DatagramHeaderSize - wire.FrameHeaderSize - wire.DataHeaderSize
+	return d.cfg.PathMTU - datagramSlack - wire.DatagramHeaderSize - cookieFrameSize - wire.FrameHeaderSize -
+		wire.DataHeaderSize
 }
+
+const cookieFrameSize = wire.FrameHeaderSize + wire.CookieSize
 
 // maxDatagram is the most bytes one datagram carries.
 func (d *Device) maxDatagram() int { return d.cfg.PathMTU - datagramSlack }
@@ -140,6 +147,9 @@ func (d *Device) room(p *peer, path, size int) []byte {
 	h := wire.Header{Path: uint8(path), SrcPort: d.link.LocalAddr().Port(), SrcInc: d.inc, DstInc: p.inc,
 		TxEpoch: p.tx.epoch, RxEpoch: p.rx.epoch}
 	pk.Buf = wire.AppendHeader(pk.Buf[:0], &h)
+	if p.cookie != 0 && !p.confirmed {
+		pk.Buf = wire.AppendCookie(pk.Buf, p.cookie, true)
+	}
 	pk.N, pk.Addr, pk.Path = len(pk.Buf), p.addr, path
 	return pk.Buf[:pk.N]
 }

@@ -108,10 +108,11 @@ func (d *Device) input(pk *link.Packet, now time.Duration) {
 		d.counts.BadPackets.Add(1)
 		return
 	}
-	p := d.peerFor(gid)
+	p := d.peers[gid]
 	if p == nil {
-		d.counts.RxDrops.Add(1)
-		return
+		if p = d.admit(gid, &h, frames, pk.N); p == nil {
+			return
+		}
 	}
 	if h.DstInc != 0 && h.DstInc != d.inc {
 		// Sent to an earlier life of this device: say so, so that the sender starts afresh.
@@ -127,6 +128,12 @@ func (d *Device) input(pk *link.Packet, now time.Duration) {
 	}
 	p.inc, p.heard = h.SrcInc, true
 	var f wire.Frame
+	for rest := frames; len(rest) > 0 && p.cookie != 0 && !p.confirmed; {
+		// The peer answers with data or acknowledgements only once it has taken our cookie.
+		if rest, err = wire.NextFrame(rest, &f); err == nil && (f.Type == wire.TypeData || f.Type == wire.TypeAck) {
+			p.confirmed = true
+		}
+	}
 	for len(frames) > 0 {
 		if frames, err = wire.NextFrame(frames, &f); err != nil {
 			d.counts.BadPackets.Add(1)
@@ -147,8 +154,10 @@ func (d *Device) input(pk *link.Packet, now time.Duration) {
 					ps.failed, ps.losses, ps.probeSent = false, 0, false
 				}
 			}
-		case wire.TypeReset:
-			// Handled by the incarnation check above.
+		case wire.TypeReset, wire.TypeCookie:
+			// Handled by the incarnation check and by admit.
+		case wire.TypeChallenge:
+			d.onChallenge(p, f.Cookie, now)
 		}
 	}
 }

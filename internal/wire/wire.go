@@ -23,16 +23,19 @@ const (
 	DataHeaderSize     = 44 // after the frame header
 	AckSize            = 44 // after the frame header
 	ProbeSize          = 4
+	CookieSize         = 8
 	SackWords          = 4 // the ACK's selective-acknowledgement bitmap, in 64-bit words
 )
 
 // Frame types.
 const (
-	TypeData     = 1
-	TypeAck      = 2
-	TypeProbe    = 3
-	TypeProbeAck = 4
-	TypeReset    = 5
+	TypeData      = 1
+	TypeAck       = 2
+	TypeProbe     = 3
+	TypeProbeAck  = 4
+	TypeReset     = 5
+	TypeChallenge = 6 // "prove you receive at your address": carries a cookie
+	TypeCookie    = 7 // the cookie echoed
 )
 
 // Operations a DATA frame carries.
@@ -146,6 +149,16 @@ func AppendProbe(b []byte, nonce uint32, ack bool) []byte {
 	return binary.BigEndian.AppendUint32(b, nonce)
 }
 
+// AppendCookie appends a CHALLENGE (or, with echo, a COOKIE) frame carrying cookie.
+func AppendCookie(b []byte, cookie uint64, echo bool) []byte {
+	typ := uint8(TypeChallenge)
+	if echo {
+		typ = TypeCookie
+	}
+	b = appendFrameHeader(b, typ, FrameHeaderSize+CookieSize)
+	return binary.BigEndian.AppendUint64(b, cookie)
+}
+
 // AppendReset appends a RESET frame: "I am not the incarnation you addressed".
 func AppendReset(b []byte) []byte { return appendFrameHeader(b, TypeReset, FrameHeaderSize) }
 
@@ -157,10 +170,11 @@ func appendFrameHeader(b []byte, typ uint8, n int) []byte {
 // Frame is one parsed frame: its type and, for the types that have them, its fields. Payload
 // refers into the datagram.
 type Frame struct {
-	Type  uint8
-	Data  Data
-	Ack   Ack
-	Nonce uint32
+	Type   uint8
+	Data   Data
+	Ack    Ack
+	Nonce  uint32
+	Cookie uint64
 }
 
 // ParseHeader checks a datagram's header and returns it with the bytes of its frames.
@@ -260,6 +274,11 @@ func parseFrame(b []byte, f *Frame) error {
 		if len(body) != 0 {
 			return ErrFrame
 		}
+	case TypeChallenge, TypeCookie:
+		if len(body) != CookieSize {
+			return ErrFrame
+		}
+		f.Cookie = binary.BigEndian.Uint64(body)
 	default:
 		return ErrFrame
 	}

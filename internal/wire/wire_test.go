@@ -93,7 +93,7 @@ func TestRejects(t *testing.T) {
 		"length past the end":  func(b []byte) { b[3] = 52 },
 		"length below header":  func(b []byte) { b[3] = 3 },
 		"frame flags":          func(b []byte) { b[1] = 1 },
-		"unknown type":         func(b []byte) { b[0] = 9 },
+		"unknown type":         func(b []byte) { b[0] = 8 },
 		"unknown op":           func(b []byte) { b[4+16] = 6 },
 		"unknown data flag":    func(b []byte) { b[4+17] = 4 },
 		"reserved byte":        func(b []byte) { b[4+23] = 1 },
@@ -111,7 +111,8 @@ func TestRejects(t *testing.T) {
 	if _, err := NextFrame(ack, &f); err != ErrFrame {
 		t.Fatalf("ack reserved byte: %v", err)
 	}
-	for _, b := range [][]byte{AppendProbe(nil, 7, false), AppendProbe(nil, 7, true), AppendReset(nil)} {
+	for _, b := range [][]byte{AppendProbe(nil, 7, false), AppendProbe(nil, 7, true), AppendReset(nil),
+		AppendCookie(nil, 9, false), AppendCookie(nil, 9, true)} {
 		if rest, err := NextFrame(b, &f); err != nil || len(rest) != 0 {
 			t.Fatalf("control frame % x: %v", b, err)
 		}
@@ -149,6 +150,8 @@ func FuzzParse(f *testing.F) {
 				enc = AppendProbe(nil, fr.Nonce, fr.Type == TypeProbeAck)
 			case TypeReset:
 				enc = AppendReset(nil)
+			case TypeChallenge, TypeCookie:
+				enc = AppendCookie(nil, fr.Cookie, fr.Type == TypeCookie)
 			}
 			if !bytes.Equal(enc, raw) {
 				t.Fatalf("frame round trip\n% x\n% x", raw, enc)
