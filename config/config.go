@@ -5,9 +5,11 @@
 package config
 
 import (
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
@@ -69,6 +71,10 @@ type Device struct {
 	TransportTimeout time.Duration
 	// MaxPeers bounds the peer contexts a device keeps; default 65536.
 	MaxPeers int
+	// Key, when set, turns on authenticated encryption of every datagram (AES-256-GCM): 32
+	// bytes, the same on every device that is to talk. Read it with KeyFromFile or KeyFromEnv;
+	// never take it from a command-line flag, which other users of the machine can read.
+	Key []byte
 	// RxSpin is how long the receive loop keeps reading without waiting after traffic, so that
 	// it does not depend on the Go network poller's wake-up (which a busy-polling application
 	// can delay by milliseconds). Default 200 µs; negative: never spin.
@@ -220,4 +226,42 @@ func AddrFromGID(g [16]byte, port uint16) netip.AddrPort {
 		return netip.AddrPortFrom(netip.AddrFrom4([4]byte(g[12:16])), p)
 	}
 	return netip.AddrPortFrom(netip.AddrFrom16(g), port)
+}
+
+// KeyFromFile reads a 32-byte key from a file holding either the 32 bytes or 64 hex digits
+// (surrounding white space ignored). It refuses a file others may read or write.
+func KeyFromFile(path string) ([]byte, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("config: key file %s is readable or writable by others (mode %v): %w", path, st.Mode().Perm(), syscall.EPERM)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return parseKey(b)
+}
+
+// KeyFromEnv reads a key of 64 hex digits from the environment variable name.
+func KeyFromEnv(name string) ([]byte, error) {
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return nil, fmt.Errorf("config: %s is not set: %w", name, syscall.ENOENT)
+	}
+	return parseKey([]byte(v))
+}
+
+func parseKey(b []byte) ([]byte, error) {
+	if len(b) == 32 {
+		return b, nil
+	}
+	s := strings.TrimSpace(string(b))
+	k, err := hex.DecodeString(s)
+	if err != nil || len(k) != 32 {
+		return nil, fmt.Errorf("config: a key is 32 bytes or 64 hex digits: %w", syscall.EINVAL)
+	}
+	return k, nil
 }

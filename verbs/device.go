@@ -349,6 +349,7 @@ type Counters struct {
 	RetransBytes, RetransPkts, RetransTimeoutEvents                  uint64
 	UnresponsiveRemoteEvents, ImpairedRemoteConnEvents               uint64
 	CQOverruns, BadPackets, StalePackets                             uint64
+	Unvalidated, AuthFailures, Replays                               uint64
 }
 
 // Counters returns a snapshot of the device's counters.
@@ -365,7 +366,8 @@ func (c *Context) Counters() Counters {
 		RetransBytes: e.RetransBytes.Load(), RetransPkts: e.RetransPkts.Load(),
 		RetransTimeoutEvents: e.RetransTimeoutEvents.Load(), UnresponsiveRemoteEvents: e.UnresponsiveRemoteEvents.Load(),
 		ImpairedRemoteConnEvents: e.ImpairedRemoteConnEvents.Load(), BadPackets: e.BadPackets.Load(),
-		StalePackets: e.StalePackets.Load(),
+		StalePackets: e.StalePackets.Load(), Unvalidated: e.Unvalidated.Load(), AuthFailures: e.AuthFailures.Load(),
+		Replays: e.Replays.Load(),
 	}
 }
 

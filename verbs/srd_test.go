@@ -128,10 +128,11 @@ func memPairNodes(t testing.TB, f *memlink.Fabric, paths int, o loopOpts) (a, b 
 	t.Helper()
 	na = f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), paths)
 	nb := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), paths)
+	mod := o.cfg
 	cfg := func(n *memlink.Node) config.Device {
 		c := config.Device{Link: n, Paths: paths, TransportTimeout: time.Second}
-		if o.cfg != nil {
-			o.cfg(&c)
+		if mod != nil {
+			mod(&c)
 		}
 		return c
 	}

@@ -14,6 +14,7 @@ import (
 // the address it claims: it contacted the peer itself, or the peer echoed a cookie. Until then a
 // datagram from the peer is answered with one CHALLENGE frame carrying a cookie (no larger than
 // the datagram, so no amplification), and nothing else happens but the delivery of UD messages,
+// With a key, a datagram that authenticates is validation enough.
 // which need no state and get no answer. Cookies are a keyed hash of the peer's address and a
 // 10-second time bucket, so they cost the device no memory: a flood from forged addresses leaves
 // no state behind.
@@ -46,8 +47,15 @@ func (d *Device) cookieOK(addr netip.AddrPort, c uint64) bool {
 // admit decides what to do with a datagram from a device this one keeps no state for. It returns
 // the new peer context if the datagram echoes a valid cookie; otherwise it delivers the
 // datagram's UD messages, challenges the sender when anything else came, and returns nil.
-func (d *Device) admit(gid [16]byte, h *wire.Header, frames []byte, n int) *peer {
+func (d *Device) admit(gid [16]byte, h *wire.Header, frames []byte, n int, sealed bool) *peer {
 	addr := AddrFromGID(gid, d.link.LocalAddr().Port())
+	if sealed { // only holders of the key can seal: authentication is validation
+		p := d.peerFor(gid)
+		if p == nil {
+			d.counts.RxDrops.Add(1)
+		}
+		return p
+	}
 	var f wire.Frame
 	var stateful bool
 	for rest := frames; len(rest) > 0; {

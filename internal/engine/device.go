@@ -62,6 +62,7 @@ type Device struct {
 	freeMsgs []*outMsg
 	freeIn   []*inbound
 	secret   [32]byte // the cookie key (admit.go)
+	seal     *sealer  // authenticated encryption, with a key (seal.go)
 	stranger peer     // scratch context for datagrams from devices not yet validated
 
 	kick     chan struct{} // one slot: wakes the engine loop
@@ -98,6 +99,11 @@ func NewDevice(cfg config.Device) (*Device, error) {
 		done:     make(chan struct{}),
 	}
 	d.mrs.init(cfg.MaxMR)
+	if len(cfg.Key) > 0 {
+		if d.seal, err = newSealer(cfg.Key); err != nil {
+			return nil, err
+		}
+	}
 	if d.link != nil {
 		d.gid = GIDFromAddr(d.link.LocalAddr())
 		d.wg.Add(1)
@@ -149,6 +155,7 @@ type Counters struct {
 	CQOverruns                                                       atomic.Uint64
 	BadPackets, StalePackets                                         atomic.Uint64 // dropped: malformed; for another incarnation
 	Unvalidated                                                      atomic.Uint64 // from devices not yet validated: challenged
+	AuthFailures, Replays                                            atomic.Uint64 // sealed datagrams dropped
 }
 
 // Counters returns the device's live counters.

@@ -53,8 +53,9 @@ type peer struct {
 	pathRR int // path of the current data burst
 	ctrlRR int // path of the last ACK or PROBE_ACK
 
-	cookie    uint64 // the peer's challenge to us: echoed in every datagram until confirmed
-	confirmed bool   // the peer has taken our cookie (it sent data or acknowledgements since)
+	replay    replayState // sealed datagrams seen from the peer
+	cookie    uint64      // the peer's challenge to us: echoed in every datagram until confirmed
+	confirmed bool        // the peer has taken our cookie (it sent data or acknowledgements since)
 }
 
 // pathState is the scoreboard of one of our paths towards a peer.
@@ -103,20 +104,25 @@ func (d *Device) clock() time.Duration { return time.Since(d.start) }
 // segSize is the payload of one DATA frame that keeps a datagram within the path MTU, with room
 // for a COOKIE frame.
 func (d *Device) segSize() int {
-	return d.cfg.PathMTU - datagramSlack - wire.DatagramHeaderSize - cookieFrameSize - wire.FrameHeaderSize -
-		wire.DataHeaderSize
+	return d.maxDatagram() - wire.DatagramHeaderSize - cookieFrameSize - wire.FrameHeaderSize - wire.DataHeaderSize
 }
 
 const cookieFrameSize = wire.FrameHeaderSize + wire.CookieSize
 
-// maxDatagram is the most bytes one datagram carries.
-func (d *Device) maxDatagram() int { return d.cfg.PathMTU - datagramSlack }
+// maxDatagram is the most bytes of one plain datagram (sealing adds sealOverhead).
+func (d *Device) maxDatagram() int {
+	if d.seal != nil {
+		return d.cfg.PathMTU - datagramSlack - sealOverhead
+	}
+	return d.cfg.PathMTU - datagramSlack
+}
 
 // txq collects the datagrams one goroutine builds while it holds the device lock. Frames for the
 // same peer and path go into the same datagram while they fit, so ACKs ride with data and small
 // frames share datagrams.
 type txq struct {
 	pkts   []link.Packet
+	sealed []link.Packet // the sealed copies, with a key
 	n      int
 	cur    *peer
 	path   int
@@ -168,11 +174,14 @@ func (d *Device) flushTx() {
 	if q.n == 0 {
 		return
 	}
-	d.sendPkts(q.pkts[:q.n])
+	d.sendPkts(q, q.pkts[:q.n])
 	q.n, q.cur = 0, nil
 }
 
-func (d *Device) sendPkts(pkts []link.Packet) {
+func (d *Device) sendPkts(q *txq, pkts []link.Packet) {
+	if d.seal != nil {
+		pkts = d.sealAll(q, pkts)
+	}
 	var bytes uint64
 	for i := range pkts {
 		bytes += uint64(pkts[i].N)
@@ -189,7 +198,7 @@ func (d *Device) useTx(q *txq) { d.txq = q }
 // sendTx sends q's datagrams; called without the lock.
 func (d *Device) sendTx(q *txq) {
 	if q.n > 0 {
-		d.sendPkts(q.pkts[:q.n])
+		d.sendPkts(q, q.pkts[:q.n])
 		q.n, q.cur = 0, nil
 	}
 }

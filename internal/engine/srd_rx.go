@@ -45,11 +45,12 @@ func psnLess(a, b uint32) bool { return int32(a-b) < 0 }
 // device lock, then sends the ACKs and frames the batch produced.
 func (d *Device) rxLoop() {
 	defer d.wg.Done()
-	size := max(d.maxDatagram(), d.cfg.MTU+wire.DatagramHeaderSize+wire.FrameHeaderSize+wire.DataHeaderSize)
+	size := max(d.maxDatagram(), d.cfg.MTU+wire.DatagramHeaderSize+wire.FrameHeaderSize+wire.DataHeaderSize) + sealOverhead
 	pkts := make([]link.Packet, 32)
 	for i := range pkts {
 		pkts[i].Buf = make([]byte, size)
 	}
+	opened := link.Packet{Buf: make([]byte, size)} // a sealed datagram's plain form
 	q := newTxq(d.maxDatagram(), 64)
 	poller, _ := d.link.(link.Poller)
 	var last time.Time // when the last datagram came
@@ -80,7 +81,18 @@ func (d *Device) rxLoop() {
 		d.useTx(q)
 		now := d.clock()
 		for i := range pkts[:n] {
-			d.input(&pkts[i], now)
+			if d.seal == nil {
+				d.input(&pkts[i], now, nil)
+				continue
+			}
+			plain, salt, ctr, ok := d.seal.open(opened.Buf[:0], pkts[i].Buf[:pkts[i].N])
+			if !ok {
+				d.counts.AuthFailures.Add(1)
+				continue
+			}
+			opened.N, opened.Addr = len(plain), pkts[i].Addr
+			opened.Buf = plain[:cap(plain)]
+			d.input(&opened, now, &nonce{salt, ctr})
 		}
 		for _, p := range d.ackList {
 			d.sendAck(p)
@@ -94,7 +106,12 @@ func (d *Device) rxLoop() {
 
 // input handles one datagram from the network. Anything malformed, addressed to another
 // incarnation of this device, or beyond the peer table is dropped and counted.
-func (d *Device) input(pk *link.Packet, now time.Duration) {
+type nonce struct {
+	salt uint32
+	ctr  uint64
+}
+
+func (d *Device) input(pk *link.Packet, now time.Duration, n *nonce) {
 	d.counts.RxPkts.Add(1)
 	d.counts.RxBytes.Add(uint64(pk.N))
 	h, frames, err := wire.ParseHeader(pk.Buf[:pk.N])
@@ -110,9 +127,13 @@ func (d *Device) input(pk *link.Packet, now time.Duration) {
 	}
 	p := d.peers[gid]
 	if p == nil {
-		if p = d.admit(gid, &h, frames, pk.N); p == nil {
+		if p = d.admit(gid, &h, frames, pk.N, n != nil); p == nil {
 			return
 		}
+	}
+	if n != nil && !p.replay.fresh(n.salt, n.ctr) {
+		d.counts.Replays.Add(1)
+		return
 	}
 	if h.DstInc != 0 && h.DstInc != d.inc {
 		// Sent to an earlier life of this device: say so, so that the sender starts afresh.

@@ -30,6 +30,7 @@ type Fabric struct {
 	paths map[int]Impairment // by sender path index; applies to every node
 	stats map[int]*PathStats
 	necks map[netip.AddrPort]*Bottleneck
+	tap   func(from, to netip.AddrPort, b []byte)
 }
 
 // Bottleneck is a link of limited rate with a drop-tail queue in front of one node: every
@@ -178,6 +179,9 @@ func (n *Node) Send(pkts []link.Packet) error {
 		}
 		st.Sent++
 		n.sent[path]++
+		if f.tap != nil {
+			f.tap(n.addr, p.Addr, p.Buf[:p.N])
+		}
 		rng := n.rngs[path]
 		dst := f.nodes[p.Addr]
 		if dst == nil || imp.Down || rng.Float64() < imp.Loss {
@@ -272,4 +276,33 @@ func (b *Bottleneck) admit(n int) (time.Duration, bool) {
 	b.delaySum += wait
 	b.MaxDelay = max(b.MaxDelay, wait)
 	return b.busyUntil.Sub(now), true
+}
+
+// Inject delivers b to the node at to as if from, on no path and with no impairment: a forged
+// datagram, for tests of what a device does with what it did not ask for.
+func (f *Fabric) Inject(from, to netip.AddrPort, b []byte) {
+	f.mu.Lock()
+	dst := f.nodes[to]
+	f.mu.Unlock()
+	if dst != nil {
+		dst.deliver(append([]byte(nil), b...), from, 0)
+	}
+}
+
+// Tap calls fn with every datagram sent on the fabric, before impairments (for capturing one to
+// replay). fn runs with the fabric locked and must not call it.
+func (f *Fabric) Tap(fn func(from, to netip.AddrPort, b []byte)) {
+	f.mu.Lock()
+	f.tap = fn
+	f.mu.Unlock()
+}
+
+// Queued reports the datagrams and bytes waiting in the node's inbox.
+func (n *Node) Queued() (datagrams, bytes int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, d := range n.inbox {
+		bytes += len(d.buf)
+	}
+	return len(n.inbox), bytes
 }

@@ -1,0 +1,137 @@
+package engine
+
+import (
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/softefa/softefa/link"
+)
+
+// Authenticated encryption. With a key, every datagram is sealed with AES-256-GCM:
+//
+//	0x81 | nonce (12 bytes) | ciphertext of the whole plain datagram | tag (16 bytes)
+//
+// with the first 13 bytes as additional data. The nonce is 4 random bytes drawn at start and an
+// 8-byte counter that starts at a random value and goes up by one per datagram, so that no nonce
+// repeats under one key within a run, and runs collide only with negligible probability. A
+// receiver drops (and counts) datagrams that are not sealed, that fail authentication, and
+// replays: per peer it keeps the latest salt with a 64-datagram window below the highest counter,
+// and refuses salts the peer has used before.
+
+const (
+	sealedVersion = 0x81
+	nonceSize     = 12
+	sealOverhead  = 1 + nonceSize + 16
+	replayWindow  = 64
+)
+
+type sealer struct {
+	aead cipher.AEAD
+	salt uint32
+	ctr  atomic.Uint64
+}
+
+func newSealer(key []byte) (*sealer, error) {
+	if len(key) != 32 {
+		return nil, fmt.Errorf("engine: key of %d bytes; AES-256-GCM takes 32: %w", len(key), syscall.EINVAL)
+	}
+	blk, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, err
+	}
+	aead, err := cipher.NewGCM(blk)
+	if err != nil {
+		return nil, err
+	}
+	var r [12]byte
+	_, _ = rand.Read(r[:])
+	s := &sealer{aead: aead, salt: binary.BigEndian.Uint32(r[:4])}
+	s.ctr.Store(binary.BigEndian.Uint64(r[4:]))
+	return s, nil
+}
+
+// seal writes the sealed form of plain into dst's capacity and returns it.
+func (s *sealer) seal(dst, plain []byte) []byte {
+	dst = append(dst[:0], sealedVersion)
+	dst = binary.BigEndian.AppendUint32(dst, s.salt)
+	dst = binary.BigEndian.AppendUint64(dst, s.ctr.Add(1))
+	return s.aead.Seal(dst, dst[1:1+nonceSize], plain, dst[:1+nonceSize])
+}
+
+// open authenticates and decrypts a sealed datagram into dst; it reports the nonce's salt and
+// counter for the replay check.
+func (s *sealer) open(dst, b []byte) (plain []byte, salt uint32, ctr uint64, ok bool) {
+	if len(b) < sealOverhead || b[0] != sealedVersion {
+		return nil, 0, 0, false
+	}
+	plain, err := s.aead.Open(dst[:0], b[1:1+nonceSize], b[1+nonceSize:], b[:1+nonceSize])
+	if err != nil {
+		return nil, 0, 0, false
+	}
+	return plain, binary.BigEndian.Uint32(b[1:]), binary.BigEndian.Uint64(b[5:]), true
+}
+
+// replayState is a peer's replay window.
+type replayState struct {
+	salt uint32
+	top  uint64
+	win  uint64 // bit i: counter top-i seen
+	old  [4]uint32
+}
+
+// fresh reports whether (salt, ctr) has not been seen from this peer, and records it.
+func (r *replayState) fresh(salt uint32, ctr uint64) bool {
+	if salt != r.salt {
+		for _, o := range r.old {
+			if o == salt && salt != 0 {
+				return false // a salt from an earlier run: replayed
+			}
+		}
+		if r.salt != 0 {
+			copy(r.old[1:], r.old[:])
+			r.old[0] = r.salt
+		}
+		r.salt, r.top, r.win = salt, ctr, 1
+		return true
+	}
+	switch {
+	case ctr > r.top:
+		if d := ctr - r.top; d < replayWindow {
+			r.win = r.win<<d | 1
+		} else {
+			r.win = 1
+		}
+		r.top = ctr
+		return true
+	case r.top-ctr >= replayWindow:
+		return false
+	}
+	bit := uint64(1) << (r.top - ctr)
+	if r.win&bit != 0 {
+		return false
+	}
+	r.win |= bit
+	return true
+}
+
+// sealAll seals q's datagrams into its seal buffers and returns them.
+func (d *Device) sealAll(q *txq, pkts []link.Packet) []link.Packet {
+	if len(q.sealed) < len(pkts) {
+		q.sealed = make([]link.Packet, len(q.pkts))
+		for i := range q.sealed {
+			q.sealed[i].Buf = make([]byte, 0, q.maxLen+sealOverhead+64)
+		}
+	}
+	out := q.sealed[:len(pkts)]
+	for i := range pkts {
+		p := &pkts[i]
+		b := d.seal.seal(out[i].Buf[:0], p.Buf[:p.N])
+		out[i] = link.Packet{Buf: b, N: len(b), Addr: p.Addr, Path: p.Path}
+	}
+	return out
+}
