@@ -40,11 +40,12 @@ type endpointConfig struct {
 	depth   int // send and receive queue depth per QP
 	paths   int
 	pathMTU int
-	events  bool // give the CQ a completion channel
+	events  bool   // give the CQ a completion channel
+	key     []byte // authenticated encryption
 }
 
 func newEndpoint(c endpointConfig) (*endpoint, error) {
-	cfg := config.Device{Paths: c.paths, PathMTU: c.pathMTU}
+	cfg := config.Device{Paths: c.paths, PathMTU: c.pathMTU, Key: c.key}
 	if c.addr != "" {
 		ap, err := parseAddr(c.addr)
 		if err != nil {

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/verbs"
 )
 
@@ -42,6 +43,8 @@ type perfOpts struct {
 	stats    bool
 	metrics  string
 	timeout  time.Duration
+	keyFile  string
+	key      []byte
 	out      io.Writer
 }
 
@@ -86,8 +89,22 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 	fs.BoolVar(&o.stats, "stats", false, "print the device, QP and path counters at the end")
 	fs.StringVar(&o.metrics, "metrics", "", "serve counters for Prometheus on this address while running")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up when a completion takes longer")
+	fs.StringVar(&o.keyFile, "key-file", "", "encrypt with the 32-byte key in this file (or set SOFTEFA_KEY to 64 hex digits)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return nil, err
+	}
+	if o.keyFile != "" {
+		k, err := config.KeyFromFile(o.keyFile)
+		if err != nil {
+			return nil, err
+		}
+		o.key = k
+	} else if _, ok := os.LookupEnv("SOFTEFA_KEY"); ok {
+		k, err := config.KeyFromEnv("SOFTEFA_KEY")
+		if err != nil {
+			return nil, err
+		}
+		o.key = k
 	}
 	switch {
 	case o.size < 1 || o.size > 1<<30:
@@ -143,7 +160,7 @@ func endpointFor(o *perfOpts, addr string, h *hello) (*endpoint, error) {
 		size, qps = h.Size, h.QPs
 	}
 	return newEndpoint(endpointConfig{addr: addr, typ: verbs.QPTDriver, qps: qps, bufSize: max(size, 8192),
-		depth: depth, paths: o.paths, pathMTU: o.mtu, events: h != nil})
+		depth: depth, paths: o.paths, pathMTU: o.mtu, events: h != nil, key: o.key})
 }
 
 func (e *endpoint) hello() hello {
