@@ -116,6 +116,7 @@ func TestNoAmplification(t *testing.T) {
 		req := wire.AppendHeader(nil, &wire.Header{SrcPort: victim.Port(), SrcInc: 77})
 		req = wire.AppendData(req, &wire.Data{Op: wire.OpReadReq, Length: 1 << 20, DstQPN: uint16(b.qp.QPN()),
 			QKey: qkey, RKey: b.mr.RKey(), RAddr: b.mr.Addr()})
+		wire.PutChecksum(req)
 		for range 10 {
 			f.Inject(victim, b.ctx.Device().Addr(), req)
 		}
@@ -148,6 +149,7 @@ func TestFloodFromForgedSources(t *testing.T) {
 			d := wire.AppendHeader(nil, &wire.Header{SrcPort: src.Port(), SrcInc: uint32(i + 1)})
 			d = wire.AppendData(d, &wire.Data{PSN: uint32(i), Op: wire.OpWrite, Length: 64, DstQPN: uint16(b.qp.QPN()),
 				QKey: qkey, RKey: b.mr.RKey(), RAddr: b.mr.Addr(), Payload: make([]byte, 64)})
+			wire.PutChecksum(d)
 			f.Inject(src, dst, d)
 			if i%1000 == 999 {
 				time.Sleep(time.Millisecond)

@@ -452,6 +452,7 @@ func TestHostileDatagrams(t *testing.T) {
 	data := wire.AppendData(append([]byte{}, hdr...), &wire.Data{Op: wire.OpWrite, Length: 100, DstQPN: uint16(b.qp.QPN()),
 		QKey: qkey, RKey: b.mr.RKey(), RAddr: b.mr.Addr(), Payload: make([]byte, 100)})
 	hostile := [][]byte{
+		data,                          // a wrong checksum (none was filled in)
 		{1, 2, 3},                     // truncated header
 		append([]byte{2}, hdr[1:]...), // wrong version
 		hdr,                           // no frame
@@ -467,6 +468,7 @@ func TestHostileDatagrams(t *testing.T) {
 	// A well-formed write from a stranger is checked like any other: qkey, rkey, bounds.
 	bad := wire.AppendData(append([]byte{}, hdr...), &wire.Data{Op: wire.OpWrite, Length: 100, DstQPN: uint16(b.qp.QPN()),
 		QKey: qkey, RKey: b.mr.RKey() ^ 1, RAddr: b.mr.Addr(), Payload: make([]byte, 100)})
+	wire.PutChecksum(bad)
 	if _, err := conn.Write(bad); err != nil {
 		t.Fatal(err)
 	}

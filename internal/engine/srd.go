@@ -179,6 +179,9 @@ func (d *Device) flushTx() {
 }
 
 func (d *Device) sendPkts(q *txq, pkts []link.Packet) {
+	for i := range pkts {
+		wire.PutChecksum(pkts[i].Buf[:pkts[i].N])
+	}
 	if d.seal != nil {
 		pkts = d.sealAll(q, pkts)
 	}

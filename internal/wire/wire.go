@@ -11,6 +11,7 @@ package wire
 import (
 	"encoding/binary"
 	"errors"
+	"hash/crc32"
 )
 
 // Version is the wire format version this package speaks.
@@ -18,7 +19,7 @@ const Version = 1
 
 // Sizes of the fixed parts.
 const (
-	DatagramHeaderSize = 16
+	DatagramHeaderSize = 20
 	FrameHeaderSize    = 4
 	DataHeaderSize     = 44 // after the frame header
 	AckSize            = 44 // after the frame header
@@ -56,10 +57,13 @@ const (
 
 // Errors Parse reports.
 var (
-	ErrShort   = errors.New("wire: datagram shorter than its headers")
-	ErrVersion = errors.New("wire: unknown version")
-	ErrFrame   = errors.New("wire: malformed frame")
+	ErrShort    = errors.New("wire: datagram shorter than its headers")
+	ErrVersion  = errors.New("wire: unknown version")
+	ErrFrame    = errors.New("wire: malformed frame")
+	ErrChecksum = errors.New("wire: checksum mismatch")
 )
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Header is the datagram header: who sent it, on which path, the two incarnations, and the
 // epochs of the two packet streams between the devices.
@@ -79,7 +83,27 @@ func AppendHeader(b []byte, h *Header) []byte {
 	b = binary.BigEndian.AppendUint32(b, h.SrcInc)
 	b = binary.BigEndian.AppendUint32(b, h.DstInc)
 	b = binary.BigEndian.AppendUint16(b, h.TxEpoch)
-	return binary.BigEndian.AppendUint16(b, h.RxEpoch)
+	b = binary.BigEndian.AppendUint16(b, h.RxEpoch)
+	return append(b, 0, 0, 0, 0) // the checksum, filled in by PutChecksum
+}
+
+// PutChecksum fills in the header's checksum: CRC-32C of the whole datagram with the checksum
+// field zero. Call it when the datagram is complete.
+func PutChecksum(b []byte) {
+	if len(b) < DatagramHeaderSize {
+		return
+	}
+	clear(b[16:20])
+	binary.BigEndian.PutUint32(b[16:], crc32.Checksum(b, castagnoli))
+}
+
+// checksumOK checks b's checksum. It zeroes the field while it computes and puts it back.
+func checksumOK(b []byte) bool {
+	want := binary.BigEndian.Uint32(b[16:])
+	clear(b[16:20])
+	ok := crc32.Checksum(b, castagnoli) == want
+	binary.BigEndian.PutUint32(b[16:], want)
+	return ok
 }
 
 // Data is a DATA frame's header fields; Payload follows them.
@@ -177,7 +201,8 @@ type Frame struct {
 	Cookie uint64
 }
 
-// ParseHeader checks a datagram's header and returns it with the bytes of its frames.
+// ParseHeader checks a datagram's header and checksum and returns the header with the bytes of
+// its frames. (It writes b's checksum field while it checks it, and restores it.)
 func ParseHeader(b []byte) (Header, []byte, error) {
 	var h Header
 	if len(b) < DatagramHeaderSize {
@@ -185,6 +210,9 @@ func ParseHeader(b []byte) (Header, []byte, error) {
 	}
 	if b[0] != Version {
 		return h, nil, ErrVersion
+	}
+	if !checksumOK(b) {
+		return h, nil, ErrChecksum
 	}
 	h = Header{Path: b[1], SrcPort: binary.BigEndian.Uint16(b[2:]), SrcInc: binary.BigEndian.Uint32(b[4:]),
 		DstInc: binary.BigEndian.Uint32(b[8:]), TxEpoch: binary.BigEndian.Uint16(b[12:]),

@@ -70,12 +70,12 @@ func TestDissector(t *testing.T) {
 	}
 	text := string(out)
 	for _, name := range []string{"Version", "Path", "Source device port", "Source incarnation",
-		"Destination incarnation", "Tx stream epoch", "Rx stream epoch", "Frame type", "Frame flags", "Frame length",
+		"Destination incarnation", "Tx stream epoch", "Rx stream epoch", "Checksum (CRC-32C)", "Cookie", "Frame type", "Frame flags", "Frame length",
 		"PSN", "Message id", "Offset", "Message length", "Operation", "Data flags", "Immediate", "Source QPN",
 		"Destination QPN", "Status", "QKey", "Immediate data", "RKey", "Remote address", "Payload",
 		"Cumulative PSN", "Highest PSN", "Selective bits", "Answered path",
 		"Operation: SEND", "Operation: WRITE", "Operation: READ_REQ", "Operation: READ_RESP", "Operation: RESP",
-		"Frame type: DATA", "Frame type: ACK"} {
+		"Frame type: DATA", "Frame type: ACK", "Frame type: CHALLENGE", "Frame type: COOKIE"} {
 		if !strings.Contains(text, name+":") && !strings.Contains(text, name+" (") {
 			t.Errorf("dissection shows no %q", name)
 		}

@@ -10,7 +10,8 @@
 
 local p = Proto("softefa", "softefa SRD over UDP")
 
-local frame_types = { [1] = "DATA", [2] = "ACK", [3] = "PROBE", [4] = "PROBE_ACK", [5] = "RESET" }
+local frame_types = { [1] = "DATA", [2] = "ACK", [3] = "PROBE", [4] = "PROBE_ACK", [5] = "RESET",
+  [6] = "CHALLENGE", [7] = "COOKIE" }
 local ops = { [0] = "SEND", [1] = "READ_REQ", [2] = "WRITE", [3] = "READ_RESP", [4] = "RESP", [5] = "ABORT" }
 local statuses = {
   [0] = "OK", [1] = "FLUSHED", [2] = "LOCAL_ERROR_QP_INTERNAL_ERROR", [3] = "LOCAL_ERROR_UNSUPPORTED_OP",
@@ -29,6 +30,7 @@ local f = {
   dst_inc   = ProtoField.uint32("softefa.dst_inc", "Destination incarnation", base.HEX),
   tx_epoch  = ProtoField.uint16("softefa.tx_epoch", "Tx stream epoch"),
   rx_epoch  = ProtoField.uint16("softefa.rx_epoch", "Rx stream epoch"),
+  checksum  = ProtoField.uint32("softefa.checksum", "Checksum (CRC-32C)", base.HEX),
   ftype     = ProtoField.uint8("softefa.frame.type", "Frame type", base.DEC, frame_types),
   fflags    = ProtoField.uint8("softefa.frame.flags", "Frame flags", base.HEX),
   flen      = ProtoField.uint16("softefa.frame.length", "Frame length"),
@@ -54,6 +56,7 @@ local f = {
   sack      = ProtoField.uint64("softefa.ack.sack", "Selective bits", base.HEX),
   ack_path  = ProtoField.uint8("softefa.ack.path", "Answered path"),
   nonce     = ProtoField.uint32("softefa.probe.nonce", "Probe nonce", base.HEX),
+  cookie    = ProtoField.uint64("softefa.cookie", "Cookie", base.HEX),
 }
 p.fields = f
 
@@ -93,19 +96,21 @@ local function dissect_frame(buf, tree, off)
     summary = "ACK cum=" .. buf(b, 4):uint()
   elseif (ftype == 3 or ftype == 4) and flen == 8 then
     t:add(f.nonce, buf(b, 4))
+  elseif (ftype == 6 or ftype == 7) and flen == 12 then
+    t:add(f.cookie, buf(b, 8))
   end
   return flen, summary
 end
 
 local function dissect(buf, pinfo, tree)
   local n = buf:len()
-  if n < 20 or buf(0, 1):uint() ~= 1 then return false end
+  if n < 24 or buf(0, 1):uint() ~= 1 then return false end
   -- Every frame must fit exactly: that is what tells softefa from other UDP traffic.
-  local off = 16
+  local off = 20
   while off < n do
     if n - off < 4 then return false end
     local flen = buf(off + 2, 2):uint()
-    if flen < 4 or off + flen > n or buf(off + 1, 1):uint() ~= 0 or buf(off, 1):uint() > 5 then return false end
+    if flen < 4 or off + flen > n or buf(off + 1, 1):uint() ~= 0 or buf(off, 1):uint() > 7 then return false end
     off = off + flen
   end
   pinfo.cols.protocol = "softefa"
@@ -117,7 +122,8 @@ local function dissect(buf, pinfo, tree)
   t:add(f.dst_inc, buf(8, 4))
   t:add(f.tx_epoch, buf(12, 2))
   t:add(f.rx_epoch, buf(14, 2))
-  off = 16
+  t:add(f.checksum, buf(16, 4))
+  off = 20
   local parts = {}
   while off < n do
     local flen, s = dissect_frame(buf, t, off)
