@@ -15,11 +15,20 @@ import (
 
 // Impairment is what a path does to the datagrams sent on it.
 type Impairment struct {
-	Loss      float64       // probability a datagram is dropped
+	Loss      float64       // probability a datagram is dropped (in the good state, with Gilbert–Elliott)
 	Duplicate float64       // probability a datagram is delivered twice
+	Corrupt   float64       // probability a datagram has one bit flipped
 	Delay     time.Duration // added to every datagram
 	Jitter    time.Duration // a uniform extra delay in [0, Jitter): reorders datagrams
 	Down      bool          // every datagram is dropped
+
+	// Gilbert–Elliott bursty loss: per datagram the path moves from good to bad with probability
+	// ToBad and back with ToGood; in the bad state it drops with probability BadLoss.
+	ToBad, ToGood, BadLoss float64
+
+	// Rate (bytes/s) and Queue (bytes) make the path a rate-limited link with a drop-tail queue.
+	Rate  float64
+	Queue int
 }
 
 // Fabric joins Nodes. Each sender's path has its own impairment and random stream.
@@ -73,7 +82,7 @@ func (f *Fabric) BottleneckStats(dst netip.AddrPort) Bottleneck {
 
 // PathStats count what happened on a path (by sender path index).
 type PathStats struct {
-	Sent, Dropped, Duplicated uint64
+	Sent, Dropped, Duplicated, Corrupted uint64
 }
 
 // New returns an empty fabric whose randomness comes from seed.
@@ -104,6 +113,8 @@ func (f *Fabric) Listen(addr netip.AddrPort, paths int) *Node {
 	n := &Node{f: f, addr: addr, paths: paths, sig: make(chan struct{}, 1), done: make(chan struct{})}
 	n.rngs = make([]*rand.Rand, paths)
 	n.sent = make([]uint64, paths)
+	n.bad = make([]bool, paths)
+	n.links = make([]Bottleneck, paths)
 	for i := range n.rngs {
 		a := addr.Addr().As16()
 		n.rngs[i] = rand.New(rand.NewPCG(f.seed^uint64(addr.Port())<<32^uint64(i), uint64(a[15])|uint64(a[14])<<8))
@@ -121,6 +132,8 @@ type Node struct {
 	paths int
 	rngs  []*rand.Rand // per path, guarded by f.mu
 	sent  []uint64     // per path, guarded by f.mu
+	bad   []bool       // per path: Gilbert–Elliott state, guarded by f.mu
+	links []Bottleneck // per path: the path's own rate limit, guarded by f.mu
 
 	mu     sync.Mutex
 	inbox  []delivery
@@ -184,9 +197,31 @@ func (n *Node) Send(pkts []link.Packet) error {
 		}
 		rng := n.rngs[path]
 		dst := f.nodes[p.Addr]
-		if dst == nil || imp.Down || rng.Float64() < imp.Loss {
+		loss := imp.Loss
+		if imp.ToBad > 0 {
+			if n.bad[path] {
+				n.bad[path] = rng.Float64() >= imp.ToGood
+			} else {
+				n.bad[path] = rng.Float64() < imp.ToBad
+			}
+			if n.bad[path] {
+				loss = imp.BadLoss
+			}
+		}
+		if dst == nil || imp.Down || rng.Float64() < loss {
 			st.Dropped++
 			continue
+		}
+		var linkDelay time.Duration
+		if imp.Rate > 0 {
+			l := &n.links[path]
+			l.Rate, l.Queue = imp.Rate, imp.Queue
+			q, ok := l.admit(p.N)
+			if !ok {
+				st.Dropped++
+				continue
+			}
+			linkDelay = q
 		}
 		copies := 1
 		if rng.Float64() < imp.Duplicate {
@@ -194,9 +229,14 @@ func (n *Node) Send(pkts []link.Packet) error {
 			st.Duplicated++
 		}
 		for range copies {
-			d := imp.Delay
+			d := imp.Delay + linkDelay
 			if imp.Jitter > 0 {
 				d += time.Duration(rng.Int64N(int64(imp.Jitter)))
+			}
+			b := append([]byte(nil), p.Buf[:p.N]...)
+			if p.N > 0 && rng.Float64() < imp.Corrupt {
+				b[rng.IntN(p.N)] ^= 1 << rng.IntN(8)
+				st.Corrupted++
 			}
 			if b := f.necks[p.Addr]; b != nil {
 				q, ok := b.admit(p.N)
@@ -206,7 +246,7 @@ func (n *Node) Send(pkts []link.Packet) error {
 				}
 				d += q
 			}
-			dst.deliver(append([]byte(nil), p.Buf[:p.N]...), n.addr, d)
+			dst.deliver(b, n.addr, d)
 		}
 	}
 	return nil
