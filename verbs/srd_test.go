@@ -504,3 +504,67 @@ func TestLargeRDMAOverUDP(t *testing.T) {
 	}
 	a.empty()
 }
+
+// Every path goes dark, then comes back before the transport timeout: WRs in flight complete,
+// once each, and traffic carries on.
+func TestAllPathsDownThenUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(41)
+		a, b := memPair(t, f, 4, loopOpts{})
+		exchange(t, a, b, 3, 8192, 64<<10, 1)
+		for i := range 4 {
+			f.SetPath(i, memlink.Impairment{Down: true})
+		}
+		for i := range 5 {
+			b.recv(uint64(i), i*8192, 8192)
+			a.send(uint64(i), b, 0, 5000)
+		}
+		time.Sleep(300 * time.Millisecond) // under the 1 s transport timeout
+		a.empty()
+		for i := range 4 {
+			f.SetPath(i, memlink.Impairment{})
+		}
+		seen := map[uint64]bool{}
+		for _, wc := range waitWC(t, a.cq, 5) {
+			if wc.Status != verbs.WCSuccess || seen[wc.WRID] {
+				t.Fatalf("completion %+v", wc)
+			}
+			seen[wc.WRID] = true
+		}
+		waitWC(t, b.cq, 5)
+		exchange(t, a, b, 5, 8192, 64<<10, 2)
+	})
+}
+
+// A QP destroyed with a large write in flight over the network: the WR is flushed, the responder
+// lets go of the half-received message, and a new QP works.
+func TestQPDestroyedInFlightRemote(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(42)
+		for i := range 2 {
+			f.SetPath(i, memlink.Impairment{Rate: 10e6, Queue: 1 << 20}) // 10 MB/s: a 512 KiB write takes 50 ms
+		}
+		a, b := memPair(t, f, 2, loopOpts{})
+		check(t, a.post(1, b, func(x *verbs.QPEx) {
+			x.WRRDMAWriteImm(b.mr.RKey(), b.mr.Addr(), 7)
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 512<<10)
+		}))
+		b.recv(9, 0, 0)
+		time.Sleep(10 * time.Millisecond)
+		check(t, a.qp.Destroy())
+		a.qp = nil
+		wc := waitWC(t, a.cq, 1)[0]
+		if wc.WRID != 1 || wc.Status != verbs.WCWRFlushErr {
+			t.Fatalf("completion %+v, want the write flushed", wc)
+		}
+		time.Sleep(200 * time.Millisecond)
+		// The responder took a receive for the write with immediate and let it go on ABORT.
+		if got := waitWC(t, b.cq, 1)[0]; got.WRID != 9 || efaio.Status(got.VendorErr) != efaio.StatusRemoteAbort {
+			t.Fatalf("responder's receive %+v, want REMOTE_ABORT", got)
+		}
+		na := newEnd(t, a.ctx, loopOpts{size: 1 << 20, typ: verbs.QPTDriver, access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead,
+			cap: verbs.QPCap{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		na.ah = na.makeAH(b.ctx.Device().GID())
+		exchange(t, na, b, 3, 8192, 64<<10, 3)
+	})
+}
