@@ -4,6 +4,7 @@
 //	softefa devinfo [-v] [--json] a device's attributes, as ibv_devinfo shows them
 //	softefa perf TEST [flags]     perftest's send/write/read bandwidth and latency tests over SRD
 //	softefa pingpong [flags]      the rdma-core pingpong example over SRD or UD, checking data
+//	softefa fabric --to ADDR      a multipath fabric emulator with impairments, for real processes
 //
 // Results go to stdout, diagnostics to stderr.
 package main
@@ -20,6 +21,7 @@ var commands = map[string]struct {
 	usage string
 }{
 	"demo":     {runDemo, "an SRD exchange of every operation over UDP, checked and timed"},
+	"fabric":   {runFabric, "a userspace multipath network with impairments between UDP clients and a server"},
 	"devinfo":  {runDevinfo, "a device's attributes, as ibv_devinfo -v shows them, with the efadv caps"},
 	"perf":     {runPerf, "send_bw|send_lat|write_bw|write_lat|read_bw|read_lat, as perftest"},
 	"pingpong": {runPingpong, "the rdma-core srd/ud pingpong example, checking data"},

@@ -2,12 +2,19 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/softefa/softefa/config"
+	"github.com/softefa/softefa/verbs"
 )
 
 func TestParsePerf(t *testing.T) {
@@ -201,5 +208,132 @@ func TestMetrics(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("metrics lack %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// softefa devices talk through the fabric, with loss and reordering on its paths, and every
+// path carries traffic.
+func TestFabricSoftefa(t *testing.T) {
+	srv, err := newEndpoint(endpointConfig{addr: "127.0.0.1:0", typ: 0xff, qps: 1, bufSize: 1 << 20, depth: 64, paths: 4, pathMTU: 1500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.close()
+	o, imps, err := parseFabric([]string{"--listen", "127.0.0.1:0", "--to", srv.dev.Addr().String(), "--loss", "0.05",
+		"--jitter", "200us", "--paths", "4"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb, err := newFabric(o, imps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- fb.run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	cl, err := newEndpoint(endpointConfig{addr: "127.0.0.1:0", typ: 0xff, qps: 1, bufSize: 1 << 20, depth: 64, paths: 4, pathMTU: 1500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.close()
+	if err := cl.connect(verbs.GID(config.GIDFromAddr(fb.frontAddr()))); err != nil {
+		t.Fatal(err)
+	}
+	qpn := srv.qps[0].QPN()
+	for i := range 20 {
+		fillPing(cl.buf[:100000], i)
+		if err := cl.post(cl.qps[0], uint64(i), qpn, func(x *verbs.QPEx) {
+			x.WRRDMAWrite(srv.mr.RKey(), srv.mr.Addr())
+			x.WRSetSGE(cl.mr.LKey(), cl.mr.Addr(), 100000)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.await(verbs.WCRDMAWrite, 10*time.Second, nil); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+		if err := cl.post(cl.qps[0], uint64(i), qpn, func(x *verbs.QPEx) {
+			x.WRRDMARead(srv.mr.RKey(), srv.mr.Addr())
+			x.WRSetSGE(cl.mr.LKey(), cl.mr.Addr()+200000, 100000)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.await(verbs.WCSend, 10*time.Second, nil); err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+		if !checkPing(cl.buf[200000:300000], i) {
+			t.Fatalf("round %d: data read back differs", i)
+		}
+	}
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	used, dropped := 0, uint64(0)
+	for _, s := range fb.stats {
+		if s.In > 0 {
+			used++
+		}
+		dropped += s.Dropped
+	}
+	if used < 2 || dropped == 0 { // 8 flows hashed onto 4 paths: ECMP may leave one idle
+		t.Errorf("%d paths carried traffic, %d datagrams dropped: %+v", used, dropped, fb.stats)
+	}
+}
+
+// Plain UDP through the fabric (--raw): what a quic-go or kcp-go pair sees.
+func TestFabricRaw(t *testing.T) {
+	echo, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, a, err := echo.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			echo.WriteToUDPAddrPort(buf[:n], a)
+		}
+	}()
+	o, imps, err := parseFabric([]string{"--raw", "--listen", "127.0.0.1:0", "--to", echo.LocalAddr().String()}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb, _ := newFabric(o, imps)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- fb.run(ctx) }()
+	defer func() { cancel(); <-done }()
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(fb.frontAddr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 100)
+	for i := range 20 {
+		msg := []byte{byte(i), 1, 2, 3}
+		c.Write(msg)
+		n, err := c.Read(buf)
+		if err != nil || !bytes.Equal(buf[:n], msg) {
+			t.Fatalf("echo %d: % x, %v", i, buf[:n], err)
+		}
+	}
+}
+
+func TestParseFabricConfig(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "fabric.json")
+	os.WriteFile(f, []byte(`{"paths": 3, "default": {"loss": 0.01, "delay": "1ms"}, "path": {"2": {"down": true}}}`), 0o600)
+	o, imps, err := parseFabric([]string{"--to", "127.0.0.1:1", "--config", f, "--down", "0"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.paths != 3 || len(imps) != 3 || !imps[0].Down || imps[1].Loss != 0.01 || imps[1].Delay != time.Millisecond || !imps[2].Down {
+		t.Fatalf("%+v %+v", o, imps)
+	}
+	if _, _, err := parseFabric([]string{"--listen", "x"}, nil); err == nil {
+		t.Fatal("no --to accepted")
 	}
 }

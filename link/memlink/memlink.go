@@ -5,7 +5,6 @@
 package memlink
 
 import (
-	"math/rand/v2"
 	"net/netip"
 	"sync"
 	"time"
@@ -111,13 +110,11 @@ func (f *Fabric) Stats(i int) PathStats {
 // Listen adds a node at addr with the given number of paths.
 func (f *Fabric) Listen(addr netip.AddrPort, paths int) *Node {
 	n := &Node{f: f, addr: addr, paths: paths, sig: make(chan struct{}, 1), done: make(chan struct{})}
-	n.rngs = make([]*rand.Rand, paths)
 	n.sent = make([]uint64, paths)
-	n.bad = make([]bool, paths)
-	n.links = make([]Bottleneck, paths)
-	for i := range n.rngs {
+	n.state = make([]*Path, paths)
+	for i := range n.state {
 		a := addr.Addr().As16()
-		n.rngs[i] = rand.New(rand.NewPCG(f.seed^uint64(addr.Port())<<32^uint64(i), uint64(a[15])|uint64(a[14])<<8))
+		n.state[i] = NewPath(f.seed^uint64(addr.Port())<<32^uint64(i), uint64(a[15])|uint64(a[14])<<8)
 	}
 	f.mu.Lock()
 	f.nodes[addr] = n
@@ -130,10 +127,8 @@ type Node struct {
 	f     *Fabric
 	addr  netip.AddrPort
 	paths int
-	rngs  []*rand.Rand // per path, guarded by f.mu
-	sent  []uint64     // per path, guarded by f.mu
-	bad   []bool       // per path: Gilbert–Elliott state, guarded by f.mu
-	links []Bottleneck // per path: the path's own rate limit, guarded by f.mu
+	state []*Path  // per path: random stream and impairment state, guarded by f.mu
+	sent  []uint64 // per path, guarded by f.mu
 
 	mu     sync.Mutex
 	inbox  []delivery
@@ -195,47 +190,22 @@ func (n *Node) Send(pkts []link.Packet) error {
 		if f.tap != nil {
 			f.tap(n.addr, p.Addr, p.Buf[:p.N])
 		}
-		rng := n.rngs[path]
 		dst := f.nodes[p.Addr]
-		loss := imp.Loss
-		if imp.ToBad > 0 {
-			if n.bad[path] {
-				n.bad[path] = rng.Float64() >= imp.ToGood
-			} else {
-				n.bad[path] = rng.Float64() < imp.ToBad
-			}
-			if n.bad[path] {
-				loss = imp.BadLoss
-			}
-		}
-		if dst == nil || imp.Down || rng.Float64() < loss {
+		if dst == nil {
 			st.Dropped++
 			continue
 		}
-		var linkDelay time.Duration
-		if imp.Rate > 0 {
-			l := &n.links[path]
-			l.Rate, l.Queue = imp.Rate, imp.Queue
-			q, ok := l.admit(p.N)
-			if !ok {
-				st.Dropped++
-				continue
-			}
-			linkDelay = q
-		}
-		copies := 1
-		if rng.Float64() < imp.Duplicate {
-			copies = 2
+		var v Verdict
+		n.state[path].Decide(&imp, p.N, &v)
+		st.Dropped += uint64(v.Dropped)
+		if v.Copies == 2 {
 			st.Duplicated++
 		}
-		for range copies {
-			d := imp.Delay + linkDelay
-			if imp.Jitter > 0 {
-				d += time.Duration(rng.Int64N(int64(imp.Jitter)))
-			}
+		for c := range v.Copies {
+			d := v.Delay[c]
 			b := append([]byte(nil), p.Buf[:p.N]...)
-			if p.N > 0 && rng.Float64() < imp.Corrupt {
-				b[rng.IntN(p.N)] ^= 1 << rng.IntN(8)
+			if v.Flip[c] >= 0 {
+				b[v.Flip[c]/8] ^= 1 << (v.Flip[c] % 8)
 				st.Corrupted++
 			}
 			if b := f.necks[p.Addr]; b != nil {

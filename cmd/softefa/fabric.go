@@ -1,0 +1,374 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/softefa/softefa/internal/wire"
+	"github.com/softefa/softefa/link/memlink"
+)
+
+// softefa fabric: a userspace multipath network between UDP clients and one server. Clients send
+// to the fabric's address instead of the server's; the fabric gives each client an address of its
+// own towards the server (like a NAT), picks a path for every datagram by hashing its source port
+// (as ECMP hashes the 5-tuple), and applies that path's impairments in both directions.
+//
+// softefa devices name their endpoint in the datagram header (docs/wire.md); the fabric rewrites
+// that field, and the checksum, so that each side sees the other at a fabric address and replies
+// through the fabric. With --raw it forwards any UDP payload untouched (quic-go, kcp-go, ...).
+
+type fabricOpts struct {
+	listen, to string
+	raw        bool
+	paths      int
+	imp        memlink.Impairment
+	down       string
+	perPath    string
+	configFile string
+	statsEvery time.Duration
+	duration   time.Duration
+	seed       uint64
+	out        io.Writer
+}
+
+// fabricConfig is the small file --config reads: the default impairment and per-path ones.
+type fabricConfig struct {
+	Paths   int                       `json:"paths"`
+	Default impairmentJSON            `json:"default"`
+	Path    map[string]impairmentJSON `json:"path"`
+}
+
+type impairmentJSON struct {
+	Loss      float64 `json:"loss"`
+	Duplicate float64 `json:"duplicate"`
+	Corrupt   float64 `json:"corrupt"`
+	Delay     string  `json:"delay"`
+	Jitter    string  `json:"jitter"`
+	Down      bool    `json:"down"`
+	ToBad     float64 `json:"to_bad"`
+	ToGood    float64 `json:"to_good"`
+	BadLoss   float64 `json:"bad_loss"`
+	Rate      float64 `json:"rate"`
+	Queue     int     `json:"queue"`
+}
+
+func (j impairmentJSON) impairment() (memlink.Impairment, error) {
+	imp := memlink.Impairment{Loss: j.Loss, Duplicate: j.Duplicate, Corrupt: j.Corrupt, Down: j.Down, ToBad: j.ToBad,
+		ToGood: j.ToGood, BadLoss: j.BadLoss, Rate: j.Rate, Queue: j.Queue}
+	var err error
+	if j.Delay != "" {
+		if imp.Delay, err = time.ParseDuration(j.Delay); err != nil {
+			return imp, err
+		}
+	}
+	if j.Jitter != "" {
+		imp.Jitter, err = time.ParseDuration(j.Jitter)
+	}
+	return imp, err
+}
+
+func parseFabric(args []string, out io.Writer) (*fabricOpts, []memlink.Impairment, error) {
+	o := &fabricOpts{out: out}
+	fs := flag.NewFlagSet("fabric", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:20000", "the address clients send to")
+	fs.StringVar(&o.to, "to", "", "the server's address")
+	fs.BoolVar(&o.raw, "raw", false, "forward any UDP payload untouched (for non-softefa peers)")
+	fs.IntVar(&o.paths, "paths", 4, "paths")
+	fs.Float64Var(&o.imp.Loss, "loss", 0, "drop probability on every path")
+	fs.Float64Var(&o.imp.Duplicate, "dup", 0, "duplication probability")
+	fs.Float64Var(&o.imp.Corrupt, "corrupt", 0, "probability of one flipped bit")
+	fs.DurationVar(&o.imp.Delay, "delay", 0, "one-way delay")
+	fs.DurationVar(&o.imp.Jitter, "jitter", 0, "extra uniform delay in [0, jitter): reorders")
+	fs.Float64Var(&o.imp.Rate, "rate", 0, "bytes per second per path (0: unlimited)")
+	fs.IntVar(&o.imp.Queue, "queue", 256<<10, "queue bytes per path with --rate")
+	fs.StringVar(&o.down, "down", "", "paths that drop everything, e.g. 1,3")
+	fs.StringVar(&o.configFile, "config", "", "a JSON file with paths, default and per-path impairments")
+	fs.DurationVar(&o.statsEvery, "stats", 0, "print per-path counters this often to stderr")
+	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (0: until interrupted)")
+	fs.Uint64Var(&o.seed, "seed", 1, "random seed")
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, err
+	}
+	if o.to == "" {
+		return nil, nil, errors.New("--to ADDR is required")
+	}
+	imps := make([]memlink.Impairment, o.paths)
+	if o.configFile != "" {
+		b, err := os.ReadFile(o.configFile)
+		if err != nil {
+			return nil, nil, err
+		}
+		var c fabricConfig
+		if err := json.Unmarshal(b, &c); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", o.configFile, err)
+		}
+		if c.Paths > 0 {
+			o.paths = c.Paths
+			imps = make([]memlink.Impairment, o.paths)
+		}
+		def, err := c.Default.impairment()
+		if err != nil {
+			return nil, nil, err
+		}
+		o.imp = def
+		for i := range imps {
+			imps[i] = def
+			if pj, ok := c.Path[strconv.Itoa(i)]; ok {
+				if imps[i], err = pj.impairment(); err != nil {
+					return nil, nil, err
+				}
+			}
+		}
+	} else {
+		for i := range imps {
+			imps[i] = o.imp
+		}
+	}
+	if o.paths < 1 || o.paths > 64 {
+		return nil, nil, fmt.Errorf("%d paths: 1 to 64", o.paths)
+	}
+	for _, s := range strings.Split(o.down, ",") {
+		if s == "" {
+			continue
+		}
+		i, err := strconv.Atoi(s)
+		if err != nil || i < 0 || i >= o.paths {
+			return nil, nil, fmt.Errorf("--down %q: path numbers below %d", o.down, o.paths)
+		}
+		imps[i].Down = true
+	}
+	return o, imps, nil
+}
+
+func runFabric(args []string) error {
+	o, imps, err := parseFabric(args, os.Stdout)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if o.duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.duration)
+		defer cancel()
+	}
+	fb, err := newFabric(o, imps)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "softefa fabric: %s -> %s, %d paths\n", fb.front.LocalAddr(), o.to, o.paths)
+	return fb.run(ctx)
+}
+
+// fabric is a running fabric.
+type fabric struct {
+	o      *fabricOpts
+	server netip.AddrPort
+	front  *net.UDPConn
+
+	mu      sync.Mutex // guards below
+	paths   []*memlink.Path
+	imps    []memlink.Impairment
+	stats   []fabricPathStats
+	clients map[netip.AddrPort]*fabricClient // by the client's endpoint
+	wg      sync.WaitGroup
+}
+
+type fabricPathStats struct{ In, Delivered, Dropped, Duplicated, Corrupted uint64 }
+
+// fabricClient is one client's socket towards the server.
+type fabricClient struct {
+	endpoint netip.AddrPort // where the client receives (softefa: its device endpoint)
+	conn     *net.UDPConn
+}
+
+func newFabric(o *fabricOpts, imps []memlink.Impairment) (*fabric, error) {
+	server, err := parseAddr(o.to)
+	if err != nil {
+		return nil, err
+	}
+	la, err := parseAddr(o.listen)
+	if err != nil {
+		return nil, err
+	}
+	front, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(la))
+	if err != nil {
+		return nil, err
+	}
+	fb := &fabric{o: o, server: server, front: front, imps: imps, stats: make([]fabricPathStats, o.paths),
+		clients: make(map[netip.AddrPort]*fabricClient)}
+	for i := range o.paths {
+		fb.paths = append(fb.paths, memlink.NewPath(o.seed, uint64(i)))
+	}
+	return fb, nil
+}
+
+func (fb *fabric) frontAddr() netip.AddrPort {
+	ap := fb.front.LocalAddr().(*net.UDPAddr).AddrPort()
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+func (fb *fabric) run(ctx context.Context) error {
+	fb.wg.Add(1)
+	go fb.readFront()
+	var tick <-chan time.Time
+	if fb.o.statsEvery > 0 {
+		t := time.NewTicker(fb.o.statsEvery)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			fb.close()
+			fb.printStats(fb.o.out)
+			return nil
+		case <-tick:
+			fb.printStats(os.Stderr)
+		}
+	}
+}
+
+func (fb *fabric) close() {
+	fb.front.Close()
+	fb.mu.Lock()
+	for _, c := range fb.clients {
+		c.conn.Close()
+	}
+	fb.mu.Unlock()
+	fb.wg.Wait()
+}
+
+func (fb *fabric) printStats(w io.Writer) {
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	fmt.Fprintf(w, "%-5s %10s %10s %10s %10s %10s\n", "path", "in", "delivered", "dropped", "duplicated", "corrupted")
+	for i, s := range fb.stats {
+		fmt.Fprintf(w, "%-5d %10d %10d %10d %10d %10d\n", i, s.In, s.Delivered, s.Dropped, s.Duplicated, s.Corrupted)
+	}
+}
+
+// readFront carries datagrams from clients to the server.
+func (fb *fabric) readFront() {
+	defer fb.wg.Done()
+	buf := make([]byte, 65536)
+	for {
+		n, src, err := fb.front.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			return
+		}
+		src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
+		endpoint := src
+		if !fb.o.raw {
+			h, _, err := wire.ParseHeader(buf[:n])
+			if err != nil {
+				continue // not a softefa datagram, or not one this fabric can rewrite (sealed)
+			}
+			endpoint = netip.AddrPortFrom(src.Addr(), h.SrcPort)
+		}
+		c, err := fb.client(endpoint)
+		if err != nil {
+			continue
+		}
+		if !fb.o.raw {
+			rewriteSrcPort(buf[:n], c.port())
+		}
+		fb.forward(buf[:n], src, c.conn, fb.server)
+	}
+}
+
+func (c *fabricClient) port() uint16 { return uint16(c.conn.LocalAddr().(*net.UDPAddr).Port) }
+
+// client returns the socket that stands for endpoint towards the server, making it on first use.
+func (fb *fabric) client(endpoint netip.AddrPort) (*fabricClient, error) {
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	if c := fb.clients[endpoint]; c != nil {
+		return c, nil
+	}
+	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(fb.frontAddr().Addr(), 0)))
+	if err != nil {
+		return nil, err
+	}
+	c := &fabricClient{endpoint: endpoint, conn: conn}
+	fb.clients[endpoint] = c
+	fb.wg.Add(1)
+	go fb.readBack(c)
+	return c, nil
+}
+
+// readBack carries the server's datagrams to one client.
+func (fb *fabric) readBack(c *fabricClient) {
+	defer fb.wg.Done()
+	buf := make([]byte, 65536)
+	for {
+		n, src, err := c.conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			return
+		}
+		if !fb.o.raw {
+			if _, _, err := wire.ParseHeader(buf[:n]); err != nil {
+				continue
+			}
+			rewriteSrcPort(buf[:n], fb.frontAddr().Port())
+		}
+		fb.forward(buf[:n], src, fb.front, c.endpoint)
+	}
+}
+
+// forward sends b from conn to dst through the path its source port hashes to.
+func (fb *fabric) forward(b []byte, src netip.AddrPort, conn *net.UDPConn, dst netip.AddrPort) {
+	h := fnv.New32a()
+	var k [4]byte
+	binary.BigEndian.PutUint16(k[:], src.Port())
+	binary.BigEndian.PutUint16(k[2:], dst.Port())
+	h.Write(k[:])
+	path := int(h.Sum32() % uint32(len(fb.paths)))
+	var v memlink.Verdict
+	fb.mu.Lock()
+	fb.paths[path].Decide(&fb.imps[path], len(b), &v)
+	st := &fb.stats[path]
+	st.In++
+	st.Dropped += uint64(v.Dropped)
+	st.Delivered += uint64(v.Copies)
+	if v.Copies == 2 {
+		st.Duplicated++
+	}
+	fb.mu.Unlock()
+	for c := range v.Copies {
+		out := append([]byte(nil), b...)
+		if v.Flip[c] >= 0 {
+			out[v.Flip[c]/8] ^= 1 << (v.Flip[c] % 8)
+			fb.mu.Lock()
+			st.Corrupted++
+			fb.mu.Unlock()
+		}
+		send := func() { _, _ = conn.WriteToUDPAddrPort(out, dst) }
+		if v.Delay[c] > 0 {
+			time.AfterFunc(v.Delay[c], send)
+		} else {
+			send()
+		}
+	}
+}
+
+// rewriteSrcPort sets a softefa datagram's source-endpoint port and its checksum.
+func rewriteSrcPort(b []byte, port uint16) {
+	binary.BigEndian.PutUint16(b[2:], port)
+	wire.PutChecksum(b)
+}
