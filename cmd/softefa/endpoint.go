@@ -16,16 +16,17 @@ import (
 // endpoint is one side of a perf or pingpong run: a device, a context with one CQ and one MR,
 // and n QPs of one type at RTS.
 type endpoint struct {
-	dev *verbs.Device
-	ctx *verbs.Context
-	pd  *verbs.PD
-	cq  *verbs.CQ
-	mr  *verbs.MR
-	buf []byte
-	qps []*verbs.QP
-	ah  *verbs.AH // to the peer
-	wc  []verbs.WC
-	ch  *verbs.CompChannel // completion events, for a side that waits instead of spinning
+	dev     *verbs.Device
+	ownsDev bool
+	ctx     *verbs.Context
+	pd      *verbs.PD
+	cq      *verbs.CQ
+	mr      *verbs.MR
+	buf     []byte
+	qps     []*verbs.QP
+	ah      *verbs.AH // to the peer
+	wc      []verbs.WC
+	ch      *verbs.CompChannel // completion events, for a side that waits instead of spinning
 
 	pending []verbs.WC // completions polled and not yet taken (pingpong)
 }
@@ -57,6 +58,16 @@ func newEndpoint(c endpointConfig) (*endpoint, error) {
 	if err != nil {
 		return nil, err
 	}
+	e := &endpoint{dev: dev, ownsDev: true, wc: make([]verbs.WC, 64)}
+	if err := e.setup(c); err != nil {
+		e.close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// endpointOn makes an endpoint with a context of its own on a device it does not own.
+func endpointOn(dev *verbs.Device, c endpointConfig) (*endpoint, error) {
 	e := &endpoint{dev: dev, wc: make([]verbs.WC, 64)}
 	if err := e.setup(c); err != nil {
 		e.close()
@@ -157,7 +168,9 @@ func (e *endpoint) close() {
 			_ = f()
 		}
 	}
-	_ = e.dev.Close()
+	if e.ownsDev {
+		_ = e.dev.Close()
+	}
 }
 
 func destroyIf(ok bool, f func() error) error {
