@@ -37,6 +37,8 @@ type fabricOpts struct {
 	paths      int
 	imp        memlink.Impairment
 	down       string
+	downAfter  time.Duration
+	downPaths  []int
 	perPath    string
 	configFile string
 	statsEvery time.Duration
@@ -96,7 +98,8 @@ func parseFabric(args []string, out io.Writer) (*fabricOpts, []memlink.Impairmen
 	fs.DurationVar(&o.imp.Jitter, "jitter", 0, "extra uniform delay in [0, jitter): reorders")
 	fs.Float64Var(&o.imp.Rate, "rate", 0, "bytes per second per path (0: unlimited)")
 	fs.IntVar(&o.imp.Queue, "queue", 256<<10, "queue bytes per path with --rate")
-	fs.StringVar(&o.down, "down", "", "paths that drop everything, e.g. 1,3")
+	fs.StringVar(&o.down, "down", "", "paths that drop everything, e.g. 1,3; or busiest: the one that carried most so far (with --down-after)")
+	fs.DurationVar(&o.downAfter, "down-after", 0, "take the --down paths down this long after start, not at once")
 	fs.StringVar(&o.configFile, "config", "", "a JSON file with paths, default and per-path impairments")
 	fs.DurationVar(&o.statsEvery, "stats", 0, "print per-path counters this often to stderr")
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (0: until interrupted)")
@@ -142,6 +145,12 @@ func parseFabric(args []string, out io.Writer) (*fabricOpts, []memlink.Impairmen
 	if o.paths < 1 || o.paths > 64 {
 		return nil, nil, fmt.Errorf("%d paths: 1 to 64", o.paths)
 	}
+	if o.down == "busiest" {
+		if o.downAfter == 0 {
+			return nil, nil, errors.New("--down busiest needs --down-after")
+		}
+		return o, imps, nil
+	}
 	for _, s := range strings.Split(o.down, ",") {
 		if s == "" {
 			continue
@@ -150,7 +159,8 @@ func parseFabric(args []string, out io.Writer) (*fabricOpts, []memlink.Impairmen
 		if err != nil || i < 0 || i >= o.paths {
 			return nil, nil, fmt.Errorf("--down %q: path numbers below %d", o.down, o.paths)
 		}
-		imps[i].Down = true
+		imps[i].Down = o.downAfter == 0
+		o.downPaths = append(o.downPaths, i)
 	}
 	return o, imps, nil
 }
@@ -232,8 +242,30 @@ func (fb *fabric) run(ctx context.Context) error {
 		defer t.Stop()
 		tick = t.C
 	}
+	var down <-chan time.Time
+	if fb.o.downAfter > 0 && (len(fb.o.downPaths) > 0 || fb.o.down == "busiest") {
+		t := time.NewTimer(fb.o.downAfter)
+		defer t.Stop()
+		down = t.C
+	}
 	for {
 		select {
+		case <-down:
+			fb.mu.Lock()
+			if fb.o.down == "busiest" {
+				busiest := 0
+				for i, st := range fb.stats {
+					if st.In > fb.stats[busiest].In {
+						busiest = i
+					}
+				}
+				fb.o.downPaths = []int{busiest}
+			}
+			for _, i := range fb.o.downPaths {
+				fb.imps[i].Down = true
+			}
+			fb.mu.Unlock()
+			fmt.Fprintf(os.Stderr, "softefa fabric: paths %v down\n", fb.o.downPaths)
 		case <-ctx.Done():
 			fb.close()
 			fb.printStats(fb.o.out)

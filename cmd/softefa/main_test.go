@@ -333,6 +333,14 @@ func TestParseFabricConfig(t *testing.T) {
 	if o.paths != 3 || len(imps) != 3 || !imps[0].Down || imps[1].Loss != 0.01 || imps[1].Delay != time.Millisecond || !imps[2].Down {
 		t.Fatalf("%+v %+v", o, imps)
 	}
+	// --down-after: the paths start up and are remembered for later.
+	o, imps, err = parseFabric([]string{"--to", "127.0.0.1:1", "--down", "1", "--down-after", "2s"}, nil)
+	if err != nil || imps[1].Down || o.downAfter != 2*time.Second || len(o.downPaths) != 1 || o.downPaths[0] != 1 {
+		t.Fatalf("--down-after: %v %+v %+v", err, o, imps)
+	}
+	if _, _, err := parseFabric([]string{"--to", "127.0.0.1:1", "--down", "busiest"}, nil); err == nil {
+		t.Fatal("--down busiest accepted without --down-after")
+	}
 	if _, _, err := parseFabric([]string{"--listen", "x"}, nil); err == nil {
 		t.Fatal("no --to accepted")
 	}

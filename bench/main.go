@@ -1,0 +1,185 @@
+// Command bench measures softefa beside raw UDP, TCP, quic-go and kcp-go on loopback, on the
+// same workloads, and prints each figure with its ratio to raw UDP and to TCP.
+//
+//	cd bench && go run . [--quick] [--json] [--out DIR] [--runs N]
+//
+// Both ends of every transport run in this process, as goroutines; workloads that need loss or
+// a dead path go through `softefa fabric` (built from ../cmd/softefa), one fabric process per run.
+// Every figure is the median of --runs runs. It lives in a module of its own so that quic-go and
+// kcp-go never enter the library's dependencies.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
+
+type options struct {
+	quick    bool
+	json     bool
+	out      string
+	runs     int
+	duration time.Duration // per bandwidth or rate run
+	iters    int           // round trips per latency run
+	only     map[string]bool
+	fabric   string // the softefa binary, for its fabric
+	log      io.Writer
+}
+
+// figure is one measured value: the median of its runs.
+type figure struct {
+	Transport string    `json:"transport"`
+	Workload  string    `json:"workload"`
+	Metric    string    `json:"metric"`
+	Value     float64   `json:"value"`
+	Unit      string    `json:"unit"`
+	Runs      []float64 `json:"runs"`
+	VsUDP     float64   `json:"vs_udp,omitempty"` // Value / raw UDP's value for the same workload and metric
+	VsTCP     float64   `json:"vs_tcp,omitempty"`
+	Note      string    `json:"note,omitempty"`
+}
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	o := options{log: os.Stderr}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.BoolVar(&o.quick, "quick", false, "one short run of each measurement: checks the harness, not the speed")
+	fs.BoolVar(&o.json, "json", false, "print the figures as JSON on stdout instead of the table")
+	fs.StringVar(&o.out, "out", "", "write results.json and SVG plots into this directory")
+	fs.IntVar(&o.runs, "runs", 3, "runs per measurement (the figure is their median)")
+	fs.DurationVar(&o.duration, "duration", 2*time.Second, "length of each bandwidth or rate run")
+	fs.IntVar(&o.iters, "iters", 20000, "round trips per latency run")
+	only := fs.String("only", "", "comma-separated transports to run (udp, udp-1pkt, tcp, quic-go, kcp-go, softefa)")
+	fs.StringVar(&o.fabric, "softefa", "", "the softefa binary for `softefa fabric` (default: built from ../cmd/softefa)")
+	fs.BoolVar(&showCounters, "counters", false, "print softefa's device counters after each of its stream runs")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if o.quick {
+		o.runs, o.duration, o.iters = 1, 300*time.Millisecond, 500
+	}
+	if o.runs < 1 || o.duration <= 0 || o.iters < 10 {
+		return fmt.Errorf("--runs %d, --duration %v, --iters %d: need at least 1, >0 and 10", o.runs, o.duration, o.iters)
+	}
+	if *only != "" {
+		o.only = map[string]bool{}
+		for _, t := range strings.Split(*only, ",") {
+			o.only[t] = true
+		}
+	}
+	os.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")
+	if o.fabric == "" {
+		bin, cleanup, err := buildSoftefa()
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+		o.fabric = bin
+	}
+	figs, samples, err := measureAll(&o)
+	if err != nil {
+		return err
+	}
+	ratios(figs)
+	if o.json {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(figs); err != nil {
+			return err
+		}
+	} else {
+		printTable(os.Stdout, figs)
+		printTargets(os.Stdout, figs)
+	}
+	if o.out != "" {
+		if err := writeOut(o.out, figs, samples); err != nil {
+			return err
+		}
+		fmt.Fprintf(o.log, "results and plots in %s\n", o.out)
+	}
+	return nil
+}
+
+// ratios fills VsUDP and VsTCP from the raw UDP and TCP figures of the same workload and metric.
+func ratios(figs []figure) {
+	find := func(tr, wl, m string) float64 {
+		for _, f := range figs {
+			if f.Transport == tr && f.Workload == wl && f.Metric == m {
+				return f.Value
+			}
+		}
+		return 0
+	}
+	for i := range figs {
+		f := &figs[i]
+		if u := find("udp", f.Workload, f.Metric); u > 0 {
+			f.VsUDP = f.Value / u
+		}
+		if t := find("tcp", f.Workload, f.Metric); t > 0 {
+			f.VsTCP = f.Value / t
+		}
+	}
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func printTable(w io.Writer, figs []figure) {
+	fmt.Fprintf(w, "%-22s %-9s %-9s %12s %-7s %8s %8s  %s\n", "workload", "metric", "transport", "value", "unit", "×udp", "×tcp", "runs")
+	last := ""
+	for _, f := range figs {
+		if f.Workload != last && last != "" {
+			fmt.Fprintln(w)
+		}
+		last = f.Workload
+		runs := make([]string, len(f.Runs))
+		for i, r := range f.Runs {
+			runs[i] = trim(r)
+		}
+		fmt.Fprintf(w, "%-22s %-9s %-9s %12s %-7s %8s %8s  %s", f.Workload, f.Metric, f.Transport, trim(f.Value), f.Unit,
+			ratio(f.VsUDP), ratio(f.VsTCP), strings.Join(runs, " "))
+		if f.Note != "" {
+			fmt.Fprintf(w, "  (%s)", f.Note)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+func trim(v float64) string {
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.3g", v)
+	}
+}
+
+func ratio(r float64) string {
+	if r == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", r)
+}
