@@ -15,21 +15,23 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
 )
 
 type options struct {
-	quick    bool
-	json     bool
-	out      string
-	runs     int
-	duration time.Duration // per bandwidth or rate run
-	iters    int           // round trips per latency run
-	only     map[string]bool
-	fabric   string // the softefa binary, for its fabric
-	log      io.Writer
+	quick     bool
+	json      bool
+	out       string
+	runs      int
+	duration  time.Duration   // per bandwidth or rate run
+	iters     int             // round trips per latency run
+	only      map[string]bool // transports to run; nil: all
+	workloads map[string]bool // workloads to run; nil: all
+	fabric    string          // the softefa binary, for its fabric
+	log       io.Writer
 }
 
 // figure is one measured value: the median of its runs.
@@ -63,6 +65,8 @@ func run(args []string) error {
 	fs.IntVar(&o.iters, "iters", 20000, "round trips per latency run")
 	only := fs.String("only", "", "comma-separated transports to run (udp, udp-1pkt, tcp, quic-go, kcp-go, softefa)")
 	fs.StringVar(&o.fabric, "softefa", "", "the softefa binary for `softefa fabric` (default: built from ../cmd/softefa)")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	workloads := fs.String("workloads", "", "comma-separated workloads to run (default: all)")
 	fs.BoolVar(&showCounters, "counters", false, "print softefa's device counters after each of its stream runs")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -79,6 +83,12 @@ func run(args []string) error {
 			o.only[t] = true
 		}
 	}
+	if *workloads != "" {
+		o.workloads = map[string]bool{}
+		for _, w := range strings.Split(*workloads, ",") {
+			o.workloads[w] = true
+		}
+	}
 	os.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")
 	if o.fabric == "" {
 		bin, cleanup, err := buildSoftefa()
@@ -87,6 +97,17 @@ func run(args []string) error {
 		}
 		defer cleanup()
 		o.fabric = bin
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	figs, samples, err := measureAll(&o)
 	if err != nil {

@@ -67,6 +67,9 @@ func measureAll(o *options) ([]figure, samples, error) {
 			return lossy
 		}},
 	} {
+		if !o.wants(wl.name) {
+			continue
+		}
 		for _, t := range ts {
 			if wl.skip != nil && wl.skip(t) {
 				continue
@@ -97,15 +100,20 @@ func measureAll(o *options) ([]figure, samples, error) {
 			}
 		}
 	}
-	if o.only == nil || o.only["softefa"] {
+	if o.only != nil && !o.only["softefa"] {
+		return figs, smp, nil
+	}
+	if o.wants(wBW4) || o.wants(wBW4Down) {
 		f, err := multipathFigures(o)
 		if err != nil {
 			return nil, nil, err
 		}
 		figs = append(figs, f...)
+	}
+	if o.wants(wWrite64K) {
 		fmt.Fprintf(o.log, "%s softefa ", wWrite64K)
 		sf := softefaTransport{}
-		f, err = streamFigures(o, wWrite64K, "softefa", 65536, func() (streamResult, error) {
+		f, err := streamFigures(o, wWrite64K, "softefa", 65536, func() (streamResult, error) {
 			return sf.run(65536, o.duration, direct, true, true)
 		})
 		fmt.Fprintln(o.log)
@@ -116,6 +124,8 @@ func measureAll(o *options) ([]figure, samples, error) {
 	}
 	return figs, smp, nil
 }
+
+func (o *options) wants(workload string) bool { return o.workloads == nil || o.workloads[workload] }
 
 func is(names ...string) func(t transport) bool {
 	return func(t transport) bool { return slices.Contains(names, t.name()) }
