@@ -222,7 +222,7 @@ func (t softefaTransport) pair(bufSize int, via router, sameDevice bool) (*sfPai
 		}
 	}
 	if p.sv, err = newSFSide(p.devs[1], bufSize, true); err == nil {
-		p.cl, err = newSFSide(p.devs[0], bufSize, false)
+		p.cl, err = newSFSide(p.devs[0], bufSize, true)
 	}
 	if err != nil {
 		p.close()
@@ -373,7 +373,7 @@ func (t softefaTransport) run(size int, d time.Duration, via router, write, same
 			out += k
 			next += uint64(k)
 		}
-		wcs, err := cl.poll()
+		wcs, err := cl.wait(ctx)
 		if err != nil {
 			cancel()
 			select {
