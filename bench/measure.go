@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"math"
 	"net/netip"
@@ -244,7 +245,8 @@ func fabricRouter(o *options, flags ...string) router {
 		seed++
 		args := append([]string{"fabric", "--listen", "127.0.0.1:0", "--to", server.String(), "--seed", strconv.Itoa(seed)}, flags...)
 		cmd := exec.Command(o.fabric, args...)
-		cmd.Stdout = nil
+		var stats bytes.Buffer // the per-path table it prints when it stops
+		cmd.Stdout = &stats
 		stderr, err := cmd.StderrPipe()
 		if err != nil {
 			return netip.AddrPort{}, nil, err
@@ -254,7 +256,11 @@ func fabricRouter(o *options, flags ...string) router {
 		}
 		stop := func() error {
 			cmd.Process.Signal(syscall.SIGINT)
-			return cmd.Wait()
+			err := cmd.Wait()
+			if showCounters {
+				fmt.Fprintf(o.log, "\nsoftefa %s\n%s", strings.Join(args, " "), stats.String())
+			}
+			return err
 		}
 		// The fabric's first line: "softefa fabric: FRONT -> SERVER, N paths".
 		line, err := bufio.NewReader(stderr).ReadString('\n')
