@@ -478,7 +478,7 @@ func (t softefaTransport) pingpong(size, n int, via router) ([]time.Duration, er
 			return nil, err
 		}
 		for need := 2; need > 0; { // our send's completion and the answer
-			wcs, err := cl.poll()
+			wcs, err := cl.wait(ctx)
 			if err != nil {
 				select {
 				case e := <-echoErr:
