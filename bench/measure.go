@@ -33,7 +33,7 @@ const (
 type samples map[string]map[string][]time.Duration // workload → transport → RTTs
 
 func measureAll(o *options) ([]figure, samples, error) {
-	all := []transport{rawUDP{}, rawUDP{noOffload: true}, tcpTransport{}, quicTransport{}, kcpTransport{}, softefaTransport{paths: 4}}
+	all := []transport{rawUDP{}, rawUDP{noOffload: true}, tcpTransport, quicTransport, kcpTransport, softefaTransport{paths: 4}}
 	var ts []transport
 	for _, t := range all {
 		if o.only == nil || o.only[t.name()] {

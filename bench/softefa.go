@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/softefa/softefa/config"
@@ -122,29 +123,6 @@ func (s *sfSide) recv(i, size int) error {
 	s.rwr[0] = verbs.RecvWR{WRID: uint64(i), SGList: s.sges}
 	_, err := s.qp.PostRecv(s.rwr)
 	return err
-}
-
-// poll returns the completions available, spinning (and yielding) up to ioTimeout for one;
-// error statuses are errors.
-func (s *sfSide) poll() ([]verbs.WC, error) {
-	var deadline time.Time
-	for spins := 0; ; spins++ {
-		n, err := s.cq.Poll(s.wc)
-		if err != nil {
-			return nil, err
-		}
-		if n > 0 {
-			return s.wc[:n], s.check(n)
-		}
-		if spins&63 == 63 {
-			if deadline.IsZero() {
-				deadline = time.Now().Add(ioTimeout)
-			} else if time.Now().After(deadline) {
-				return nil, errStalled
-			}
-			runtime.Gosched()
-		}
-	}
 }
 
 // check turns the first error status among the n completions polled into an error.
@@ -305,6 +283,8 @@ func (t softefaTransport) run(size int, d time.Duration, via router, write, same
 	// the total and cancels ctx, which wakes the server if it sleeps.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	var progress atomic.Int64
+	go watchdog(ctx, cancel, &progress)
 	target := make(chan int64, 1)
 	type rx struct {
 		n   int64
@@ -381,6 +361,9 @@ func (t softefaTransport) run(size int, d time.Duration, via router, write, same
 		}
 		wcs, err := cl.wait(ctx)
 		if err != nil {
+			if ctx.Err() != nil {
+				err = errStalled // the watchdog's doing
+			}
 			cancel()
 			select {
 			case r := <-rxc: // the server's failure is the cause
@@ -392,6 +375,7 @@ func (t softefaTransport) run(size int, d time.Duration, via router, write, same
 			return res, err
 		}
 		out -= len(wcs)
+		progress.Add(int64(len(wcs)))
 		res.msgs += int64(len(wcs))
 		end = time.Now()
 	}
@@ -436,6 +420,8 @@ func (t softefaTransport) pingpong(size, n int, via router) ([]time.Duration, er
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	var progress atomic.Int64
+	go watchdog(ctx, cancel, &progress)
 	echoErr := make(chan error, 1)
 	go func() { // the server answers every message it receives
 		clQPN := cl.qp.QPN()
@@ -480,6 +466,9 @@ func (t softefaTransport) pingpong(size, n int, via router) ([]time.Duration, er
 		for need := 2; need > 0; { // our send's completion and the answer
 			wcs, err := cl.wait(ctx)
 			if err != nil {
+				if ctx.Err() != nil {
+					err = errStalled // the watchdog's doing
+				}
 				select {
 				case e := <-echoErr:
 					if e != nil {
@@ -499,8 +488,30 @@ func (t softefaTransport) pingpong(size, n int, via router) ([]time.Duration, er
 			}
 		}
 		rtts = append(rtts, time.Since(t0))
+		progress.Add(1)
 	}
 	return rtts, nil
+}
+
+// watchdog cancels ctx when progress has not moved for ioTimeout: a stalled run then fails
+// instead of waiting for ever.
+func watchdog(ctx context.Context, cancel func(), progress *atomic.Int64) {
+	t := time.NewTicker(ioTimeout / 4)
+	defer t.Stop()
+	last, since := progress.Load(), time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if p := progress.Load(); p != last {
+				last, since = p, now
+			} else if now.Sub(since) >= ioTimeout {
+				cancel()
+				return
+			}
+		}
+	}
 }
 
 // showCounters prints both devices' counters and the client's path statistics after each

@@ -288,34 +288,17 @@ func pingpongOver(p *streamPair, echo io.ReadWriter, size, n int) ([]time.Durati
 	return rtts, nil
 }
 
-type tcpTransport struct{}
-
-func (tcpTransport) name() string { return "tcp" }
-
-func (tcpTransport) pair(via router) (*streamPair, net.Conn, error) {
-	ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(loopback))
-	if err != nil {
-		return nil, nil, err
-	}
-	defer ln.Close()
-	to, _, err := via(ln.Addr().(*net.TCPAddr).AddrPort())
-	if err != nil {
-		return nil, nil, err
-	}
-	cl, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(to))
-	if err != nil {
-		return nil, nil, err
-	}
-	sv, err := ln.Accept()
-	if err != nil {
-		cl.Close()
-		return nil, nil, err
-	}
-	return &streamPair{client: cl, server: sv, close: func() error { sv.Close(); return cl.Close() }}, sv, nil
+// streamTransport is a byte-stream transport: pair connects a client to a server, through via,
+// and returns the pair and the server's end.
+type streamTransport struct {
+	label string
+	pair  func(via router) (*streamPair, io.ReadWriter, error)
 }
 
-func (t tcpTransport) stream(size int, d time.Duration, via router) (streamResult, error) {
-	p, _, err := t.pair(via)
+func (s streamTransport) name() string { return s.label }
+
+func (s streamTransport) stream(size int, d time.Duration, via router) (streamResult, error) {
+	p, _, err := s.pair(via)
 	if err != nil {
 		return streamResult{}, err
 	}
@@ -323,8 +306,8 @@ func (t tcpTransport) stream(size int, d time.Duration, via router) (streamResul
 	return streamOver(p, size, d)
 }
 
-func (t tcpTransport) pingpong(size, n int, via router) ([]time.Duration, error) {
-	p, sv, err := t.pair(via)
+func (s streamTransport) pingpong(size, n int, via router) ([]time.Duration, error) {
+	p, sv, err := s.pair(via)
 	if err != nil {
 		return nil, err
 	}
@@ -332,9 +315,35 @@ func (t tcpTransport) pingpong(size, n int, via router) ([]time.Duration, error)
 	return pingpongOver(p, sv, size, n)
 }
 
-type quicTransport struct{}
+var (
+	tcpTransport  = streamTransport{"tcp", tcpPair}
+	quicTransport = streamTransport{"quic-go", quicPair}
+	kcpTransport  = streamTransport{"kcp-go", kcpPair}
+)
 
-func (quicTransport) name() string { return "quic-go" }
+func tcpPair(via router) (*streamPair, io.ReadWriter, error) {
+	ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(loopback))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer ln.Close()
+	to, stop, err := via(ln.Addr().(*net.TCPAddr).AddrPort())
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(to))
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	sv, err := ln.Accept()
+	if err != nil {
+		cl.Close()
+		stop()
+		return nil, nil, err
+	}
+	return &streamPair{client: cl, server: sv, close: func() error { sv.Close(); cl.Close(); return stop() }}, sv, nil
+}
 
 var (
 	certOnce sync.Once
@@ -362,8 +371,14 @@ func selfSigned() (tls.Certificate, error) {
 	return cert, certErr
 }
 
-// quicStream is a quic-go stream whose server end appears once the client has written to it.
-func (quicTransport) pair(via router) (*streamPair, *quic.Stream, error) {
+// quicPair is one quic-go stream; its server end appears once the client has written to it.
+func quicPair(via router) (_ *streamPair, _ io.ReadWriter, err error) {
+	var u undo
+	defer func() {
+		if err != nil {
+			u.run()
+		}
+	}()
 	c, err := selfSigned()
 	if err != nil {
 		return nil, nil, err
@@ -372,31 +387,29 @@ func (quicTransport) pair(via router) (*streamPair, *quic.Stream, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	to, _, err := via(ln.Addr().(*net.UDPAddr).AddrPort())
+	u.add(func() { ln.Close() })
+	to, stop, err := via(ln.Addr().(*net.UDPAddr).AddrPort())
 	if err != nil {
-		ln.Close()
 		return nil, nil, err
 	}
+	u.add(func() { stop() })
 	ctx, cancel := context.WithTimeout(context.Background(), ioTimeout)
 	defer cancel()
 	cc, err := quic.DialAddr(ctx, to.String(), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"bench"}}, &quic.Config{})
 	if err != nil {
-		ln.Close()
 		return nil, nil, err
 	}
+	u.add(func() { cc.CloseWithError(0, "") })
 	sc, err := ln.Accept(ctx)
 	if err != nil {
-		cc.CloseWithError(0, "")
-		ln.Close()
 		return nil, nil, err
 	}
+	u.add(func() { sc.CloseWithError(0, "") })
 	cs, err := cc.OpenStreamSync(ctx)
 	if err == nil {
 		_, err = cs.Write([]byte{0}) // a stream exists for the peer once it carries data
 	}
 	if err != nil {
-		cc.CloseWithError(0, "")
-		ln.Close()
 		return nil, nil, err
 	}
 	ss, err := sc.AcceptStream(ctx)
@@ -404,43 +417,13 @@ func (quicTransport) pair(via router) (*streamPair, *quic.Stream, error) {
 		_, err = io.ReadFull(ss, make([]byte, 1))
 	}
 	if err != nil {
-		cc.CloseWithError(0, "")
-		ln.Close()
 		return nil, nil, err
 	}
-	closeAll := func() error {
-		cc.CloseWithError(0, "")
-		sc.CloseWithError(0, "")
-		return ln.Close()
-	}
-	return &streamPair{client: cs, server: ss, close: closeAll}, ss, nil
+	return &streamPair{client: cs, server: ss, close: u.closer()}, ss, nil
 }
 
-func (q quicTransport) stream(size int, d time.Duration, via router) (streamResult, error) {
-	p, _, err := q.pair(via)
-	if err != nil {
-		return streamResult{}, err
-	}
-	defer p.close()
-	return streamOver(p, size, d)
-}
-
-func (q quicTransport) pingpong(size, n int, via router) ([]time.Duration, error) {
-	p, ss, err := q.pair(via)
-	if err != nil {
-		return nil, err
-	}
-	defer p.close()
-	return pingpongOver(p, ss, size, n)
-}
-
-// kcpTransport is kcp-go tuned as its README recommends for low latency: nodelay, 10 ms
-// interval, fast resend after 2 duplicate ACKs, no congestion window; 4096-packet windows,
-// MTU 1400, stream mode.
-type kcpTransport struct{}
-
-func (kcpTransport) name() string { return "kcp-go" }
-
+// tuneKCP sets kcp-go up as its README recommends for low latency: nodelay, 10 ms interval, fast
+// resend after 2 duplicate ACKs, no congestion window; 4096-packet windows, MTU 1400, stream mode.
 func tuneKCP(s *kcp.UDPSession) {
 	s.SetNoDelay(1, 10, 2, 1)
 	s.SetWindowSize(4096, 4096)
@@ -449,56 +432,55 @@ func tuneKCP(s *kcp.UDPSession) {
 	s.SetStreamMode(true)
 }
 
-func (kcpTransport) pair(via router) (*streamPair, *kcp.UDPSession, error) {
+func kcpPair(via router) (_ *streamPair, _ io.ReadWriter, err error) {
+	var u undo
+	defer func() {
+		if err != nil {
+			u.run()
+		}
+	}()
 	ln, err := kcp.ListenWithOptions("127.0.0.1:0", nil, 0, 0)
 	if err != nil {
 		return nil, nil, err
 	}
-	to, _, err := via(ln.Addr().(*net.UDPAddr).AddrPort())
+	u.add(func() { ln.Close() })
+	to, stop, err := via(ln.Addr().(*net.UDPAddr).AddrPort())
 	if err != nil {
-		ln.Close()
 		return nil, nil, err
 	}
+	u.add(func() { stop() })
 	cl, err := kcp.DialWithOptions(to.String(), nil, 0, 0)
 	if err != nil {
-		ln.Close()
 		return nil, nil, err
 	}
+	u.add(func() { cl.Close() })
 	tuneKCP(cl)
 	if _, err := cl.Write([]byte{0}); err != nil { // the listener learns of a session from its data
-		cl.Close()
-		ln.Close()
 		return nil, nil, err
 	}
 	ln.SetDeadline(time.Now().Add(ioTimeout))
 	sv, err := ln.AcceptKCP()
-	if err == nil {
-		tuneKCP(sv)
-		_, err = io.ReadFull(sv, make([]byte, 1))
-	}
 	if err != nil {
-		cl.Close()
-		ln.Close()
 		return nil, nil, err
 	}
-	closeAll := func() error { cl.Close(); sv.Close(); return ln.Close() }
-	return &streamPair{client: cl, server: sv, close: closeAll}, sv, nil
+	u.add(func() { sv.Close() })
+	tuneKCP(sv)
+	if _, err := io.ReadFull(sv, make([]byte, 1)); err != nil {
+		return nil, nil, err
+	}
+	return &streamPair{client: cl, server: sv, close: u.closer()}, sv, nil
 }
 
-func (k kcpTransport) stream(size int, d time.Duration, via router) (streamResult, error) {
-	p, _, err := k.pair(via)
-	if err != nil {
-		return streamResult{}, err
+// undo is what a half-built pair must close, in reverse order, if a later step fails, and what
+// the finished pair closes.
+type undo []func()
+
+func (u *undo) add(f func()) { *u = append(*u, f) }
+
+func (u undo) run() {
+	for i := len(u) - 1; i >= 0; i-- {
+		u[i]()
 	}
-	defer p.close()
-	return streamOver(p, size, d)
 }
 
-func (k kcpTransport) pingpong(size, n int, via router) ([]time.Duration, error) {
-	p, sv, err := k.pair(via)
-	if err != nil {
-		return nil, err
-	}
-	defer p.close()
-	return pingpongOver(p, sv, size, n)
-}
+func (u undo) closer() func() error { return func() error { u.run(); return nil } }
