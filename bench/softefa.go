@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -342,6 +343,9 @@ func (t softefaTransport) run(size int, d time.Duration, via router, write, same
 		if !sending && out == 0 {
 			break
 		}
+		if !sending && time.Since(start) > d+ioTimeout {
+			return res, fmt.Errorf("softefa: %d sends still outstanding %v after the last was posted", out, ioTimeout)
+		}
 		if sending && out < sfDepth {
 			k := min(sfDepth-out, 32)
 			err := cl.post(k, qpn, next, func(x *verbs.QPEx, i int) {
@@ -366,8 +370,8 @@ func (t softefaTransport) run(size int, d time.Duration, via router, write, same
 			}
 			cancel()
 			select {
-			case r := <-rxc: // the server's failure is the cause
-				if r.err != nil {
+			case r := <-rxc: // the server's failure is the cause, unless it only saw the cancel
+				if r.err != nil && !errors.Is(r.err, context.Canceled) {
 					err = r.err
 				}
 			case <-time.After(100 * time.Millisecond):
