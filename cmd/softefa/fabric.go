@@ -39,7 +39,6 @@ type fabricOpts struct {
 	down       string
 	downAfter  time.Duration
 	downPaths  []int
-	perPath    string
 	configFile string
 	statsEvery time.Duration
 	duration   time.Duration
