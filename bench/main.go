@@ -135,20 +135,12 @@ func run(args []string) error {
 
 // ratios fills VsUDP and VsTCP from the raw UDP and TCP figures of the same workload and metric.
 func ratios(figs []figure) {
-	find := func(tr, wl, m string) float64 {
-		for _, f := range figs {
-			if f.Transport == tr && f.Workload == wl && f.Metric == m {
-				return f.Value
-			}
-		}
-		return 0
-	}
 	for i := range figs {
 		f := &figs[i]
-		if u := find("udp", f.Workload, f.Metric); u > 0 {
+		if u := value(figs, "udp", f.Workload, f.Metric); u > 0 { // NaN (absent) is not > 0
 			f.VsUDP = f.Value / u
 		}
-		if t := find("tcp", f.Workload, f.Metric); t > 0 {
+		if t := value(figs, "tcp", f.Workload, f.Metric); t > 0 {
 			f.VsTCP = f.Value / t
 		}
 	}

@@ -616,18 +616,8 @@ func TestDataPathDoesNotAllocate(t *testing.T) {
 	recv := []verbs.RecvWR{{WRID: 1, SGList: []verbs.SGE{b.mr.SGE(0, 256)}}}
 	send := []verbs.SendWR{{WRID: 2, SGList: []verbs.SGE{a.mr.SGE(0, 256)}, Opcode: verbs.WRSend,
 		SendFlags: verbs.SendSignaled, AH: a.ah, RemoteQPN: b.qp.QPN(), RemoteQKey: qkey}}
-	var wc [1]verbs.WC
-	wait := func(cq *verbs.CQ) {
-		for {
-			if n, _ := cq.Poll(wc[:]); n == 1 {
-				if wc[0].Status != verbs.WCSuccess {
-					t.Fatalf("completion %+v", wc[0])
-				}
-				return
-			}
-			runtimeGosched()
-		}
-	}
+	wc := make([]verbs.WC, 1)
+	wait := func(cq *verbs.CQ) { spinOne(t, cq, wc) }
 	rkey, raddr := b.mr.RKey(), b.mr.Addr()
 	lkey, laddr := a.mr.LKey(), a.mr.Addr()
 	ops := map[string]func(){

@@ -195,6 +195,20 @@ func waitWC(t testing.TB, cq *verbs.CQ, n int) []verbs.WC {
 	return out
 }
 
+// spinOne polls cq into wc until it holds one successful completion. It allocates nothing, for
+// the tests that count allocations; wc must outlive the calls (a caller's array).
+func spinOne(t testing.TB, cq *verbs.CQ, wc []verbs.WC) {
+	for {
+		if n, _ := cq.Poll(wc[:1]); n == 1 {
+			if wc[0].Status != verbs.WCSuccess {
+				t.Fatalf("completion %+v", wc[0])
+			}
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
 func wantWC(t testing.TB, wc verbs.WC, wrid uint64, st verbs.WCStatus, op verbs.WCOpcode) {
 	t.Helper()
 	if wc.WRID != wrid || wc.Status != st || wc.Opcode != op {
