@@ -66,8 +66,10 @@ type Device struct {
 	// PathMTU is the largest IP packet on the network; SRD messages are cut into segments that
 	// fit it. Default 1500 (Ethernet).
 	PathMTU int
-	// TransportTimeout is how long a peer may leave sent packets unacknowledged before every
-	// outstanding WR to it fails (unresponsive or unreachable). Default 5 s.
+	// TransportTimeout is how long a peer may go without acknowledging our packets or sending
+	// new ones of its own, while we wait on it, before every outstanding WR to it fails
+	// (unresponsive or unreachable). A peer still streaming read data or answers behind a long
+	// transfer is making progress. Default 5 s.
 	TransportTimeout time.Duration
 	// MaxPeers bounds the peer contexts a device keeps; default 65536.
 	MaxPeers int

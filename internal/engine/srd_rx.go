@@ -162,7 +162,7 @@ func (d *Device) input(pk *link.Packet, now time.Duration, n *nonce) {
 		}
 		switch f.Type {
 		case wire.TypeData:
-			d.onData(p, &h, &f.Data)
+			d.onData(p, &h, &f.Data, now)
 		case wire.TypeAck:
 			if h.RxEpoch == p.tx.epoch {
 				d.onAck(p, &f.Ack, now)
@@ -184,7 +184,7 @@ func (d *Device) input(pk *link.Packet, now time.Duration, n *nonce) {
 }
 
 // onData takes a DATA frame: UD frames at once; stream frames once each, in any order.
-func (d *Device) onData(p *peer, h *wire.Header, f *wire.Data) {
+func (d *Device) onData(p *peer, h *wire.Header, f *wire.Data, now time.Duration) {
 	if f.Flags&wire.FlagUD != 0 {
 		d.onUD(p, f)
 		return
@@ -215,6 +215,9 @@ func (d *Device) onData(p *peer, h *wire.Header, f *wire.Data) {
 		return // a duplicate
 	}
 	r.flip(psn)
+	// New data from the peer is progress for our side too: the answers and read data we wait
+	// for may be queued behind it in its stream, so the transport timeout must not run.
+	p.tx.progress = now
 	if psnLess(r.highest, psn) {
 		r.highest = psn
 	}
