@@ -65,6 +65,12 @@ type Device struct {
 	seal     *sealer  // authenticated encryption, with a key (seal.go)
 	stranger peer     // scratch context for datagrams from devices not yet validated
 
+	inlineMu sync.Mutex // held by a provider goroutine doing the engine's work for its own Ring
+	inlineTx *txq       // that goroutine's frames (created on first use)
+	inlineQ  [1]*QP
+	inlined  atomic.Bool // set by ringInline after work, for the engine loop to poll fast
+	fastPoll atomic.Bool // the engine loop polls every PollMin
+
 	kick     chan struct{} // one slot: wakes the engine loop
 	evNotify chan struct{} // one slot: an async event was queued
 	done     chan struct{}

@@ -7,11 +7,58 @@ import (
 
 // Ring tells the engine that the producer stored a new value into one of q's doorbells, so that
 // it looks at q at once. Safe from any goroutine; it does not block.
+//
+// When neither the engine loop nor a receive loop holds the device, the caller does the work
+// itself, at once: the doorbell's WQEs are executed and their datagrams sent from the caller's
+// goroutine, which saves a goroutine handoff per post.
 func (d *Device) Ring(q *QP) {
+	if d.ringInline(q) {
+		return
+	}
 	if q.kicked.CompareAndSwap(false, true) {
 		d.pending.push(q)
 	}
 	d.wake()
+}
+
+// ringInline does for q what the engine loop does for a kicked QP, if the device is free; it
+// reports false, having done nothing, if not, or if q has more work than one step takes.
+func (d *Device) ringInline(q *QP) bool {
+	if !d.inlineMu.TryLock() {
+		return false
+	}
+	defer d.inlineMu.Unlock()
+	if !d.mu.TryLock() {
+		return false
+	}
+	if d.closed {
+		d.mu.Unlock()
+		return false
+	}
+	if d.inlineTx == nil {
+		d.inlineTx = newTxq(d.maxDatagram(), 64)
+	}
+	d.useTx(d.inlineTx)
+	d.inlineQ[0] = q
+	worked, busy := d.step(d.inlineQ[:], false)
+	d.inlineQ[0] = nil
+	more := uint16(atomic.LoadUint32(q.sq.db)) != q.sq.ci
+	d.mu.Unlock()
+	d.sendTx(d.inlineTx)
+	switch {
+	case more || busy:
+		// Left over (a batch limit, parked RNR retries): the engine loop carries on.
+		if q.kicked.CompareAndSwap(false, true) {
+			d.pending.push(q)
+		}
+		d.wake()
+	case worked && !d.fastPoll.Load():
+		// Traffic after a quiet spell: the engine loop's timer (retransmissions, RNR retries)
+		// must tick every PollMin again.
+		d.inlined.Store(true)
+		d.wake()
+	}
+	return true
 }
 
 func (d *Device) wake() {
@@ -45,6 +92,9 @@ func (d *Device) run() {
 		d.useTx(q)
 		batch = d.pending.drain(batch)
 		worked, busy := d.step(batch, polled)
+		if d.inlined.Swap(false) {
+			worked = true
+		}
 		idle := len(d.qpList) == 0 && len(d.peers) == 0
 		d.mu.Unlock()
 		d.sendTx(q)
@@ -54,6 +104,7 @@ func (d *Device) run() {
 		case polled:
 			period = min(2*period, d.cfg.PollMax)
 		}
+		d.fastPoll.Store(period == d.cfg.PollMin)
 		if polled {
 			armed = false
 		}
