@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"github.com/softefa/softefa/link"
 	"sync/atomic"
 	"time"
 )
@@ -59,6 +60,49 @@ func (d *Device) ringInline(q *QP) bool {
 		d.wake()
 	}
 	return true
+}
+
+// driver is what Drive reuses from call to call.
+type driver struct {
+	rx     *rxScratch
+	poller link.Poller
+	q      *txq
+	batch  []*QP
+}
+
+// Drive moves a driven device (config.Device.Driven) one step, on the caller's goroutine: it
+// takes every datagram the link holds, serves the doorbells rung since the last call, looks at
+// every doorbell, runs the transport's timers against the device clock, and sends what all that
+// produced. It reports whether anything arrived or any work request was consumed: when no device
+// on a simulated network has anything to do, its owner moves the clock on. A device that is not
+// driven, or closed, does nothing.
+func (d *Device) Drive() (worked bool) {
+	dr := d.drv
+	if dr == nil {
+		return false
+	}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return false
+	}
+	d.useTx(dr.q)
+	for dr.poller != nil {
+		n, err := dr.poller.TryReceive(dr.rx.pkts)
+		if n == 0 || err != nil {
+			break
+		}
+		d.inputBatch(dr.rx, n)
+		worked = true
+	}
+	dr.batch = d.pending.drain(dr.batch)
+	if w, _ := d.step(dr.batch, true); w {
+		worked = true
+	}
+	clear(dr.batch)
+	d.mu.Unlock()
+	d.sendTx(dr.q)
+	return worked
 }
 
 func (d *Device) wake() {
@@ -123,7 +167,7 @@ func (d *Device) run() {
 // retries sends parked after RNR. It reports whether any entry was consumed and whether parked
 // work remains. Called with d.mu held.
 func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
-	now := time.Now()
+	now := d.clock()
 	rqMoved := false
 	look := func(q *QP) {
 		if d.processSQ(q, now) {
