@@ -15,8 +15,8 @@ import (
 	"github.com/softefa/softefa/verbs"
 )
 
-// Deterministic simulation: the soak's workload and impairments on a simulated fabric
-// (memlink.NewSim), with both devices driven (config.Device.Driven) by the test's own goroutine,
+// Deterministic simulation: the soak's workload and impairments, plus link flaps, on a simulated
+// fabric (memlink.NewSim), with both devices driven (config.Device.Driven) by the test's own goroutine,
 // on the fabric's clock and with randomness from the seed. Nothing else runs, so a seed is a
 // run: the same seed must produce the same datagrams, byte for byte, at the same virtual times,
 // and the same completions in the same order. A failure prints its seed; to replay it:
@@ -63,6 +63,23 @@ func simRun(t *testing.T, seed uint64, n int) (digest [32]byte, datagrams int) {
 	a, b := memPair(t, f, 4, o)
 	devs := []*verbs.Device{a.ctx.Device(), b.ctx.Device()}
 	const limit = 10 * time.Minute // of virtual time: a run that takes longer is stuck
+	// Besides the soak's impairments: every 50 ms one path, drawn from the seed, goes dark for
+	// 20 ms (a link flap, which the path failure detection and probes must ride out).
+	flaps := rand.New(rand.NewPCG(seed, 11))
+	var nextFlap, healAt time.Duration
+	down := -1
+	flap := func() {
+		if down >= 0 && now >= healAt {
+			soakPaths(f) // all four healthy again
+			down = -1
+		}
+		if now >= nextFlap {
+			down, healAt, nextFlap = flaps.IntN(4), now+20*time.Millisecond, now+50*time.Millisecond
+			imp := soakImpairment
+			imp.Down = true
+			f.SetPath(down, imp)
+		}
+	}
 	soak(t, a, b, n, seed, soakHooks{
 		step: func() {
 			for _, d := range devs {
@@ -73,6 +90,7 @@ func simRun(t *testing.T, seed uint64, n int) (digest [32]byte, datagrams int) {
 			if now = f.Advance(100 * time.Microsecond); now > limit {
 				t.Fatalf("seed %d: still running after %v of virtual time", seed, limit)
 			}
+			flap()
 		},
 		seen: func(side byte, wc *verbs.WC) {
 			fmt.Fprintf(h, "%c %d %d %d %d %d %d\n", side, now, wc.WRID, wc.Status, wc.Opcode, wc.ByteLen, wc.ImmData)

@@ -66,11 +66,14 @@ func TestSoak(t *testing.T) {
 	})
 }
 
+// soakImpairment is what each of the soak's four paths does.
+var soakImpairment = memlink.Impairment{Loss: 0.1, Duplicate: 0.01, Corrupt: 0.001,
+	Delay: 20 * time.Microsecond, Jitter: 200 * time.Microsecond}
+
 // soakPaths gives f's four paths the soak's impairments.
 func soakPaths(f *memlink.Fabric) {
 	for i := range 4 {
-		f.SetPath(i, memlink.Impairment{Loss: 0.1, Duplicate: 0.01, Corrupt: 0.001,
-			Delay: 20 * time.Microsecond, Jitter: 200 * time.Microsecond})
+		f.SetPath(i, soakImpairment)
 	}
 }
 
