@@ -180,6 +180,7 @@ type Counters struct {
 	BadPackets, StalePackets                                         atomic.Uint64 // dropped: malformed; for another incarnation
 	Unvalidated                                                      atomic.Uint64 // from devices not yet validated: challenged
 	AuthFailures, Replays                                            atomic.Uint64 // sealed datagrams dropped
+	SpuriousRetrans                                                  atomic.Uint64 // packets counted lost that arrived after all (softefa's own)
 }
 
 // Counters returns the device's live counters.

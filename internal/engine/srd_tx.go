@@ -52,6 +52,9 @@ type sentPkt struct {
 	retx  uint8
 	acked bool
 	lost  bool
+	// suspect is 1 + the path of a transmission that timed out with nothing to blame it on yet:
+	// if the packet then arrives by another path, that path swallowed it.
+	suspect uint8
 }
 
 // txStream is the sending half of a peer context.
@@ -73,6 +76,8 @@ type txStream struct {
 	retx       []uint32      // PSNs counted lost, to send again
 	reqs       map[uint32]*outMsg
 	nextMsg    uint32
+	reoSteps   int // the reordering allowance, in steps of a quarter of minRTT (reorderWindow)
+	reoClean   int // loss episodes since the last loss that proved spurious
 	burst      int // packets sent on the current path since it was picked
 
 	newly int           // onAck's scratch: packets newly acknowledged
@@ -82,10 +87,27 @@ type txStream struct {
 func (s *txStream) init() {
 	s.ring = make([]sentPkt, 64)
 	s.cwnd, s.ssthresh, s.rto = initialCwnd, maxCwnd, initialRTO
+	s.reoSteps = 1
 	s.reqs = make(map[uint32]*outMsg)
 }
 
 func (s *txStream) slot(psn uint32) *sentPkt { return &s.ring[psn&uint32(len(s.ring)-1)] }
+
+// reorderWindow is how much later than a packet another may be sent and still be acknowledged
+// first without the packet counting as lost: a quarter of the least RTT seen, times reoSteps,
+// which grows each time a loss proves spurious (the packet was acknowledged after all) and falls
+// back after 16 loss episodes without one; never above the smoothed RTT.
+func (s *txStream) reorderWindow() time.Duration {
+	base := max(s.minRTT/4, minReorder)
+	return min(base*time.Duration(s.reoSteps), max(s.srtt, minReorder))
+}
+
+// resetRTO undoes the retransmission timer's backoff: the peer is acknowledging again.
+func (s *txStream) resetRTO() {
+	if s.srtt > 0 {
+		s.rto = min(max(s.srtt+4*s.rttvar, minRTO), maxRTO)
+	}
+}
 
 // busy reports whether the stream has anything outstanding.
 func (s *txStream) busy() bool { return s.una != s.next || len(s.queue) > 0 || len(s.reqs) > 0 }
