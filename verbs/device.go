@@ -359,6 +359,7 @@ type Counters struct {
 	CQOverruns, BadPackets, StalePackets                             uint64
 	Unvalidated, AuthFailures, Replays                               uint64
 	SpuriousRetrans                                                  uint64 // packets counted lost that arrived after all
+	SparseCopies                                                     uint64 // second copies of packets sent while few were in flight
 }
 
 // Counters returns a snapshot of the device's counters.
@@ -377,6 +378,7 @@ func (c *Context) Counters() Counters {
 		ImpairedRemoteConnEvents: e.ImpairedRemoteConnEvents.Load(), BadPackets: e.BadPackets.Load(),
 		StalePackets: e.StalePackets.Load(), Unvalidated: e.Unvalidated.Load(), AuthFailures: e.AuthFailures.Load(),
 		Replays: e.Replays.Load(), SpuriousRetrans: e.SpuriousRetrans.Load(),
+		SparseCopies: e.SparseCopies.Load(),
 	}
 }
 

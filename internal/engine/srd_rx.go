@@ -521,10 +521,16 @@ func (d *Device) ackSlot(p *peer, e *sentPkt, now time.Duration) {
 	}
 	s.newly++
 	ps := &p.paths[e.path]
-	if !ps.failed || e.at >= ps.failedAt { // an acknowledgement of a packet from before the failure proves nothing
+	if e.copied {
+		// Either copy may be the one that arrived: no path is credited, but the round trip
+		// is as good a sample as any (both left at once).
+		if e.retx == 0 {
+			s.rtt = now - e.at
+		}
+	} else if !ps.failed || e.at >= ps.failedAt { // an acknowledgement of a packet from before the failure proves nothing
 		ps.losses, ps.failed = 0, false
 	}
-	if e.retx == 0 {
+	if e.retx == 0 && !e.copied {
 		s.rtt = now - e.at
 		if ps.srtt == 0 {
 			ps.srtt = s.rtt
