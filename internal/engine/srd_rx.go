@@ -56,7 +56,13 @@ func (d *Device) rxLoop() {
 		var err error
 		if poller != nil && d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin {
 			if n, err = poller.TryReceive(pkts); n == 0 && err == nil {
+				t := time.Now()
 				runtime.Gosched()
+				if time.Since(t) > spinYield {
+					// Other goroutines were waiting for the processor: spinning takes it from
+					// them. Wait in the network poller until the next traffic.
+					last = time.Time{}
+				}
 				continue
 			}
 		} else {
