@@ -650,25 +650,17 @@ func (d *Device) transportTick(now time.Duration) bool {
 func (d *Device) checkRTO(p *peer, now time.Duration) {
 	s := &p.tx
 	fired := false
-	var anyAcked time.Duration
-	for i := range p.paths {
-		anyAcked = max(anyAcked, p.paths[i].ackedAt)
-	}
 	for psn := s.una; psn != s.next; psn++ {
 		e := s.slot(psn)
 		if e.acked || e.lost || e.msg == nil || now-e.at < s.rto {
 			continue
 		}
-		// Held against the packet's path only if a packet sent later, on any path, has been
-		// acknowledged since: otherwise the timeout may as well be a lost acknowledgement (they
-		// travel on the peer's paths), or the peer gone. Without this, a path that swallows
-		// everything is never marked failed once the window is too small for acknowledgements
-		// to reveal losses, and every timeout goes back to it in turn.
-		if anyAcked > e.at {
-			d.pathLoss(p, int(e.path), now)
-		} else {
-			e.suspect = e.path + 1
-		}
+		// Not held against the packet's path yet: the timeout may as well be a lost
+		// acknowledgement (they travel on the peer's paths), a peer gone, or a scheduler's
+		// delay. If the packet then arrives by another path, ackSlot blames this one. Without
+		// that, a path that swallows whole bursts is never marked failed (no later packet on it
+		// is acknowledged to reveal the losses), and every timeout goes back to it in turn.
+		e.suspect = e.path + 1
 		e.lost = true
 		s.inflight--
 		s.retx = append(s.retx, psn)
