@@ -522,6 +522,13 @@ func (d *Device) ackSlot(p *peer, e *sentPkt, now time.Duration) {
 		s.reoSteps = min(s.reoSteps+1, 64)
 		s.reoClean = 0
 		d.counts.SpuriousRetrans.Add(1)
+		// Nor was it the path's fault: take back the count, and the failure if it was the last.
+		if ps := &p.paths[e.path]; ps.losses > 0 {
+			ps.losses--
+			if ps.failed && ps.losses < pathFailLoss {
+				ps.failed = false
+			}
+		}
 	} else if e.suspect != 0 && e.suspect-1 != e.path {
 		d.pathLoss(p, int(e.suspect-1), now) // it timed out on that path and came through on this one
 	}
