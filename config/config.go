@@ -65,7 +65,9 @@ type Device struct {
 	// Paths is the number of paths (UDP source ports) per device; default 4.
 	Paths int
 	// PathMTU is the largest IP packet on the network; SRD messages are cut into segments that
-	// fit it. Default 1500 (Ethernet).
+	// fit it. Default 1500 (Ethernet), or 9001 when Addr is a loopback address: no network
+	// between, so the jumbo frame of the clouds EFA runs in (EFA's own 8 KiB MTU), which carries
+	// an 8 KiB message in one datagram instead of six.
 	PathMTU int
 	// TransportTimeout is how long a peer may go without acknowledging our packets or sending
 	// new ones of its own, while we wait on it, before every outstanding WR to it fails
@@ -107,6 +109,9 @@ type Device struct {
 	// nothing.
 	Rand io.Reader
 }
+
+// LoopbackPathMTU is the default PathMTU of a device on a loopback address.
+const LoopbackPathMTU = 9001
 
 // MaxRQSGELimit bounds MaxRQSGE so that a receive WR's buffers fit a fixed array.
 const MaxRQSGELimit = 16
@@ -159,6 +164,9 @@ func (c *Device) Fill() error {
 	setInt(&c.MinSQWR, def.MinSQWR)
 	setInt(&c.LinkSpeedGbps, def.LinkSpeedGbps)
 	setInt(&c.Paths, def.Paths)
+	if c.PathMTU == 0 && c.Addr.Addr().IsLoopback() {
+		c.PathMTU = LoopbackPathMTU
+	}
 	setInt(&c.PathMTU, def.PathMTU)
 	setInt(&c.MaxPeers, def.MaxPeers)
 	if c.TransportTimeout == 0 {

@@ -101,6 +101,9 @@ func GetDeviceList() []*Device {
 // Name returns the device's name (ibv_get_device_name).
 func (d *Device) Name() string { return d.name }
 
+// PathMTU is the largest datagram (IP packet) the device sends: its SRD segments fit it.
+func (d *Device) PathMTU() int { return d.e.Config().PathMTU }
+
 // GUID returns the device's node GUID (ibv_get_device_guid).
 func (d *Device) GUID() uint64 { return d.guid }
 

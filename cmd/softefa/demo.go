@@ -29,7 +29,7 @@ func runDemo(args []string) error {
 	same := fs.Bool("same-device", false, "run both ends on one device (no network)")
 	addr := fs.String("addr", "127.0.0.1:0", "UDP address each device binds (port 0: any)")
 	paths := fs.Int("paths", 4, "paths (UDP source ports) per device")
-	pathMTU := fs.Int("mtu", 1500, "path MTU: SRD segments fit it")
+	pathMTU := fs.Int("mtu", 0, "path MTU: SRD segments fit it (0: 9001 on loopback, else 1500)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -74,7 +74,7 @@ func runDemo(args []string) error {
 			a.dev.Name(), a.dev.GID(), a.qps[0].QPN(), b.qps[0].QPN())
 	} else {
 		fmt.Printf("softefa demo: SRD over UDP, %d paths, path MTU %d\n  %v QP %d  ->  %v QP %d\n",
-			*paths, *pathMTU, a.dev.Addr(), a.qps[0].QPN(), b.dev.Addr(), b.qps[0].QPN())
+			*paths, a.dev.PathMTU(), a.dev.Addr(), a.qps[0].QPN(), b.dev.Addr(), b.qps[0].QPN())
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "operation\tWRs\tbytes/WR\ttotal µs\tµs/WR\tMB/s\tchecked\t")

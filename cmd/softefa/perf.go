@@ -83,7 +83,7 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 	fs.DurationVar(&o.duration, "D", 0, "run for this long instead of -n iterations (bandwidth tests)")
 	fs.IntVar(&o.qps, "q", 1, "number of QPs")
 	fs.IntVar(&o.txDepth, "t", 128, "tx depth: WRs outstanding per QP (bandwidth tests)")
-	fs.IntVar(&o.mtu, "mtu", 1500, "path MTU")
+	fs.IntVar(&o.mtu, "mtu", 0, "path MTU (0: 9001 on loopback, else 1500)")
 	fs.IntVar(&o.paths, "paths", 4, "paths (UDP source ports) per device")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of the table")
 	fs.BoolVar(&o.stats, "stats", false, "print the device, QP and path counters at the end")
