@@ -87,7 +87,7 @@ func (f *File) createQP(c *call) error {
 	in := engine.QPInit{
 		Type: typ, DriverType: drvType, PD: pdo.pd, SendCQ: scq.cq, RecvCQ: rcq.cq, Caps: caps,
 		SQEntries: sqSize / esz, SQEntrySize: esz, RQEntries: 1, Flags: eflags, SL: sl,
-		SQRing: sqRing[:sqSize],
+		SQRing:     sqRing[:sqSize],
 		SQDoorbell: (*uint32)(unsafe.Pointer(&dbPage[dbPageQPSQOffset])),
 		RQDoorbell: (*uint32)(unsafe.Pointer(&dbPage[dbPageQPRQOffset])),
 	}

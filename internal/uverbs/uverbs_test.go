@@ -190,8 +190,8 @@ func TestHeaderErrors(t *testing.T) {
 	bad := cmd(cmdQueryDevice, 44, withResp(8), nil)
 	put16(bad, 4, 5) // in_words does not match the write size
 	wantErrno(t, h.do(bad), syscall.EINVAL)
-	wantErrno(t, h.do(cmd(cmdQueryDevice, 43, withResp(8), nil)), syscall.ENOSPC)  // response too small
-	wantErrno(t, h.do(cmd(cmdQueryPort, 10, withResp(8), nil)), syscall.ENOSPC)    // request too small
+	wantErrno(t, h.do(cmd(cmdQueryDevice, 43, withResp(8), nil)), syscall.ENOSPC) // response too small
+	wantErrno(t, h.do(cmd(cmdQueryPort, 10, withResp(8), nil)), syscall.ENOSPC)   // request too small
 	wantErrno(t, h.do(cmd(21, 10, withResp(8), nil)), syscall.EOPNOTSUPP)         // POLL_CQ
 	wantErrno(t, h.do(cmd(0x100|cmdQueryDevice, 44, withResp(8), nil)), syscall.EINVAL)
 	long := append(withResp(8), 0, 0, 0, 0, 1, 0, 0, 0) // non-zero bytes past the request
@@ -387,7 +387,7 @@ func TestCQAndQP(t *testing.T) {
 		put32(drv, 12, drvType)
 		wantErrno(t, h.do(cmd(cmdCreateQP, 24, core, drv)), want)
 	}
-	wantErrnoQP(2, 0, syscall.EOPNOTSUPP)           // RC
+	wantErrnoQP(2, 0, syscall.EOPNOTSUPP)            // RC
 	wantErrnoQP(qpTypeDriver, 1, syscall.EOPNOTSUPP) // not SRD
 
 	dcq := make([]byte, 16)
