@@ -45,14 +45,18 @@ type Device struct {
 
 // NewDevice wraps e. Close stops the async-event forwarder (the engine is the caller's).
 func NewDevice(e *engine.Device) *Device {
-	gid := e.GID()
-	h := fnv.New64a()
-	h.Write(gid[:])
-	d := &Device{e: e, cfg: e.Config(), guid: h.Sum64(), files: make(map[*File]struct{})}
+	d := &Device{e: e, cfg: e.Config(), guid: GUID(e.GID()), files: make(map[*File]struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
 	go d.forwardAsync(ctx)
 	return d
+}
+
+// GUID derives a device's node GUID from its GID, as package verbs does (FNV-1a).
+func GUID(gid [16]byte) uint64 {
+	h := fnv.New64a()
+	h.Write(gid[:])
+	return h.Sum64()
 }
 
 // GUID returns the node GUID (the sysfs node_guid and QUERY_DEVICE's node_guid).

@@ -1,0 +1,113 @@
+//go:build linux
+
+package cabi
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/softefa/softefa/config"
+)
+
+// Options describe the device a program gets.
+type Options struct {
+	Name  string         // the ibdev name; default efa_0
+	Addr  netip.AddrPort // the UDP endpoint; default 127.0.0.1 and a free port
+	Paths int            // UDP paths; 0: the default
+}
+
+// Setup is a prepared environment: a sysfs tree in Dir and the variables to run a program with.
+type Setup struct {
+	Dir   string
+	Sysfs Sysfs
+	Addr  netip.AddrPort
+	Env   []string // additions to the environment
+}
+
+// uverbs device numbers: major 231 is the kernel's uverbs major; the minor is outside the range
+// real devices take (192 and up, for the first 32).
+const (
+	uverbsName  = "uverbs_softefa0"
+	uverbsMajor = 231
+	uverbsMinor = 250
+)
+
+// Prepare writes a sysfs tree for one device into a new temporary directory and returns the
+// environment that makes a program see it through libs. The caller removes Dir when the program
+// has finished.
+func Prepare(libs Libs, o Options) (*Setup, error) {
+	if o.Name == "" {
+		o.Name = config.Default().Name
+	}
+	if !o.Addr.IsValid() {
+		a, err := freeUDPPort()
+		if err != nil {
+			return nil, err
+		}
+		o.Addr = a
+	}
+	if o.Addr.Port() == 0 {
+		return nil, fmt.Errorf("cabi: %v: the device's address needs a port (it is part of the GID)", o.Addr)
+	}
+	dir, err := os.MkdirTemp("", "softefa-sysfs-")
+	if err != nil {
+		return nil, err
+	}
+	s := &Setup{Dir: dir, Addr: o.Addr, Sysfs: Sysfs{
+		IBDev: o.Name, Uverbs: uverbsName, Major: uverbsMajor, Minor: uverbsMinor,
+		GID: config.GIDFromAddr(o.Addr), VendorPartID: config.Default().VendorPartID, PCIAddr: "0000:00:06.0",
+	}}
+	if err := s.Sysfs.Write(dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	preload := libs.Shim
+	if old := os.Getenv("LD_PRELOAD"); old != "" {
+		preload += ":" + old
+	}
+	s.Env = []string{
+		"LD_PRELOAD=" + preload,
+		"SYSFS_PATH=" + dir,
+		"SOFTEFA_ENGINE=" + libs.Engine,
+		"SOFTEFA_DEV_PATH=" + s.Sysfs.DevPath(),
+		fmt.Sprintf("SOFTEFA_DEV_RDEV=%d:%d", uverbsMajor, uverbsMinor),
+		"SOFTEFA_ADDR=" + o.Addr.String(),
+		"SOFTEFA_NAME=" + o.Name,
+	}
+	if o.Paths > 0 {
+		s.Env = append(s.Env, fmt.Sprintf("SOFTEFA_PATHS=%d", o.Paths))
+	}
+	if _, ok := os.LookupEnv("FI_EFA_ENABLE_SHM_TRANSFER"); !ok {
+		// Two processes on one host would otherwise talk over libfabric's shm provider.
+		s.Env = append(s.Env, "FI_EFA_ENABLE_SHM_TRANSFER=0")
+	}
+	return s, nil
+}
+
+// Environ returns the current environment with s's variables replacing any of the same name.
+func (s *Setup) Environ() []string {
+	set := make(map[string]bool)
+	for _, kv := range s.Env {
+		set[kv[:strings.IndexByte(kv, '=')]] = true
+	}
+	var out []string
+	for _, kv := range os.Environ() {
+		if i := strings.IndexByte(kv, '='); i < 0 || !set[kv[:i]] {
+			out = append(out, kv)
+		}
+	}
+	return append(out, s.Env...)
+}
+
+// freeUDPPort returns 127.0.0.1 and a UDP port that was free a moment ago.
+func freeUDPPort() (netip.AddrPort, error) {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).AddrPort(), nil
+}

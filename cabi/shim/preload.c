@@ -1,0 +1,451 @@
+// softefa's LD_PRELOAD shim: the kernel surface that the real libibverbs and libefa touch,
+// emulated for one software EFA device per process (see docs/cabi.md).
+//
+// It intercepts the open, stat, ioctl, write, close and socket calls that concern the device
+// node named by SOFTEFA_DEV_PATH and answers them itself or through the Go engine, a c-shared
+// library (SOFTEFA_ENGINE) that it loads on the first open of the node, so that programs which
+// never open the device (children such as ls) never start a Go runtime. Every other call goes
+// straight to libc after one bitmap test.
+//
+// The fd a program gets for the node is a memfd created by the engine: libefa's mmap(2) of
+// ring and doorbell keys works on it unintercepted, and the engine maps the same offsets.
+// write(2) on it carries uverbs commands to the engine; ioctl(2) answers ENOTTY, which makes
+// libibverbs use the write interface; socket(AF_NETLINK, ..., NETLINK_RDMA) answers
+// EPROTONOSUPPORT, which makes it enumerate devices through SYSFS_PATH.
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#ifndef NETLINK_RDMA
+#define NETLINK_RDMA 20
+#endif
+
+#define MAX_FD 65536
+
+// fds[] marks the fds that are open device nodes (memfds served by the engine).
+static _Atomic uint64_t fds[MAX_FD / 64];
+
+static int ours(int fd) {
+	return fd >= 0 && fd < MAX_FD &&
+	       (atomic_load_explicit(&fds[fd >> 6], memory_order_relaxed) >> (fd & 63) & 1);
+}
+
+static void mark(int fd, int on) {
+	if (fd < 0 || fd >= MAX_FD)
+		return;
+	uint64_t bit = (uint64_t)1 << (fd & 63);
+	if (on)
+		atomic_fetch_or(&fds[fd >> 6], bit);
+	else
+		atomic_fetch_and(&fds[fd >> 6], ~bit);
+}
+
+static const char *dev_path; // NULL: the shim is inert
+static dev_t dev_rdev;
+
+__attribute__((constructor)) static void shim_init(void) {
+	unsigned maj, min;
+	const char *p = getenv("SOFTEFA_DEV_PATH");
+	const char *r = getenv("SOFTEFA_DEV_RDEV");
+	if (!p || !*p || !r || sscanf(r, "%u:%u", &maj, &min) != 2)
+		return;
+	dev_path = strdup(p);
+	dev_rdev = makedev(maj, min);
+}
+
+static int is_dev(const char *path) { return dev_path && path && strcmp(path, dev_path) == 0; }
+
+#define REAL(name) real_##name
+#define DECLARE_REAL(ret, name, ...)                                                   \
+	static ret (*real_##name)(__VA_ARGS__);                                        \
+	static void resolve_##name(void) {                                             \
+		if (!real_##name)                                                      \
+			real_##name = (ret(*)(__VA_ARGS__))dlsym(RTLD_NEXT, #name);  \
+	}
+
+DECLARE_REAL(int, open, const char *, int, ...)
+DECLARE_REAL(int, open64, const char *, int, ...)
+DECLARE_REAL(int, openat, int, const char *, int, ...)
+DECLARE_REAL(int, openat64, int, const char *, int, ...)
+DECLARE_REAL(int, __open_2, const char *, int)
+DECLARE_REAL(int, __open64_2, const char *, int)
+DECLARE_REAL(int, __openat_2, int, const char *, int)
+DECLARE_REAL(ssize_t, write, int, const void *, size_t)
+DECLARE_REAL(int, close, int)
+DECLARE_REAL(int, ioctl, int, unsigned long, ...)
+DECLARE_REAL(int, socket, int, int, int)
+DECLARE_REAL(int, stat, const char *, struct stat *)
+DECLARE_REAL(int, lstat, const char *, struct stat *)
+DECLARE_REAL(int, fstat, int, struct stat *)
+DECLARE_REAL(int, fstatat, int, const char *, struct stat *, int)
+DECLARE_REAL(int, stat64, const char *, struct stat64 *)
+DECLARE_REAL(int, lstat64, const char *, struct stat64 *)
+DECLARE_REAL(int, fstat64, int, struct stat64 *)
+DECLARE_REAL(int, fstatat64, int, const char *, struct stat64 *, int)
+DECLARE_REAL(int, __xstat, int, const char *, struct stat *)
+DECLARE_REAL(int, __lxstat, int, const char *, struct stat *)
+DECLARE_REAL(int, __fxstat, int, int, struct stat *)
+DECLARE_REAL(int, __fxstatat, int, int, const char *, struct stat *, int)
+DECLARE_REAL(int, __xstat64, int, const char *, struct stat64 *)
+DECLARE_REAL(int, __lxstat64, int, const char *, struct stat64 *)
+DECLARE_REAL(int, __fxstat64, int, int, struct stat64 *)
+DECLARE_REAL(int, __fxstatat64, int, int, const char *, struct stat64 *, int)
+DECLARE_REAL(int, statx, int, const char *, int, unsigned int, struct statx *)
+
+// The engine: loaded once, on the first open of the device node.
+static int (*eng_open)(int flags);
+static long (*eng_write)(int fd, const void *buf, size_t n);
+static void (*eng_close)(int fd);
+static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
+static int eng_err;
+
+static void load_engine(void) {
+	const char *lib = getenv("SOFTEFA_ENGINE");
+	if (!lib || !*lib) {
+		eng_err = ENODEV;
+		return;
+	}
+	void *h = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+	if (!h) {
+		fprintf(stderr, "softefa: cannot load the engine: %s\n", dlerror());
+		eng_err = ENODEV;
+		return;
+	}
+	eng_open = (int (*)(int))dlsym(h, "softefa_open");
+	eng_write = (long (*)(int, const void *, size_t))dlsym(h, "softefa_write");
+	eng_close = (void (*)(int))dlsym(h, "softefa_close");
+	if (!eng_open || !eng_write || !eng_close) {
+		fprintf(stderr, "softefa: %s lacks the engine entry points\n", lib);
+		eng_err = ENODEV;
+	}
+}
+
+static int open_dev(int flags) {
+	pthread_once(&eng_once, load_engine);
+	if (eng_err) {
+		errno = eng_err;
+		return -1;
+	}
+	if ((flags & O_ACCMODE) != O_RDWR) {
+		errno = EACCES; // the node is crw-rw-rw-; uverbs needs O_RDWR
+		return -1;
+	}
+	int fd = eng_open(flags);
+	if (fd < 0) {
+		errno = -fd;
+		return -1;
+	}
+	mark(fd, 1);
+	return fd;
+}
+
+static mode_t open_mode(int flags, va_list ap) {
+	return (flags & (O_CREAT | O_TMPFILE)) ? va_arg(ap, mode_t) : 0;
+}
+
+int open(const char *path, int flags, ...) {
+	va_list ap;
+	va_start(ap, flags);
+	mode_t mode = open_mode(flags, ap);
+	va_end(ap);
+	if (is_dev(path))
+		return open_dev(flags);
+	resolve_open();
+	return REAL(open)(path, flags, mode);
+}
+
+int open64(const char *path, int flags, ...) {
+	va_list ap;
+	va_start(ap, flags);
+	mode_t mode = open_mode(flags, ap);
+	va_end(ap);
+	if (is_dev(path))
+		return open_dev(flags);
+	resolve_open64();
+	return REAL(open64)(path, flags, mode);
+}
+
+int openat(int dirfd, const char *path, int flags, ...) {
+	va_list ap;
+	va_start(ap, flags);
+	mode_t mode = open_mode(flags, ap);
+	va_end(ap);
+	if (is_dev(path))
+		return open_dev(flags);
+	resolve_openat();
+	return REAL(openat)(dirfd, path, flags, mode);
+}
+
+int openat64(int dirfd, const char *path, int flags, ...) {
+	va_list ap;
+	va_start(ap, flags);
+	mode_t mode = open_mode(flags, ap);
+	va_end(ap);
+	if (is_dev(path))
+		return open_dev(flags);
+	resolve_openat64();
+	return REAL(openat64)(dirfd, path, flags, mode);
+}
+
+int __open_2(const char *path, int flags) {
+	if (is_dev(path))
+		return open_dev(flags);
+	resolve___open_2();
+	return REAL(__open_2)(path, flags);
+}
+
+int __open64_2(const char *path, int flags) {
+	if (is_dev(path))
+		return open_dev(flags);
+	resolve___open64_2();
+	return REAL(__open64_2)(path, flags);
+}
+
+int __openat_2(int dirfd, const char *path, int flags) {
+	if (is_dev(path))
+		return open_dev(flags);
+	resolve___openat_2();
+	return REAL(__openat_2)(dirfd, path, flags);
+}
+
+ssize_t write(int fd, const void *buf, size_t n) {
+	if (ours(fd)) {
+		long r = eng_write(fd, buf, n);
+		if (r < 0) {
+			errno = (int)-r;
+			return -1;
+		}
+		return r;
+	}
+	resolve_write();
+	return REAL(write)(fd, buf, n);
+}
+
+int close(int fd) {
+	if (ours(fd)) {
+		mark(fd, 0);
+		eng_close(fd); // tears the ucontext down, as ib_uverbs_close does
+	}
+	resolve_close();
+	return REAL(close)(fd);
+}
+
+int ioctl(int fd, unsigned long req, ...) {
+	va_list ap;
+	va_start(ap, req);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	if (ours(fd)) {
+		errno = ENOTTY; // no ioctl framework: libibverbs falls back to write()
+		return -1;
+	}
+	resolve_ioctl();
+	return REAL(ioctl)(fd, req, arg);
+}
+
+int socket(int domain, int type, int protocol) {
+	if (dev_path && domain == AF_NETLINK && protocol == NETLINK_RDMA) {
+		errno = EPROTONOSUPPORT; // enumerate through SYSFS_PATH instead
+		return -1;
+	}
+	resolve_socket();
+	return REAL(socket)(domain, type, protocol);
+}
+
+// The device node as stat(2) describes it: a character device with the sysfs dev numbers.
+static void fake_stat(struct stat *st) {
+	memset(st, 0, sizeof(*st));
+	st->st_mode = S_IFCHR | 0666;
+	st->st_nlink = 1;
+	st->st_rdev = dev_rdev;
+	st->st_blksize = 4096;
+}
+
+static void fake_stat64(struct stat64 *st) {
+	memset(st, 0, sizeof(*st));
+	st->st_mode = S_IFCHR | 0666;
+	st->st_nlink = 1;
+	st->st_rdev = dev_rdev;
+	st->st_blksize = 4096;
+}
+
+static int at_is_dev(int dirfd, const char *path, int flags) {
+	return is_dev(path) || ((flags & AT_EMPTY_PATH) && path && !*path && ours(dirfd));
+}
+
+int stat(const char *path, struct stat *st) {
+	if (is_dev(path)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve_stat();
+	return REAL(stat)(path, st);
+}
+
+int lstat(const char *path, struct stat *st) {
+	if (is_dev(path)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve_lstat();
+	return REAL(lstat)(path, st);
+}
+
+int fstat(int fd, struct stat *st) {
+	if (ours(fd)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve_fstat();
+	return REAL(fstat)(fd, st);
+}
+
+int fstatat(int dirfd, const char *path, struct stat *st, int flags) {
+	if (at_is_dev(dirfd, path, flags)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve_fstatat();
+	return REAL(fstatat)(dirfd, path, st, flags);
+}
+
+int stat64(const char *path, struct stat64 *st) {
+	if (is_dev(path)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve_stat64();
+	return REAL(stat64)(path, st);
+}
+
+int lstat64(const char *path, struct stat64 *st) {
+	if (is_dev(path)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve_lstat64();
+	return REAL(lstat64)(path, st);
+}
+
+int fstat64(int fd, struct stat64 *st) {
+	if (ours(fd)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve_fstat64();
+	return REAL(fstat64)(fd, st);
+}
+
+int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
+	if (at_is_dev(dirfd, path, flags)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve_fstatat64();
+	return REAL(fstatat64)(dirfd, path, st, flags);
+}
+
+// The glibc < 2.33 entry points behind stat(2) and friends.
+int __xstat(int ver, const char *path, struct stat *st) {
+	if (is_dev(path)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve___xstat();
+	return REAL(__xstat)(ver, path, st);
+}
+
+int __lxstat(int ver, const char *path, struct stat *st) {
+	if (is_dev(path)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve___lxstat();
+	return REAL(__lxstat)(ver, path, st);
+}
+
+int __fxstat(int ver, int fd, struct stat *st) {
+	if (ours(fd)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve___fxstat();
+	return REAL(__fxstat)(ver, fd, st);
+}
+
+int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags) {
+	if (at_is_dev(dirfd, path, flags)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve___fxstatat();
+	return REAL(__fxstatat)(ver, dirfd, path, st, flags);
+}
+
+int __xstat64(int ver, const char *path, struct stat64 *st) {
+	if (is_dev(path)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve___xstat64();
+	return REAL(__xstat64)(ver, path, st);
+}
+
+int __lxstat64(int ver, const char *path, struct stat64 *st) {
+	if (is_dev(path)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve___lxstat64();
+	return REAL(__lxstat64)(ver, path, st);
+}
+
+int __fxstat64(int ver, int fd, struct stat64 *st) {
+	if (ours(fd)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve___fxstat64();
+	return REAL(__fxstat64)(ver, fd, st);
+}
+
+int __fxstatat64(int ver, int dirfd, const char *path, struct stat64 *st, int flags) {
+	if (at_is_dev(dirfd, path, flags)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve___fxstatat64();
+	return REAL(__fxstatat64)(ver, dirfd, path, st, flags);
+}
+
+int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *stx) {
+	if (at_is_dev(dirfd, path, flags)) {
+		memset(stx, 0, sizeof(*stx));
+		stx->stx_mask = STATX_BASIC_STATS;
+		stx->stx_mode = S_IFCHR | 0666;
+		stx->stx_nlink = 1;
+		stx->stx_blksize = 4096;
+		stx->stx_rdev_major = major(dev_rdev);
+		stx->stx_rdev_minor = minor(dev_rdev);
+		return 0;
+	}
+	resolve_statx();
+	if (!REAL(statx)) {
+		errno = ENOSYS;
+		return -1;
+	}
+	return REAL(statx)(dirfd, path, flags, mask, stx);
+}
