@@ -1,0 +1,183 @@
+//go:build linux
+
+package cabi
+
+import (
+	"bytes"
+	"compress/gzip"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// setupOrSkip builds the libraries (skipping without go or a C compiler) and prepares a device.
+func setupOrSkip(t *testing.T, tools ...string) *Setup {
+	t.Helper()
+	for _, tool := range append([]string{"go", "cc"}, tools...) {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not found: install Go, gcc and Debian 12's ibverbs-utils, libfabric-bin, python3-pyverbs (%v)", tool, err)
+		}
+	}
+	libs, err := Locate(testWriter{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Prepare(libs, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(s.Dir) })
+	return s
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
+
+func run(t *testing.T, s *Setup, dir string, timeout time.Duration, name string, args ...string) string {
+	t.Helper()
+	c := exec.Command(name, args...)
+	c.Dir = dir
+	c.Env = s.Environ()
+	var out bytes.Buffer
+	c.Stdout, c.Stderr = &out, &out
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out.String())
+		}
+	case <-time.After(timeout):
+		c.Process.Kill()
+		<-done
+		t.Fatalf("%s %s: no exit within %v\n%s", name, strings.Join(args, " "), timeout, out.String())
+	}
+	return out.String()
+}
+
+func TestIbvDevinfo(t *testing.T) {
+	s := setupOrSkip(t, "ibv_devinfo")
+	out := run(t, s, "", time.Minute, "ibv_devinfo", "-v")
+	for _, want := range []string{"hca_id:\tefa_0", "vendor_id:\t\t\t0x1d0f", "PORT_ACTIVE", "max_msg_sz:\t\t0x2000",
+		"GID[  0]:\t\t" + hexGroups(s.Sysfs.GID[:])} {
+		if !strings.Contains(out, want) {
+			t.Errorf("ibv_devinfo -v lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestFiInfo(t *testing.T) {
+	s := setupOrSkip(t, "fi_info")
+	out := run(t, s, "", time.Minute, "fi_info", "-p", "efa")
+	for _, want := range []string{"domain: efa_0-rdm", "domain: efa_0-dgrm"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("fi_info -p efa lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestPyverbsEFA runs rdma-core's own EFA tests (test_efadv, test_efa_srd: 16 in v44), shipped
+// gzipped with Debian's python3-pyverbs, against the device.
+func TestPyverbsEFA(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs rdma-core's EFA test suite (about 10 s)")
+	}
+	const python, shipped = "/usr/bin/python3", "/usr/share/doc/rdma-core/tests"
+	if err := exec.Command(python, "-c", "import pyverbs.providers.efa.efadv").Run(); err != nil {
+		t.Skipf("%s cannot import pyverbs (apt-get install python3-pyverbs): %v", python, err)
+	}
+	if _, err := os.Stat(filepath.Join(shipped, "run_tests.py")); err != nil {
+		t.Skipf("rdma-core's tests are not installed: %v", err)
+	}
+	s := setupOrSkip(t)
+	work := t.TempDir()
+	if err := unpackTests(shipped, filepath.Join(work, "tests")); err != nil {
+		t.Fatal(err)
+	}
+	out := run(t, s, work, 5*time.Minute, python, "tests/run_tests.py", "--dev", s.Sysfs.IBDev, "-v", "-k", "test_efa")
+	if !strings.Contains(out, "Ran 16 tests") || !strings.Contains(out, "\nOK") {
+		t.Fatalf("want 16 tests OK:\n%s", out)
+	}
+	t.Logf("pyverbs -k test_efa: %s", lastLines(out, 3))
+}
+
+// unpackTests copies dir to dst, gunzipping *.gz files.
+func unpackTests(dir, dst string) error {
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return err
+		}
+		name := e.Name()
+		if strings.HasSuffix(name, ".gz") {
+			zr, err := gzip.NewReader(bytes.NewReader(b))
+			if err != nil {
+				return err
+			}
+			if b, err = io.ReadAll(zr); err != nil {
+				return err
+			}
+			name = strings.TrimSuffix(name, ".gz")
+		}
+		if err := os.WriteFile(filepath.Join(dst, name), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], " | ")
+}
+
+func TestSysfsTree(t *testing.T) {
+	dir := t.TempDir()
+	s := Sysfs{IBDev: "efa_0", Uverbs: "uverbs_x", Major: 231, Minor: 250, GID: [16]byte{15: 1}, VendorPartID: 0xefa2, PCIAddr: "0000:00:06.0"}
+	if err := s.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	read := func(p string) string {
+		b, err := os.ReadFile(filepath.Join(dir, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	if got := read("class/infiniband_verbs/uverbs_x/dev"); got != "231:250" {
+		t.Errorf("dev %q", got)
+	}
+	if got := read("class/infiniband/efa_0/device/modalias"); !strings.HasPrefix(got, "pci:v00001D0Fd0000EFA2sv") {
+		t.Errorf("modalias %q", got)
+	}
+	if got := read("class/infiniband/efa_0/ports/1/gids/0"); got != "0000:0000:0000:0000:0000:0000:0000:0001" {
+		t.Errorf("gid %q", got)
+	}
+	for link, base := range map[string]string{"class/infiniband/efa_0/device": "0000:00:06.0", "class/infiniband/efa_0/device/driver": "efa"} {
+		p, err := filepath.EvalSymlinks(filepath.Join(dir, link))
+		if err != nil || filepath.Base(p) != base {
+			t.Errorf("%s resolves to %q (%v), want …/%s", link, p, err, base)
+		}
+	}
+}
