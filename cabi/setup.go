@@ -17,6 +17,10 @@ type Options struct {
 	Name  string         // the ibdev name; default efa_0
 	Addr  netip.AddrPort // the UDP endpoint; default 127.0.0.1 and a free port
 	Paths int            // UDP paths; 0: the default
+	// PartID is the PCI device id (vendor_part_id); default 0xefa1, which libefa 44, perftest
+	// 4.5 and libfabric 1.17 all take for EFA (perftest knows only 0xefa0 and 0xefa1, and
+	// 0xefa0 makes libfabric expect sub-CQs).
+	PartID uint32
 }
 
 // Setup is a prepared environment: a sysfs tree in Dir and the variables to run a program with.
@@ -42,6 +46,9 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 	if o.Name == "" {
 		o.Name = config.Default().Name
 	}
+	if o.PartID == 0 {
+		o.PartID = 0xefa1
+	}
 	if !o.Addr.IsValid() {
 		a, err := freeUDPPort()
 		if err != nil {
@@ -58,7 +65,7 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 	}
 	s := &Setup{Dir: dir, Addr: o.Addr, Sysfs: Sysfs{
 		IBDev: o.Name, Uverbs: uverbsName, Major: uverbsMajor, Minor: uverbsMinor,
-		GID: config.GIDFromAddr(o.Addr), VendorPartID: config.Default().VendorPartID, PCIAddr: "0000:00:06.0",
+		GID: config.GIDFromAddr(o.Addr), VendorPartID: o.PartID, PCIAddr: "0000:00:06.0",
 	}}
 	if err := s.Sysfs.Write(dir); err != nil {
 		os.RemoveAll(dir)
@@ -76,6 +83,7 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 		fmt.Sprintf("SOFTEFA_DEV_RDEV=%d:%d", uverbsMajor, uverbsMinor),
 		"SOFTEFA_ADDR=" + o.Addr.String(),
 		"SOFTEFA_NAME=" + o.Name,
+		fmt.Sprintf("SOFTEFA_PART_ID=%#x", o.PartID),
 	}
 	if o.Paths > 0 {
 		s.Env = append(s.Env, fmt.Sprintf("SOFTEFA_PATHS=%d", o.Paths))

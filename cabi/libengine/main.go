@@ -7,7 +7,7 @@
 //
 // The device is configured from the environment the launcher (softefa run) sets:
 // SOFTEFA_ADDR (the UDP endpoint, ip:port, whose GID the sysfs tree shows), SOFTEFA_NAME and
-// SOFTEFA_PATHS; SOFTEFA_KEY turns on encryption, as for the other tools.
+// SOFTEFA_PATHS, SOFTEFA_PART_ID; SOFTEFA_KEY turns on encryption, as for the other tools.
 package main
 
 /*
@@ -54,6 +54,13 @@ func device() (*uverbs.Device, error) {
 			return nil, fmt.Errorf("SOFTEFA_PATHS=%q: %w", v, err)
 		}
 		cfg.Paths = n
+	}
+	if v := os.Getenv("SOFTEFA_PART_ID"); v != "" {
+		n, err := strconv.ParseUint(v, 0, 32)
+		if err != nil {
+			return nil, fmt.Errorf("SOFTEFA_PART_ID=%q: %w", v, err)
+		}
+		cfg.VendorPartID = uint32(n)
 	}
 	if _, ok := os.LookupEnv("SOFTEFA_KEY"); ok {
 		k, err := config.KeyFromEnv("SOFTEFA_KEY")
