@@ -108,6 +108,7 @@ func (f *File) createQP(c *call) error {
 	}
 	o.qp = qp
 	h := f.add(o)
+	f.d.dbs.add(qp)
 
 	resp := make([]byte, createQPResp)
 	put32(resp, 0, h)
@@ -132,6 +133,7 @@ func (f *File) createQP(c *call) error {
 		}
 	}
 	delete(f.objs, h)
+	f.d.dbs.remove(qp)
 	_ = f.d.e.DestroyQP(qp)
 	return fail(syscall.EFAULT)
 }
@@ -218,6 +220,7 @@ func (f *File) destroyQP(c *call) error {
 	if err := f.d.e.DestroyQP(o.qp); err != nil {
 		return err
 	}
+	f.d.dbs.remove(o.qp)
 	f.freeKeys(o.keys)
 	delete(f.objs, h)
 	resp := make([]byte, destroyQPResp)

@@ -38,9 +38,10 @@ type Device struct {
 	cfg  config.Device
 	guid uint64
 
-	mu     sync.Mutex // guards files and started
+	mu     sync.Mutex // guards files
 	files  map[*File]struct{}
 	cancel context.CancelFunc
+	dbs    *watcher // notices doorbell stores (doorbell.go)
 }
 
 // NewDevice wraps e. Close stops the async-event forwarder (the engine is the caller's).
@@ -48,6 +49,7 @@ func NewDevice(e *engine.Device) *Device {
 	d := &Device{e: e, cfg: e.Config(), guid: GUID(e.GID()), files: make(map[*File]struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
+	d.dbs = newWatcher(e)
 	go d.forwardAsync(ctx)
 	return d
 }
@@ -65,8 +67,11 @@ func (d *Device) GUID() uint64 { return d.guid }
 // Engine returns the device engine.
 func (d *Device) Engine() *engine.Device { return d.e }
 
-// Close stops the async-event forwarder.
-func (d *Device) Close() { d.cancel() }
+// Close stops the async-event forwarder and the doorbell watcher.
+func (d *Device) Close() {
+	d.cancel()
+	d.dbs.close()
+}
 
 // File is one open of the device node: a ucontext once GET_CONTEXT has run.
 type File struct {
@@ -160,8 +165,10 @@ func (f *File) Close() error {
 	order := []func(any) error{
 		func(o any) error {
 			if q, ok := o.(*qpObj); ok {
+				f.d.dbs.remove(q.qp)
+				err := f.d.e.DestroyQP(q.qp)
 				f.freeKeys(q.keys)
-				return f.d.e.DestroyQP(q.qp)
+				return err
 			}
 			return errSkip
 		},
