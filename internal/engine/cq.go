@@ -133,10 +133,17 @@ func (d *Device) DestroyCQ(cq *CQ) error {
 // cmd_sn): the next entry written raises one event, unless an event was already raised for this
 // cmd_sn. A doorbell store with the arm bit is also noticed without ArmCQ when the engine next
 // writes an entry, as long as the bit is still there.
+//
+// Entries the consumer has not polled when it arms (the doorbell's consumer count is behind the
+// entries written) raise the event at once: the arm doorbell carries the consumer count for this.
 func (d *Device) ArmCQ(cq *CQ) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	cq.latchArm(atomic.LoadUint32(cq.db))
+	v := atomic.LoadUint32(cq.db)
+	cq.latchArm(v)
+	if cq.armed && !cq.dead && uint16(v&efaio.CQDoorbellCIMask) != cq.pc {
+		cq.fire(v)
+	}
 }
 
 func (cq *CQ) latchArm(v uint32) {
@@ -175,11 +182,16 @@ func (cq *CQ) post(c *efaio.Completion) {
 	}
 	cq.latchArm(v)
 	if cq.armed {
-		cq.armed = false
-		cq.firedSN = int(v >> efaio.CQDoorbellSNShift & 3)
-		if cq.notify != nil {
-			cq.notify()
-		}
+		cq.fire(v)
+	}
+}
+
+// fire raises the completion event an arm asked for; v is the doorbell that armed it.
+func (cq *CQ) fire(v uint32) {
+	cq.armed = false
+	cq.firedSN = int(v >> efaio.CQDoorbellSNShift & 3)
+	if cq.notify != nil {
+		cq.notify()
 	}
 }
 
