@@ -12,6 +12,7 @@ package main
 
 /*
 #include <stddef.h>
+#include <stdint.h>
 */
 import "C"
 
@@ -143,6 +144,26 @@ func softefa_write(fd C.int, buf unsafe.Pointer, n C.size_t) C.long {
 		return -C.long(uverbs.Errno(err))
 	}
 	return C.long(w)
+}
+
+//export softefa_kick_qp
+func softefa_kick_qp(fd C.int, handle C.uint32_t) {
+	if o := lookup(fd); o != nil {
+		o.f.Kick(uint32(handle))
+	}
+}
+
+//export softefa_arm_cq
+func softefa_arm_cq(fd C.int, handle C.uint32_t) {
+	if o := lookup(fd); o != nil {
+		o.f.Arm(uint32(handle))
+	}
+}
+
+func lookup(fd C.int) *open {
+	state.Lock()
+	defer state.Unlock()
+	return state.files[int32(fd)]
 }
 
 //export softefa_close

@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -109,6 +110,8 @@ DECLARE_REAL(int, statx, int, const char *, int, unsigned int, struct statx *)
 static int (*eng_open)(int flags);
 static long (*eng_write)(int fd, const void *buf, size_t n);
 static void (*eng_close)(int fd);
+static void (*eng_kick_qp)(int fd, uint32_t handle);
+static void (*eng_arm_cq)(int fd, uint32_t handle);
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
 static int eng_err;
 
@@ -127,7 +130,9 @@ static void load_engine(void) {
 	eng_open = (int (*)(int))dlsym(h, "softefa_open");
 	eng_write = (long (*)(int, const void *, size_t))dlsym(h, "softefa_write");
 	eng_close = (void (*)(int))dlsym(h, "softefa_close");
-	if (!eng_open || !eng_write || !eng_close) {
+	eng_kick_qp = (void (*)(int, uint32_t))dlsym(h, "softefa_kick_qp");
+	eng_arm_cq = (void (*)(int, uint32_t))dlsym(h, "softefa_arm_cq");
+	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq) {
 		fprintf(stderr, "softefa: %s lacks the engine entry points\n", lib);
 		eng_err = ENODEV;
 	}
@@ -448,4 +453,133 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 		return -1;
 	}
 	return REAL(statx)(dirfd, path, flags, mask, stx);
+}
+
+// Ops wrapping (cabi.md §3.8). libefa rings doorbells with plain stores, which nothing traps. So
+// the shim interposes ibv_open_device and ibv_qp_to_qp_ex, both exported by libibverbs, and for
+// a context on the softefa device replaces the post_send, post_recv and req_notify_cq entries of
+// its ops, and the wr_complete of each extended QP, with wrappers that call libefa's function and
+// then tell the engine at once. req_notify_cq needs it for correctness: libefa's next poll
+// rewrites the CQ doorbell without the arm bit, so an arm must be latched while it is there.
+//
+// The layouts below are the public libibverbs ABI (verbs.h, unchanged since IBVERBS_1.1 for
+// ibv_context, ibv_cq and ibv_qp, and since 1.6 for ibv_qp_ex).
+struct sx_context {
+	void *device;
+	void *ops[32];
+	int cmd_fd;
+};
+enum { OP_REQ_NOTIFY_CQ = 12, OP_POST_SEND = 25, OP_POST_RECV = 26 };
+struct sx_cq {
+	struct sx_context *context;
+	void *channel, *cq_context;
+	uint32_t handle;
+};
+struct sx_qp {
+	struct sx_context *context;
+	void *qp_context, *pd, *send_cq, *recv_cq, *srq;
+	uint32_t handle, qp_num;
+};
+struct sx_qp_ex {
+	unsigned char qp_base[160];
+	uint64_t comp_mask, wr_id;
+	unsigned int wr_flags;
+	void *fns[21];
+};
+enum { QPX_WR_COMPLETE = 18 };
+_Static_assert(offsetof(struct sx_context, cmd_fd) == 264, "ibv_context layout");
+_Static_assert(offsetof(struct sx_cq, handle) == 24, "ibv_cq layout");
+_Static_assert(offsetof(struct sx_qp, handle) == 48, "ibv_qp layout");
+_Static_assert(offsetof(struct sx_qp_ex, fns) + QPX_WR_COMPLETE * sizeof(void *) == 328, "ibv_qp_ex layout");
+
+typedef int (*post_fn)(void *qp, void *wr, void **bad);
+typedef int (*notify_fn)(void *cq, int solicited_only);
+typedef int (*complete_fn)(void *qpx);
+static post_fn orig_post_send, orig_post_recv;
+static notify_fn orig_req_notify;
+static complete_fn orig_wr_complete;
+
+static int w_post_send(void *qp, void *wr, void **bad) {
+	int r = orig_post_send(qp, wr, bad);
+	struct sx_qp *q = qp;
+	eng_kick_qp(q->context->cmd_fd, q->handle);
+	return r;
+}
+
+static int w_post_recv(void *qp, void *wr, void **bad) {
+	int r = orig_post_recv(qp, wr, bad);
+	struct sx_qp *q = qp;
+	eng_kick_qp(q->context->cmd_fd, q->handle);
+	return r;
+}
+
+static int w_req_notify(void *cq, int solicited_only) {
+	int r = orig_req_notify(cq, solicited_only);
+	struct sx_cq *c = cq;
+	if (r == 0)
+		eng_arm_cq(c->context->cmd_fd, c->handle);
+	return r;
+}
+
+static int w_wr_complete(void *qpx) {
+	int r = orig_wr_complete(qpx);
+	struct sx_qp *q = qpx; // qp_base is first
+	eng_kick_qp(q->context->cmd_fd, q->handle);
+	return r;
+}
+
+// swap replaces *slot with wrapper, remembering the original; a second, different original (a
+// context of another provider cannot reach here) leaves the slot alone.
+static void swap(void **slot, void **orig, void *wrapper) {
+	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	pthread_mutex_lock(&mu);
+	if (*slot && *slot != wrapper && (!*orig || *orig == *slot)) {
+		*orig = *slot;
+		*slot = wrapper;
+	}
+	pthread_mutex_unlock(&mu);
+}
+
+// verbs_sym finds a libibverbs function: next in the global scope, or in libibverbs itself when
+// it was loaded into a local scope (Python extension modules are dlopen'ed RTLD_LOCAL).
+static void *verbs_sym(const char *name, const char *version) {
+	void *p = dlsym(RTLD_NEXT, name);
+	if (!p) {
+		void *h = dlopen("libibverbs.so.1", RTLD_NOLOAD | RTLD_LAZY);
+		if (h)
+			p = dlvsym(h, name, version);
+	}
+	return p;
+}
+
+void *ibv_open_device(void *device) {
+	static void *(*real)(void *);
+	if (!real)
+		real = (void *(*)(void *))verbs_sym("ibv_open_device", "IBVERBS_1.1");
+	if (!real) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	struct sx_context *ctx = real(device);
+	if (ctx && ours(ctx->cmd_fd)) {
+		swap(&ctx->ops[OP_POST_SEND], (void **)&orig_post_send, (void *)w_post_send);
+		swap(&ctx->ops[OP_POST_RECV], (void **)&orig_post_recv, (void *)w_post_recv);
+		swap(&ctx->ops[OP_REQ_NOTIFY_CQ], (void **)&orig_req_notify, (void *)w_req_notify);
+	}
+	return ctx;
+}
+
+void *ibv_qp_to_qp_ex(void *qp) {
+	static void *(*real)(void *);
+	if (!real)
+		real = (void *(*)(void *))verbs_sym("ibv_qp_to_qp_ex", "IBVERBS_1.6");
+	if (!real) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	struct sx_qp_ex *qpx = real(qp);
+	struct sx_qp *q = qp;
+	if (qpx && ours(q->context->cmd_fd))
+		swap(&qpx->fns[QPX_WR_COMPLETE], (void **)&orig_wr_complete, (void *)w_wr_complete);
+	return qpx;
 }

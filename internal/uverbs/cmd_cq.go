@@ -188,8 +188,12 @@ func (f *File) destroyCQ(c *call) error {
 	}
 	f.freeKeys([]uint64{o.ringKey, o.dbKey})
 	delete(f.objs, h)
+	reported := o.compSent.Load()
+	if o.ch != nil {
+		reported -= o.ch.discard(o.handle)
+	}
 	resp := make([]byte, destroyCQResp)
-	put32(resp, 0, o.compSent.Load())
+	put32(resp, 0, reported)
 	put32(resp, 4, o.asyncSent.Load())
 	return f.respond(c, resp)
 }
@@ -200,4 +204,35 @@ func closeFDs(fds ...int) {
 	for _, fd := range fds {
 		unix.Close(fd)
 	}
+}
+
+// discard removes the unread events of the CQ with user handle cq from the channel and returns
+// how many there were, as the kernel drops a destroyed CQ's queued events and reports only those
+// read (ib_uverbs_release_ucq; libibverbs' destroy waits until it has acknowledged as many as
+// reported). The channel's queue is read from the program's end, which libibverbs keeps open
+// while any CQ uses the channel; other CQs' events are queued again, in order.
+func (ch *compChannel) discard(cq uint64) uint32 {
+	var buf, keep []byte
+	rec := make([]byte, 4096)
+	for {
+		n, _, err := unix.Recvfrom(int(ch.user), rec, unix.MSG_DONTWAIT)
+		if n <= 0 || err != nil {
+			break
+		}
+		buf = append(buf, rec[:n]...)
+	}
+	var dropped uint32
+	for len(buf) >= 8 {
+		if u64(buf, 0) == cq {
+			dropped++
+		} else {
+			keep = append(keep, buf[:8]...)
+		}
+		buf = buf[8:]
+	}
+	keep = append(keep, buf...) // a partial record (a concurrent reader) goes back as it was
+	if len(keep) > 0 {
+		sendEvent(ch.dev, keep)
+	}
+	return dropped
 }

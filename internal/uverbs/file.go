@@ -306,3 +306,25 @@ func (f *File) asyncFD() int {
 }
 
 var _ = syscall.EINVAL
+
+// Kick tells the engine that the program just posted to the QP with handle h (the shim's
+// post_send, post_recv and wr_complete wrappers call it), so the engine looks at its rings at once.
+// Unknown handles are ignored.
+func (f *File) Kick(h uint32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if o, ok := f.objs[h].(*qpObj); ok {
+		f.d.e.Ring(o.qp)
+	}
+}
+
+// Arm latches the completion-event request the program just stored in the doorbell of the CQ
+// with handle h (the shim's req_notify_cq wrapper calls it). libefa's next poll rewrites the
+// doorbell without the arm bit, so the engine must see it now. Unknown handles are ignored.
+func (f *File) Arm(h uint32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if o, ok := f.objs[h].(*cqObj); ok {
+		f.d.e.ArmCQ(o.cq)
+	}
+}

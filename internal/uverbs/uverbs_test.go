@@ -503,3 +503,69 @@ func TestMemfdRegions(t *testing.T) {
 		t.Fatalf("Alloc(0): %v", err)
 	}
 }
+
+// TestCompChannel arms a CQ with an entry already unpolled: the event comes at once, and
+// DESTROY_CQ reports only the events the program read, after discarding the unread one.
+func TestCompChannel(t *testing.T) {
+	h := newHarness(t)
+	h.getContext()
+	r := h.must(cmd(cmdCreateCompChannel, 1, withResp(8), nil))
+	chFD := int(u32(r, 0))
+	defer syscall.Close(chFD)
+
+	core := withResp(createCQReq)
+	put64(core, 8, 0xabcdef)
+	put32(core, 16, 8)
+	put32(core, 24, uint32(chFD))
+	drv := make([]byte, 16)
+	put32(drv, 4, 32)
+	put16(drv, 8, 1)
+	drv[10] = efaCreateCQWithCompChannel
+	r = h.must(cmd(cmdCreateCQ, 12, core, drv))
+	cqh := u32(r, 0)
+	dbKey := u64(r[8:], 32)
+	db := (*uint32)(unsafePointer(h.reg.live[dbKey]))
+
+	// Flush a receive into the CQ: a UD QP with one posted receive, moved to ERR.
+	pd := h.allocPD()
+	qp, qr := h.createQP(pd, cqh, qpTypeUD, 16*64, 16*16)
+	rq := h.reg.live[u64(qr[32:], 16)]
+	put64(rq, 0, bufAddr)      // addr
+	put32(rq, 12, 1<<30|1<<31) // first, last
+	atomicStore(qpDB(h, qr, dbPageQPRQOffset), 1)
+	mod := make([]byte, modifyQPReq)
+	put32(mod, 64, qp)
+	put32(mod, 68, 1|1<<4|1<<5|1<<6) // INIT: state, pkey index, port, qkey
+	mod[96], mod[104] = 1, 1
+	h.must(cmd(cmdModifyQP, 0, mod, nil))
+	put32(mod, 68, 1)
+	mod[96] = 6 // ERR flushes the receive
+	h.must(cmd(cmdModifyQP, 0, mod, nil))
+
+	atomicStore(db, 1<<31) // arm: consumer count 0, one entry unpolled
+	h.f.Arm(cqh)
+	ev := make([]byte, 8)
+	syscall.SetNonblock(chFD, true)
+	if n, err := syscall.Read(chFD, ev); n != 8 || err != nil || u64(ev, 0) != 0xabcdef {
+		t.Fatalf("event: %d %v % x", n, err, ev)
+	}
+	atomicStore(db, 1<<29|1<<31) // the next cmd_sn: another event, since the entry is still there
+	h.f.Arm(cqh)
+
+	d := make([]byte, 16)
+	put64(d, 0, respAddr)
+	put32(d, 8, qp)
+	h.must(cmd(cmdDestroyQP, 1, d, nil))
+	put32(d, 8, cqh)
+	r = h.must(cmd(cmdDestroyCQ, 2, d, nil))
+	if u32(r, 0) != 1 {
+		t.Fatalf("comp_events_reported %d, want the 1 read", u32(r, 0))
+	}
+	if n, _ := syscall.Read(chFD, ev); n > 0 {
+		t.Fatal("the unread event was not discarded")
+	}
+}
+
+func qpDB(h *harness, resp []byte, off int) *uint32 {
+	return (*uint32)(unsafePointer(h.reg.live[u64(resp[32:], 32)][off:]))
+}
