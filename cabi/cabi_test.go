@@ -90,8 +90,28 @@ func TestFiInfo(t *testing.T) {
 // TestPyverbsEFA runs rdma-core's own EFA tests (test_efadv, test_efa_srd: 16 in v44), shipped
 // gzipped with Debian's python3-pyverbs, against the device.
 func TestPyverbsEFA(t *testing.T) {
+	out := pyverbs(t, "-k", "test_efa")
+	if !strings.Contains(out, "Ran 16 tests") || !strings.Contains(out, "\nOK") {
+		t.Fatalf("want 16 tests OK:\n%s", out)
+	}
+	t.Logf("pyverbs -k test_efa: %s", lastLines(out, 3))
+}
+
+// TestPyverbsAll runs the whole pyverbs suite: the generic verbs tests (device, PD, MR, CQ,
+// completion events, UD QPs) must pass or skip, as they do on EFA hardware.
+func TestPyverbsAll(t *testing.T) {
+	out := pyverbs(t)
+	if !strings.Contains(out, "\nOK") || strings.Contains(out, "FAIL:") || strings.Contains(out, "ERROR:") {
+		t.Fatalf("the pyverbs suite did not pass:\n%s", out)
+	}
+	t.Logf("pyverbs: %s", lastLines(out, 3))
+}
+
+// pyverbs runs rdma-core's run_tests.py with args on the device and returns its output.
+func pyverbs(t *testing.T, args ...string) string {
+	t.Helper()
 	if testing.Short() {
-		t.Skip("runs rdma-core's EFA test suite (about 10 s)")
+		t.Skip("runs rdma-core's pyverbs tests")
 	}
 	const python, shipped = "/usr/bin/python3", "/usr/share/doc/rdma-core/tests"
 	if err := exec.Command(python, "-c", "import pyverbs.providers.efa.efadv").Run(); err != nil {
@@ -105,11 +125,7 @@ func TestPyverbsEFA(t *testing.T) {
 	if err := unpackTests(shipped, filepath.Join(work, "tests")); err != nil {
 		t.Fatal(err)
 	}
-	out := run(t, s, work, 5*time.Minute, python, "tests/run_tests.py", "--dev", s.Sysfs.IBDev, "-v", "-k", "test_efa")
-	if !strings.Contains(out, "Ran 16 tests") || !strings.Contains(out, "\nOK") {
-		t.Fatalf("want 16 tests OK:\n%s", out)
-	}
-	t.Logf("pyverbs -k test_efa: %s", lastLines(out, 3))
+	return run(t, s, work, 5*time.Minute, python, append([]string{"tests/run_tests.py", "--dev", s.Sysfs.IBDev, "-v"}, args...)...)
 }
 
 // unpackTests copies dir to dst, gunzipping *.gz files.
