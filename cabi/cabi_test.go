@@ -5,7 +5,9 @@ package cabi
 import (
 	"bytes"
 	"compress/gzip"
+	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -195,5 +197,108 @@ func TestSysfsTree(t *testing.T) {
 		if err != nil || filepath.Base(p) != base {
 			t.Errorf("%s resolves to %q (%v), want …/%s", link, p, err, base)
 		}
+	}
+}
+
+// TestTwoProcesses runs perftest's SRD tests and libfabric's ping-pong between two processes,
+// each with its own device, over SRD on UDP loopback: the cross-process acceptance list.
+func TestTwoProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs perftest and fi_pingpong between two processes")
+	}
+	cases := []struct {
+		name   string
+		tool   string
+		server []string
+		want   string
+	}{
+		{"ib_send_bw", "ib_send_bw", nil, "BW average"},
+		{"ib_send_lat", "ib_send_lat", nil, "t_typical"},
+		{"ib_read_bw", "ib_read_bw", nil, "BW average"},
+		{"ib_read_lat", "ib_read_lat", nil, "t_typical"},
+		{"fi_pingpong_dgram", "fi_pingpong", nil, "usec/xfer"},
+		{"fi_pingpong_rdm", "fi_pingpong", []string{"-e", "rdm"}, "usec/xfer"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			srvSetup := setupOrSkip(t, c.tool)
+			cliSetup := setupOrSkip(t, c.tool)
+			port := freeTCPPort(t)
+			var srv, cli []string
+			if c.tool == "fi_pingpong" {
+				srv = append([]string{"-p", "efa", "-I", "100", "-S", "1024", "-B", fmt.Sprint(port)}, c.server...)
+				cli = append([]string{"-p", "efa", "-I", "100", "-S", "1024", "-P", fmt.Sprint(port)}, c.server...)
+			} else {
+				srv = []string{"-d", "efa_0", "-c", "SRD", "-x", "0", "-n", "200", "-p", fmt.Sprint(port)}
+				cli = srv
+			}
+			server := exec.Command(c.tool, srv...)
+			server.Env = srvSetup.Environ()
+			var srvOut bytes.Buffer
+			server.Stdout, server.Stderr = &srvOut, &srvOut
+			if err := server.Start(); err != nil {
+				t.Fatal(err)
+			}
+			srvDone := make(chan error, 1)
+			go func() { srvDone <- server.Wait() }()
+			defer func() {
+				server.Process.Kill()
+				<-srvDone
+			}()
+			var out string
+			for try := 0; ; try++ { // until the server listens
+				c := exec.Command(c.tool, append(cli, "127.0.0.1")...)
+				c.Env = cliSetup.Environ()
+				b, err := combinedOutputWithin(c, time.Minute)
+				if err == nil {
+					out = string(b)
+					break
+				}
+				if try == 20 {
+					t.Fatalf("client: %v\n%s\nserver:\n%s", err, b, srvOut.String())
+				}
+				time.Sleep(250 * time.Millisecond)
+			}
+			if !strings.Contains(out, c.want) {
+				t.Fatalf("client output lacks %q:\n%s", c.want, out)
+			}
+			select {
+			case err := <-srvDone:
+				srvDone <- err
+				if err != nil {
+					t.Fatalf("server: %v\n%s", err, srvOut.String())
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("the server did not finish:\n%s", srvOut.String())
+			}
+			t.Log(lastLines(out, 2))
+		})
+	}
+}
+
+func freeTCPPort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func combinedOutputWithin(c *exec.Cmd, d time.Duration) ([]byte, error) {
+	var out bytes.Buffer
+	c.Stdout, c.Stderr = &out, &out
+	if err := c.Start(); err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	select {
+	case err := <-done:
+		return out.Bytes(), err
+	case <-time.After(d):
+		c.Process.Kill()
+		<-done
+		return out.Bytes(), fmt.Errorf("no exit within %v", d)
 	}
 }
