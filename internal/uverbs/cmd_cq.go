@@ -194,7 +194,7 @@ func (f *File) destroyCQ(c *call) error {
 	}
 	resp := make([]byte, destroyCQResp)
 	put32(resp, 0, reported)
-	put32(resp, 4, o.asyncSent.Load())
+	put32(resp, 4, o.asyncSent.Load()-f.discardAsync(o.handle))
 	return f.respond(c, resp)
 }
 
@@ -207,32 +207,55 @@ func closeFDs(fds ...int) {
 }
 
 // discard removes the unread events of the CQ with user handle cq from the channel and returns
-// how many there were, as the kernel drops a destroyed CQ's queued events and reports only those
-// read (ib_uverbs_release_ucq; libibverbs' destroy waits until it has acknowledged as many as
-// reported). The channel's queue is read from the program's end, which libibverbs keeps open
-// while any CQ uses the channel; other CQs' events are queued again, in order.
+// how many there were (see discardEvents).
 func (ch *compChannel) discard(cq uint64) uint32 {
+	return discardEvents(int(ch.user), ch.userIno, ch.dev, 8, cq)
+}
+
+// discardEvents removes the unread records of size bytes whose first 8 bytes are element from
+// the stream socket pair (user, dev) and returns how many there were, as the kernel drops a
+// destroyed object's queued events and reports only those read (ib_uverbs_release_ucq,
+// ib_uverbs_release_uevent; libibverbs' destroy waits until it has acknowledged as many as
+// reported). The queue is read from the program's end, which is open while the object exists
+// (libibverbs keeps a channel with CQs, and the async fd with the context); other records are
+// queued again, in order.
+//
+// userIno is the inode of the program's end when it was created: if the fd no longer names that
+// socket (the program closed it and the number was reused), nothing is read.
+func discardEvents(user int, userIno uint64, dev, size int, element uint64) uint32 {
+	if inode(user) != userIno {
+		return 0
+	}
 	var buf, keep []byte
 	rec := make([]byte, 4096)
 	for {
-		n, _, err := unix.Recvfrom(int(ch.user), rec, unix.MSG_DONTWAIT)
+		n, _, err := unix.Recvfrom(user, rec, unix.MSG_DONTWAIT)
 		if n <= 0 || err != nil {
 			break
 		}
 		buf = append(buf, rec[:n]...)
 	}
 	var dropped uint32
-	for len(buf) >= 8 {
-		if u64(buf, 0) == cq {
+	for len(buf) >= size {
+		if u64(buf, 0) == element {
 			dropped++
 		} else {
-			keep = append(keep, buf[:8]...)
+			keep = append(keep, buf[:size]...)
 		}
-		buf = buf[8:]
+		buf = buf[size:]
 	}
 	keep = append(keep, buf...) // a partial record (a concurrent reader) goes back as it was
 	if len(keep) > 0 {
-		sendEvent(ch.dev, keep)
+		sendEvent(dev, keep)
 	}
 	return dropped
+}
+
+// inode returns the inode number of fd's file, or 0.
+func inode(fd int) uint64 {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return 0
+	}
+	return st.Ino
 }

@@ -52,7 +52,7 @@ func (f *File) getContext(c *call) error {
 		unix.Close(theirs)
 		return err
 	}
-	f.async = ours
+	f.async, f.asyncFD0, f.asyncIno = ours, theirs, inode(theirs)
 	f.hasCtx = true
 	return nil
 }

@@ -188,6 +188,6 @@ func (f *File) createCompChannel(c *call) error {
 		closeFDs(ours, theirs)
 		return err
 	}
-	f.channels[int32(theirs)] = &compChannel{user: int32(theirs), dev: ours}
+	f.channels[int32(theirs)] = &compChannel{user: int32(theirs), userIno: inode(theirs), dev: ours}
 	return nil
 }

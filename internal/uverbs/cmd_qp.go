@@ -224,6 +224,6 @@ func (f *File) destroyQP(c *call) error {
 	f.freeKeys(o.keys)
 	delete(f.objs, h)
 	resp := make([]byte, destroyQPResp)
-	put32(resp, 0, o.asyncSent.Load())
+	put32(resp, 0, o.asyncSent.Load()-f.discardAsync(o.handle))
 	return f.respond(c, resp)
 }

@@ -81,7 +81,9 @@ type File struct {
 
 	mu       sync.Mutex // serializes commands; guards everything below
 	hasCtx   bool
-	async    int // the device's end of the async-event socket pair; -1 before GET_CONTEXT
+	async    int    // the device's end of the async-event socket pair; -1 before GET_CONTEXT
+	asyncFD0 int    // the program's end
+	asyncIno uint64 // its inode
 	objs     map[uint32]any
 	next     uint32
 	channels map[int32]*compChannel // by the fd the program holds
@@ -131,8 +133,9 @@ type qpObj struct {
 // ib_uverbs_comp_event_desc records from. A socket rather than a pipe, so that a write after the
 // program closed its end fails with EPIPE instead of raising SIGPIPE.
 type compChannel struct {
-	user int32 // the program's end
-	dev  int   // ours
+	user    int32  // the program's end
+	userIno uint64 // its inode, to recognize it (discardEvents)
+	dev     int    // ours
 }
 
 // add inserts o in the handle table and returns its handle (handles start at 0, as the
@@ -327,4 +330,13 @@ func (f *File) Arm(h uint32) {
 	if o, ok := f.objs[h].(*cqObj); ok {
 		f.d.e.ArmCQ(o.cq)
 	}
+}
+
+// discardAsync removes the unread async events of the object with user handle element and
+// returns how many there were. Called with f.mu held.
+func (f *File) discardAsync(element uint64) uint32 {
+	if f.async < 0 {
+		return 0
+	}
+	return discardEvents(f.asyncFD0, f.asyncIno, f.async, 16, element)
 }

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/engine"
+	"golang.org/x/sys/unix"
 )
 
 // fakeMem is a Memory of a few segments at made-up addresses.
@@ -568,4 +570,59 @@ func TestCompChannel(t *testing.T) {
 
 func qpDB(h *harness, resp []byte, off int) *uint32 {
 	return (*uint32)(unsafePointer(h.reg.live[u64(resp[32:], 32)][off:]))
+}
+
+// TestAsyncEventDiscard overruns a CQ, which raises CQ_ERR on the async fd; destroying the CQ
+// with the event unread discards it and reports none.
+func TestAsyncEventDiscard(t *testing.T) {
+	h := newHarness(t)
+	drv := make([]byte, 8)
+	put32(drv, 0, efaAllocUcontextCmdTxBatch|efaAllocUcontextCmdMinSQWR)
+	r := h.must(cmd(cmdGetContext, (8+24)/4, withResp(8), drv))
+	asyncFD := int(u32(r, 0))
+	defer syscall.Close(asyncFD)
+
+	pd := h.allocPD()
+	cq, _ := h.createCQ(1, 32, 0) // one entry
+	qp, qr := h.createQP(pd, cq, qpTypeUD, 16*64, 16*16)
+	rq := h.reg.live[u64(qr[32:], 16)]
+	for i := range 2 { // two receives: the second flush completion overruns the CQ
+		put64(rq[i*16:], 0, bufAddr)
+		put16(rq[i*16:], 8, uint16(i))
+		put32(rq[i*16:], 12, 1<<30|1<<31)
+	}
+	atomicStore(qpDB(h, qr, dbPageQPRQOffset), 2)
+	mod := make([]byte, modifyQPReq)
+	put32(mod, 64, qp)
+	put32(mod, 68, 1|1<<4|1<<5|1<<6)
+	mod[96], mod[104] = 1, 1
+	h.must(cmd(cmdModifyQP, 0, mod, nil))
+	put32(mod, 68, 1)
+	mod[96] = 6
+	h.must(cmd(cmdModifyQP, 0, mod, nil))
+
+	// Wait for the forwarder to queue the event, without reading it.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		fds := []unix.PollFd{{Fd: int32(asyncFD), Events: unix.POLLIN}}
+		if n, _ := unix.Poll(fds, 10); n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no CQ_ERR event")
+		}
+	}
+	d := make([]byte, 16)
+	put64(d, 0, respAddr)
+	put32(d, 8, qp)
+	h.must(cmd(cmdDestroyQP, 1, d, nil))
+	put32(d, 8, cq)
+	r = h.must(cmd(cmdDestroyCQ, 2, d, nil))
+	if u32(r, 4) != 0 {
+		t.Fatalf("async_events_reported %d, want 0 (the event was never read)", u32(r, 4))
+	}
+	fds := []unix.PollFd{{Fd: int32(asyncFD), Events: unix.POLLIN}}
+	if n, _ := unix.Poll(fds, 0); n != 0 {
+		t.Fatal("the unread event is still queued")
+	}
 }
