@@ -7,6 +7,7 @@ package config
 import (
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"strings"
@@ -66,8 +67,10 @@ type Device struct {
 	// PathMTU is the largest IP packet on the network; SRD messages are cut into segments that
 	// fit it. Default 1500 (Ethernet).
 	PathMTU int
-	// TransportTimeout is how long a peer may leave sent packets unacknowledged before every
-	// outstanding WR to it fails (unresponsive or unreachable). Default 5 s.
+	// TransportTimeout is how long a peer may go without acknowledging our packets or sending
+	// new ones of its own, while we wait on it, before every outstanding WR to it fails
+	// (unresponsive or unreachable). A peer still streaming read data or answers behind a long
+	// transfer is making progress. Default 5 s.
 	TransportTimeout time.Duration
 	// MaxPeers bounds the peer contexts a device keeps; default 65536.
 	MaxPeers int
@@ -85,6 +88,18 @@ type Device struct {
 	PollMin, PollMax time.Duration
 	// RNRInterval is the delay between RNR retries; default 1 ms.
 	RNRInterval time.Duration
+
+	// Driven makes a device with no goroutines of its own: whoever owns it moves it by calling
+	// Drive (verbs.Context.Drive), which reads what the link holds, serves doorbells and timers,
+	// and sends. The link must be a link.Poller. With Clock, Rand and a simulated network
+	// (memlink.NewSim) one goroutine then runs everything, so a seed replays a run exactly.
+	Driven bool
+	// Clock, if set, is the device's time: monotonic, from any origin. Default: the wall clock.
+	Clock func() time.Duration
+	// Rand, if set, supplies every random bit the device draws (incarnation, rkeys, cookie key,
+	// sealing salt) in place of crypto/rand. For simulation only: predictable keys protect
+	// nothing.
+	Rand io.Reader
 }
 
 // MaxRQSGELimit bounds MaxRQSGE so that a receive WR's buffers fit a fixed array.
@@ -172,6 +187,9 @@ func (c *Device) Fill() error {
 	}
 	if c.RNRInterval == 0 {
 		c.RNRInterval = def.RNRInterval
+	}
+	if _, ok := c.Link.(link.Poller); c.Driven && c.Link != nil && !ok {
+		return fmt.Errorf("config: a driven device needs a link it can read without waiting (link.Poller): %w", syscall.EINVAL)
 	}
 	switch {
 	case c.MTU < 64 || c.MTU > 1<<16:

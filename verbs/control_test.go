@@ -3,11 +3,13 @@ package verbs_test
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"syscall"
 	"testing"
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efadv"
+	"github.com/softefa/softefa/link/memlink"
 	"github.com/softefa/softefa/verbs"
 )
 
@@ -107,6 +109,9 @@ func TestBadConfig(t *testing.T) {
 		func(c *config.Device) { c.MaxSQSGE = 3 },
 		func(c *config.Device) { c.InlineBufSizeEx = 81 },
 		func(c *config.Device) { c.QPNTableSize = 1 << 17 },
+		func(c *config.Device) { // driven, on a link that can only be read by waiting
+			c.Driven, c.Link = true, memlink.New(1).Listen(netip.MustParseAddrPort("10.9.9.9:1"), 1)
+		},
 	} {
 		var cfg config.Device
 		mod(&cfg)

@@ -83,6 +83,14 @@ var nextPort atomic.Uint32
 
 func init() { nextPort.Store(0xefa0) }
 
+// Drive moves a driven device (config.Device.Driven) one step, on the caller's goroutine: it
+// takes the datagrams its link holds, serves doorbells and the transport's timers against the
+// device clock, and sends what that produced. It reports whether anything arrived or any work
+// request was consumed. A device that is not driven has goroutines of its own and does nothing
+// here. This is for simulation: one goroutine posting, polling and driving every device on a
+// memlink.NewSim fabric makes a run that its seed replays exactly.
+func (d *Device) Drive() bool { return d.e.Drive() }
+
 // GetDeviceList returns the devices of this process (ibv_get_device_list).
 func GetDeviceList() []*Device {
 	registry.Lock()

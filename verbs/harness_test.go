@@ -41,6 +41,7 @@ type loopOpts struct {
 	noAH      bool
 	cqe       int // CQ entries; default 256
 	cfg       func(*config.Device)
+	iova      uint64 // the MR's address for the device, if not the buffer's own
 }
 
 // newLoop makes two ends on one device at RTS, in one context or two.
@@ -80,7 +81,11 @@ func newEnd(t testing.TB, ctx *verbs.Context, o loopOpts) *end {
 		e.cq = must[*verbs.CQ](t)(ctx.CreateCQ(cmp.Or(o.cqe, 256), nil, nil, 0))
 	}
 	e.buf = make([]byte, o.size)
-	e.mr = must[*verbs.MR](t)(e.pd.RegMR(e.buf, verbs.AccessLocalWrite|o.access))
+	if o.iova != 0 {
+		e.mr = must[*verbs.MR](t)(e.pd.RegMRIOVA(e.buf, o.iova, verbs.AccessLocalWrite|o.access))
+	} else {
+		e.mr = must[*verbs.MR](t)(e.pd.RegMR(e.buf, verbs.AccessLocalWrite|o.access))
+	}
 	attr := verbs.QPInitAttrEx{SendCQ: e.cq, RecvCQ: e.cq, QPType: o.typ, PD: e.pd, Cap: o.cap,
 		CompMask: verbs.QPInitAttrPD | verbs.QPInitAttrSendOpsFlags, SendOpsFlags: verbs.SendOpsSend | verbs.SendOpsSendWithImm}
 	if o.typ == verbs.QPTUD {

@@ -2,12 +2,14 @@ package verbs_test
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
 	"net"
 	"net/netip"
 	"runtime"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -162,6 +164,39 @@ func TestLossReorderDuplication(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A read whose data takes longer than the transport timeout to stream in, and a SEND whose
+// answer waits behind that data in the responder's stream: the requester's own stream is idle
+// the whole time, but the peer is sending, so neither may fail as unresponsive.
+func TestLongReadOutlastsTransportTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(5)
+		for i := range 2 {
+			f.SetPath(i, memlink.Impairment{Rate: 1 << 20, Queue: 256 << 10}) // 1 MiB/s each
+		}
+		const size = 1 << 20 // a second of read data over both paths
+		a, b := memPair(t, f, 2, loopOpts{size: 2 * size, cfg: func(c *config.Device) { c.TransportTimeout = 100 * time.Millisecond }})
+		pattern(b.buf[:size], 3)
+		start := time.Now()
+		check(t, a.post(1, b, func(x *verbs.QPEx) {
+			x.WRRDMARead(b.mr.RKey(), b.mr.Addr())
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr()+size, size)
+		}))
+		b.recv(2, size, 64)
+		a.send(2, b, 0, 64)
+		wcs := waitWC(t, a.cq, 2) // SRD does not order them: the SEND is done first
+		slices.SortFunc(wcs, func(x, y verbs.WC) int { return cmp.Compare(x.WRID, y.WRID) })
+		wantWC(t, wcs[0], 1, verbs.WCSuccess, verbs.WCSend)
+		wantWC(t, wcs[1], 2, verbs.WCSuccess, verbs.WCSend)
+		wantWC(t, b.one(), 2, verbs.WCSuccess, verbs.WCRecv)
+		if took := time.Since(start); took < 4*100*time.Millisecond {
+			t.Fatalf("the read took %v (virtual): the fabric did not hold it past the transport timeout", took)
+		}
+		if !bytes.Equal(a.buf[size:2*size], b.buf[:size]) {
+			t.Fatal("read data differs")
+		}
+	})
 }
 
 func TestPathBlackholed(t *testing.T) {

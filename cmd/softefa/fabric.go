@@ -372,7 +372,7 @@ func (fb *fabric) forward(b []byte, src netip.AddrPort, conn *net.UDPConn, dst n
 	path := int(h.Sum32() % uint32(len(fb.paths)))
 	var v memlink.Verdict
 	fb.mu.Lock()
-	fb.paths[path].Decide(&fb.imps[path], len(b), &v)
+	fb.paths[path].Decide(&fb.imps[path], len(b), time.Now(), &v)
 	st := &fb.stats[path]
 	st.In++
 	st.Dropped += uint64(v.Dropped)

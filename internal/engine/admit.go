@@ -1,9 +1,9 @@
 package engine
 
 import (
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
+	"io"
 	"net/netip"
 	"time"
 
@@ -22,8 +22,8 @@ import (
 const cookiePeriod = 10 * time.Second
 
 // newSecret draws the device's cookie key.
-func newSecret() (s [32]byte) {
-	_, _ = rand.Read(s[:])
+func newSecret(rng io.Reader) (s [32]byte) {
+	_, _ = io.ReadFull(rng, s[:])
 	return s
 }
 

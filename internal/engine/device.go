@@ -22,6 +22,7 @@
 package engine
 
 import (
+	"crypto/rand"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -57,6 +58,7 @@ type Device struct {
 	inc      uint32    // this device's incarnation
 	start    time.Time
 	peers    map[[16]byte]*peer
+	peerList []*peer // the same, in the order they came: what loops over peers follow
 	txq      *txq    // where frames go: the queue of the goroutine holding mu
 	ackList  []*peer // peers owed an ACK at the end of the receive batch
 	freeMsgs []*outMsg
@@ -64,6 +66,14 @@ type Device struct {
 	secret   [32]byte // the cookie key (admit.go)
 	seal     *sealer  // authenticated encryption, with a key (seal.go)
 	stranger peer     // scratch context for datagrams from devices not yet validated
+
+	inlineMu sync.Mutex // held by a provider goroutine doing the engine's work for its own Ring
+	inlineTx *txq       // that goroutine's frames (created on first use)
+	inlineQ  [1]*QP
+	inlined  atomic.Bool // set by ringInline after work, for the engine loop to poll fast
+	fastPoll atomic.Bool // the engine loop polls every PollMin
+
+	drv *driver // config.Device.Driven: the state Drive reuses; nil otherwise
 
 	kick     chan struct{} // one slot: wakes the engine loop
 	evNotify chan struct{} // one slot: an async event was queued
@@ -83,14 +93,18 @@ func NewDevice(cfg config.Device) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
+	rng := cfg.Rand
+	if rng == nil {
+		rng = rand.Reader
+	}
 	d := &Device{
 		cfg:      cfg,
 		gid:      GIDFromAddr(cfg.Addr),
 		link:     cfg.Link,
-		inc:      newIncarnation(),
+		inc:      newIncarnation(rng),
 		start:    time.Now(),
 		peers:    make(map[[16]byte]*peer),
-		secret:   newSecret(),
+		secret:   newSecret(rng),
 		qpns:     tab,
 		qps:      make(map[uint32]*QP),
 		pds:      make(map[uint16]*PD),
@@ -98,14 +112,24 @@ func NewDevice(cfg config.Device) (*Device, error) {
 		evNotify: make(chan struct{}, 1),
 		done:     make(chan struct{}),
 	}
-	d.mrs.init(cfg.MaxMR)
+	d.mrs.init(cfg.MaxMR, rng)
 	if len(cfg.Key) > 0 {
-		if d.seal, err = newSealer(cfg.Key); err != nil {
+		if d.seal, err = newSealer(cfg.Key, rng); err != nil {
 			return nil, err
 		}
 	}
 	if d.link != nil {
 		d.gid = GIDFromAddr(d.link.LocalAddr())
+	}
+	if cfg.Driven {
+		d.drv = &driver{q: newTxq(d.maxDatagram(), 64)}
+		if d.link != nil {
+			d.drv.rx = d.newRxScratch()
+			d.drv.poller = d.link.(link.Poller) // config.Fill checked
+		}
+		return d, nil
+	}
+	if d.link != nil {
 		d.wg.Add(1)
 		go d.rxLoop()
 	}

@@ -1,9 +1,9 @@
 package engine
 
 import (
-	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"syscall"
 
 	"github.com/softefa/softefa/internal/uapi"
@@ -183,9 +183,11 @@ type mrTable struct {
 	retired [retiredKeys]uint32
 	retPos  int
 	retSet  map[uint32]struct{}
+	rng     io.Reader // where rkeys come from
 }
 
-func (t *mrTable) init(max int) {
+func (t *mrTable) init(max int, rng io.Reader) {
+	t.rng = rng
 	t.byIndex = make([]*MR, max+1)
 	t.gen = make([]uint8, max+1)
 	t.byRKey = make(map[uint32]*MR)
@@ -212,7 +214,7 @@ func (t *mrTable) insert(mr *MR) error {
 	mr.lkey = uint32(idx)<<8 | uint32(t.gen[idx])
 	for {
 		var b [4]byte
-		_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
+		_, _ = io.ReadFull(t.rng, b[:]) // crypto/rand never fails (Go ≥ 1.24)
 		k := binary.LittleEndian.Uint32(b[:])
 		if _, old := t.retSet[k]; k == 0 || old || t.byRKey[k] != nil {
 			continue

@@ -94,7 +94,7 @@ type recvQueue struct {
 type parkedWR struct {
 	desc  efaio.TxDesc
 	tries int
-	due   time.Time
+	due   time.Duration // on the device clock
 }
 
 // Owner returns the value given as QPInit.Owner; nil for a nil QP.

@@ -1,17 +1,108 @@
 package engine
 
 import (
+	"github.com/softefa/softefa/link"
 	"sync/atomic"
 	"time"
 )
 
 // Ring tells the engine that the producer stored a new value into one of q's doorbells, so that
 // it looks at q at once. Safe from any goroutine; it does not block.
+//
+// When neither the engine loop nor a receive loop holds the device, the caller does the work
+// itself, at once: the doorbell's WQEs are executed and their datagrams sent from the caller's
+// goroutine, which saves a goroutine handoff per post.
 func (d *Device) Ring(q *QP) {
+	if d.ringInline(q) {
+		return
+	}
 	if q.kicked.CompareAndSwap(false, true) {
 		d.pending.push(q)
 	}
 	d.wake()
+}
+
+// ringInline does for q what the engine loop does for a kicked QP, if the device is free; it
+// reports false, having done nothing, if not, or if q has more work than one step takes.
+func (d *Device) ringInline(q *QP) bool {
+	if !d.inlineMu.TryLock() {
+		return false
+	}
+	defer d.inlineMu.Unlock()
+	if !d.mu.TryLock() {
+		return false
+	}
+	if d.closed {
+		d.mu.Unlock()
+		return false
+	}
+	if d.inlineTx == nil {
+		d.inlineTx = newTxq(d.maxDatagram(), 64)
+	}
+	d.useTx(d.inlineTx)
+	d.inlineQ[0] = q
+	worked, busy := d.step(d.inlineQ[:], false)
+	d.inlineQ[0] = nil
+	more := uint16(atomic.LoadUint32(q.sq.db)) != q.sq.ci
+	d.mu.Unlock()
+	d.sendTx(d.inlineTx)
+	switch {
+	case more || busy:
+		// Left over (a batch limit, parked RNR retries): the engine loop carries on.
+		if q.kicked.CompareAndSwap(false, true) {
+			d.pending.push(q)
+		}
+		d.wake()
+	case worked && !d.fastPoll.Load():
+		// Traffic after a quiet spell: the engine loop's timer (retransmissions, RNR retries)
+		// must tick every PollMin again.
+		d.inlined.Store(true)
+		d.wake()
+	}
+	return true
+}
+
+// driver is what Drive reuses from call to call.
+type driver struct {
+	rx     *rxScratch
+	poller link.Poller
+	q      *txq
+	batch  []*QP
+}
+
+// Drive moves a driven device (config.Device.Driven) one step, on the caller's goroutine: it
+// takes every datagram the link holds, serves the doorbells rung since the last call, looks at
+// every doorbell, runs the transport's timers against the device clock, and sends what all that
+// produced. It reports whether anything arrived or any work request was consumed: when no device
+// on a simulated network has anything to do, its owner moves the clock on. A device that is not
+// driven, or closed, does nothing.
+func (d *Device) Drive() (worked bool) {
+	dr := d.drv
+	if dr == nil {
+		return false
+	}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return false
+	}
+	d.useTx(dr.q)
+	for dr.poller != nil {
+		n, err := dr.poller.TryReceive(dr.rx.pkts)
+		if n == 0 || err != nil {
+			break
+		}
+		d.inputBatch(dr.rx, n)
+		worked = true
+	}
+	dr.batch = d.pending.drain(dr.batch)
+	if w, _ := d.step(dr.batch, true); w {
+		worked = true
+	}
+	clear(dr.batch)
+	d.mu.Unlock()
+	d.sendTx(dr.q)
+	return worked
 }
 
 func (d *Device) wake() {
@@ -45,6 +136,9 @@ func (d *Device) run() {
 		d.useTx(q)
 		batch = d.pending.drain(batch)
 		worked, busy := d.step(batch, polled)
+		if d.inlined.Swap(false) {
+			worked = true
+		}
 		idle := len(d.qpList) == 0 && len(d.peers) == 0
 		d.mu.Unlock()
 		d.sendTx(q)
@@ -54,6 +148,7 @@ func (d *Device) run() {
 		case polled:
 			period = min(2*period, d.cfg.PollMax)
 		}
+		d.fastPoll.Store(period == d.cfg.PollMin)
 		if polled {
 			armed = false
 		}
@@ -72,7 +167,7 @@ func (d *Device) run() {
 // retries sends parked after RNR. It reports whether any entry was consumed and whether parked
 // work remains. Called with d.mu held.
 func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
-	now := time.Now()
+	now := d.clock()
 	rqMoved := false
 	look := func(q *QP) {
 		if d.processSQ(q, now) {

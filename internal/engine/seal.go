@@ -3,9 +3,9 @@ package engine
 import (
 	"crypto/aes"
 	"crypto/cipher"
-	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"sync/atomic"
 	"syscall"
 
@@ -36,7 +36,7 @@ type sealer struct {
 	ctr  atomic.Uint64
 }
 
-func newSealer(key []byte) (*sealer, error) {
+func newSealer(key []byte, rng io.Reader) (*sealer, error) {
 	if len(key) != 32 {
 		return nil, fmt.Errorf("engine: key of %d bytes; AES-256-GCM takes 32: %w", len(key), syscall.EINVAL)
 	}
@@ -49,7 +49,7 @@ func newSealer(key []byte) (*sealer, error) {
 		return nil, err
 	}
 	var r [12]byte
-	_, _ = rand.Read(r[:])
+	_, _ = io.ReadFull(rng, r[:])
 	s := &sealer{aead: aead, salt: binary.BigEndian.Uint32(r[:4])}
 	s.ctr.Store(binary.BigEndian.Uint64(r[4:]))
 	return s, nil

@@ -14,7 +14,7 @@ const sqBatch = 256
 
 // processSQ consumes the WQEs the producer has made visible in q's SQ. In ERR it flushes them;
 // outside RTS it leaves them for later.
-func (d *Device) processSQ(q *QP, now time.Time) bool {
+func (d *Device) processSQ(q *QP, now time.Duration) bool {
 	if q.dead { // its doorbell memory may be gone: a Ring can arrive after DestroyQP
 		return false
 	}
@@ -63,7 +63,7 @@ func decodeStatus(err error) efaio.Status {
 }
 
 // execute carries out one send WR and completes it, or parks it for an RNR retry.
-func (d *Device) execute(q *QP, w *efaio.TxDesc, tries int, now time.Time) {
+func (d *Device) execute(q *QP, w *efaio.TxDesc, tries int, now time.Duration) {
 	var m message
 	st := d.prepare(q, w, &m)
 	if st == efaio.StatusOK {
@@ -74,7 +74,7 @@ func (d *Device) execute(q *QP, w *efaio.TxDesc, tries int, now time.Time) {
 	}
 	if st == efaio.StatusRemoteRNR && q.typ == uapi.QPTypeDriver &&
 		(q.attr.RNRRetry == uapi.RNRRetryInfinite || tries < int(q.attr.RNRRetry)) {
-		q.parked = append(q.parked, parkedWR{desc: *w, tries: tries + 1, due: now.Add(d.cfg.RNRInterval)})
+		q.parked = append(q.parked, parkedWR{desc: *w, tries: tries + 1, due: now + d.cfg.RNRInterval})
 		return
 	}
 	d.count(q, w, &m, st)
@@ -226,7 +226,7 @@ func (q *QP) completeSend(w *efaio.TxDesc, st efaio.Status) {
 
 // retryParked runs again the sends of q that wait after RNR: all of them when receives were
 // posted on the device (rqMoved), otherwise those whose retry interval has passed.
-func (d *Device) retryParked(q *QP, rqMoved bool, now time.Time) {
+func (d *Device) retryParked(q *QP, rqMoved bool, now time.Duration) {
 	if len(q.parked) == 0 || q.attr.State != uapi.QPSRTS && q.attr.State != uapi.QPSSQD {
 		return
 	}
@@ -235,7 +235,7 @@ func (d *Device) retryParked(q *QP, rqMoved bool, now time.Time) {
 	kept := waiting[:0]
 	for i := range waiting {
 		p := waiting[i]
-		if !rqMoved && now.Before(p.due) {
+		if !rqMoved && now < p.due {
 			kept = append(kept, p)
 			continue
 		}

@@ -1,8 +1,8 @@
 package engine
 
 import (
-	"crypto/rand"
 	"encoding/binary"
+	"io"
 	"net/netip"
 	"time"
 
@@ -73,10 +73,10 @@ type pathState struct {
 }
 
 // newIncarnation draws a device's incarnation: random, never 0.
-func newIncarnation() uint32 {
+func newIncarnation(rng io.Reader) uint32 {
 	var b [4]byte
 	for {
-		_, _ = rand.Read(b[:])
+		_, _ = io.ReadFull(rng, b[:])
 		if v := binary.BigEndian.Uint32(b[:]); v != 0 {
 			return v
 		}
@@ -95,11 +95,17 @@ func (d *Device) peerFor(gid [16]byte) *peer {
 	p.tx.init()
 	p.rx.init()
 	d.peers[gid] = p
+	d.peerList = append(d.peerList, p)
 	return p
 }
 
 // clock is the device's monotonic time, as a duration since it started.
-func (d *Device) clock() time.Duration { return time.Since(d.start) }
+func (d *Device) clock() time.Duration {
+	if d.cfg.Clock != nil {
+		return d.cfg.Clock()
+	}
+	return time.Since(d.start)
+}
 
 // segSize is the payload of one DATA frame that keeps a datagram within the path MTU, with room
 // for a COOKIE frame.
@@ -233,7 +239,7 @@ func (d *Device) PathStats() []PathStat {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []PathStat
-	for _, p := range d.peers {
+	for _, p := range d.peerList {
 		for i, ps := range p.paths {
 			out = append(out, PathStat{Peer: p.gid, Path: i, SRTT: ps.srtt, Sent: ps.sent, Lost: ps.lost,
 				Failed: ps.failed, Cwnd: p.tx.cwnd})

@@ -2,9 +2,11 @@ package engine
 
 import (
 	"cmp"
+	"maps"
 	"math/bits"
 	"net/netip"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/softefa/softefa/efaio"
@@ -45,13 +47,8 @@ func psnLess(a, b uint32) bool { return int32(a-b) < 0 }
 // device lock, then sends the ACKs and frames the batch produced.
 func (d *Device) rxLoop() {
 	defer d.wg.Done()
-	size := max(d.maxDatagram(), d.cfg.MTU+wire.DatagramHeaderSize+wire.FrameHeaderSize+wire.DataHeaderSize) + sealOverhead
-	pkts := make([]link.Packet, 32)
-	for i := range pkts {
-		pkts[i].Buf = make([]byte, size)
-	}
-	opened := link.Packet{Buf: make([]byte, size)} // a sealed datagram's plain form
-	q := newTxq(d.maxDatagram(), 64)
+	rx := d.newRxScratch()
+	pkts, q := rx.pkts, rx.q
 	poller, _ := d.link.(link.Poller)
 	var last time.Time // when the last datagram came
 	for {
@@ -79,29 +76,52 @@ func (d *Device) rxLoop() {
 		last = time.Now()
 		d.mu.Lock()
 		d.useTx(q)
-		now := d.clock()
-		for i := range pkts[:n] {
-			if d.seal == nil {
-				d.input(&pkts[i], now, nil)
-				continue
-			}
-			plain, salt, ctr, ok := d.seal.open(opened.Buf[:0], pkts[i].Buf[:pkts[i].N])
-			if !ok {
-				d.counts.AuthFailures.Add(1)
-				continue
-			}
-			opened.N, opened.Addr = len(plain), pkts[i].Addr
-			opened.Buf = plain[:cap(plain)]
-			d.input(&opened, now, &nonce{salt, ctr})
-		}
-		for _, p := range d.ackList {
-			d.sendAck(p)
-		}
-		d.ackList = d.ackList[:0]
+		d.inputBatch(rx, n)
 		d.mu.Unlock()
 		d.sendTx(q)
 		d.wake() // parked retries and raw doorbells get a look
 	}
+}
+
+// rxScratch is what a receiver reuses for every batch.
+type rxScratch struct {
+	pkts   []link.Packet
+	opened link.Packet // a sealed datagram's plain form
+	q      *txq
+}
+
+func (d *Device) newRxScratch() *rxScratch {
+	size := max(d.maxDatagram(), d.cfg.MTU+wire.DatagramHeaderSize+wire.FrameHeaderSize+wire.DataHeaderSize) + sealOverhead
+	rx := &rxScratch{pkts: make([]link.Packet, 32), opened: link.Packet{Buf: make([]byte, size)}, q: newTxq(d.maxDatagram(), 64)}
+	for i := range rx.pkts {
+		rx.pkts[i].Buf = make([]byte, size)
+	}
+	return rx
+}
+
+// inputBatch handles the first n datagrams of rx.pkts and acknowledges what they brought.
+// Called with d.mu held.
+func (d *Device) inputBatch(rx *rxScratch, n int) {
+	now := d.clock()
+	for i := range rx.pkts[:n] {
+		pk := &rx.pkts[i]
+		if d.seal == nil {
+			d.input(pk, now, nil)
+			continue
+		}
+		plain, salt, ctr, ok := d.seal.open(rx.opened.Buf[:0], pk.Buf[:pk.N])
+		if !ok {
+			d.counts.AuthFailures.Add(1)
+			continue
+		}
+		rx.opened.N, rx.opened.Addr = len(plain), pk.Addr
+		rx.opened.Buf = plain[:cap(plain)]
+		d.input(&rx.opened, now, &nonce{salt, ctr})
+	}
+	for _, p := range d.ackList {
+		d.sendAck(p)
+	}
+	d.ackList = d.ackList[:0]
 }
 
 // input handles one datagram from the network. Anything malformed, addressed to another
@@ -162,7 +182,7 @@ func (d *Device) input(pk *link.Packet, now time.Duration, n *nonce) {
 		}
 		switch f.Type {
 		case wire.TypeData:
-			d.onData(p, &h, &f.Data)
+			d.onData(p, &h, &f.Data, now)
 		case wire.TypeAck:
 			if h.RxEpoch == p.tx.epoch {
 				d.onAck(p, &f.Ack, now)
@@ -184,7 +204,7 @@ func (d *Device) input(pk *link.Packet, now time.Duration, n *nonce) {
 }
 
 // onData takes a DATA frame: UD frames at once; stream frames once each, in any order.
-func (d *Device) onData(p *peer, h *wire.Header, f *wire.Data) {
+func (d *Device) onData(p *peer, h *wire.Header, f *wire.Data, now time.Duration) {
 	if f.Flags&wire.FlagUD != 0 {
 		d.onUD(p, f)
 		return
@@ -215,6 +235,9 @@ func (d *Device) onData(p *peer, h *wire.Header, f *wire.Data) {
 		return // a duplicate
 	}
 	r.flip(psn)
+	// New data from the peer is progress for our side too: the answers and read data we wait
+	// for may be queued behind it in its stream, so the transport timeout must not run.
+	p.tx.progress = now
 	if psnLess(r.highest, psn) {
 		r.highest = psn
 	}
@@ -350,7 +373,9 @@ func (d *Device) newInbound() *inbound {
 // completes with REMOTE_ABORT.
 func (d *Device) resetRx(p *peer) {
 	r := &p.rx
-	for id, in := range r.in {
+	// In message-id order (not the map's), so that a replayed run completes them alike.
+	for _, id := range slices.Sorted(maps.Keys(r.in)) {
+		in := r.in[id]
 		if in.hasWR {
 			in.t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: efaio.StatusRemoteAbort})
 		}
@@ -547,7 +572,7 @@ func (d *Device) pathLoss(p *peer, i int, now time.Duration) {
 // retransmission timeouts. It reports whether any stream has something outstanding.
 func (d *Device) transportTick(now time.Duration) bool {
 	busy := false
-	for _, p := range d.peers {
+	for _, p := range d.peerList {
 		for i := range p.paths {
 			if ps := &p.paths[i]; ps.failed && now >= ps.probeAt {
 				ps.nonce, ps.probeSent, ps.probeAt = uint32(now)^uint32(i)<<24|1, true, now+probeInterval

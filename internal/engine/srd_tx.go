@@ -1,6 +1,9 @@
 package engine
 
 import (
+	"cmp"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/softefa/softefa/efaio"
@@ -340,7 +343,9 @@ func (d *Device) pickPath(p *peer, avoid int) int {
 // stream starts again from PSN 0 in a new epoch so that the receiver starts afresh too.
 func (d *Device) resetTx(p *peer, st efaio.Status) {
 	s := &p.tx
-	for _, m := range s.reqs {
+	// In the order they were sent (not the map's), so that a replayed run completes them alike.
+	reqs := slices.SortedFunc(maps.Values(s.reqs), func(a, b *outMsg) int { return cmp.Compare(a.hdr.MsgID-s.nextMsg, b.hdr.MsgID-s.nextMsg) })
+	for _, m := range reqs {
 		if m.q != nil {
 			d.completeReq(m, st, false)
 		}
@@ -378,7 +383,7 @@ func (d *Device) completeReq(m *outMsg, st efaio.Status, mayRetry bool) {
 		q.dropOut(m)
 		if mayRetry && st == efaio.StatusRemoteRNR && (q.attr.RNRRetry == 7 || m.tries < int(q.attr.RNRRetry)) &&
 			(q.attr.State == uapi.QPSRTS || q.attr.State == uapi.QPSSQD) {
-			q.parked = append(q.parked, parkedWR{desc: m.w, tries: m.tries + 1, due: time.Now().Add(d.cfg.RNRInterval)})
+			q.parked = append(q.parked, parkedWR{desc: m.w, tries: m.tries + 1, due: d.clock() + d.cfg.RNRInterval})
 		} else {
 			var msg message
 			msg.length = m.length

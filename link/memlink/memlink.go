@@ -2,6 +2,11 @@
 // datagrams through a Fabric that can drop, duplicate, delay and reorder them, per path, with
 // its randomness drawn from a seed. Delays use timers, so under testing/synctest a test runs in
 // virtual time.
+//
+// A fabric made by NewSim instead keeps its own clock and starts no timers: delayed datagrams
+// wait in an event queue until Advance moves the clock past them. Driven devices
+// (config.Device.Driven) on Polled nodes, with the fabric's clock and seeded randomness, then run
+// on one goroutine and a seed replays a run exactly (see sim.go).
 package memlink
 
 import (
@@ -39,6 +44,8 @@ type Fabric struct {
 	stats map[int]*PathStats
 	necks map[netip.AddrPort]*Bottleneck
 	tap   func(from, to netip.AddrPort, b []byte)
+
+	sim *simState // NewSim: the virtual clock and the deliveries waiting for it; nil otherwise
 }
 
 // Bottleneck is a link of limited rate with a drop-tail queue in front of one node: every
@@ -196,7 +203,7 @@ func (n *Node) Send(pkts []link.Packet) error {
 			continue
 		}
 		var v Verdict
-		n.state[path].Decide(&imp, p.N, &v)
+		n.state[path].Decide(&imp, p.N, f.now(), &v)
 		st.Dropped += uint64(v.Dropped)
 		if v.Copies == 2 {
 			st.Duplicated++
@@ -209,7 +216,7 @@ func (n *Node) Send(pkts []link.Packet) error {
 				st.Corrupted++
 			}
 			if b := f.necks[p.Addr]; b != nil {
-				q, ok := b.admit(p.N)
+				q, ok := b.admit(f.now(), p.N)
 				if !ok {
 					st.Dropped++
 					continue
@@ -224,6 +231,10 @@ func (n *Node) Send(pkts []link.Packet) error {
 
 func (n *Node) deliver(b []byte, from netip.AddrPort, after time.Duration) {
 	if after > 0 {
+		if s := n.f.sim; s != nil { // f.mu is held (Send)
+			s.schedule(n, b, from, after)
+			return
+		}
 		time.AfterFunc(after, func() { n.deliver(b, from, 0) })
 		return
 	}
@@ -271,8 +282,7 @@ func (n *Node) Receive(pkts []link.Packet) (int, error) {
 
 // admit queues a datagram of n bytes and returns when it leaves the bottleneck, relative to now;
 // false if the queue has no room for it.
-func (b *Bottleneck) admit(n int) (time.Duration, bool) {
-	now := time.Now()
+func (b *Bottleneck) admit(now time.Time, n int) (time.Duration, bool) {
 	if b.busyUntil.Before(now) {
 		b.busyUntil = now
 	}

@@ -27,8 +27,8 @@ type Verdict struct {
 	Flip    [2]int
 }
 
-// Decide applies imp to a datagram of n bytes.
-func (p *Path) Decide(imp *Impairment, n int, v *Verdict) {
+// Decide applies imp to a datagram of n bytes sent at now.
+func (p *Path) Decide(imp *Impairment, n int, now time.Time, v *Verdict) {
 	*v = Verdict{Flip: [2]int{-1, -1}}
 	loss := imp.Loss
 	if imp.ToBad > 0 {
@@ -48,7 +48,7 @@ func (p *Path) Decide(imp *Impairment, n int, v *Verdict) {
 	var queued time.Duration
 	if imp.Rate > 0 {
 		p.link.Rate, p.link.Queue = imp.Rate, imp.Queue
-		q, ok := p.link.admit(n)
+		q, ok := p.link.admit(now, n)
 		if !ok {
 			v.Dropped = 1
 			return
