@@ -302,3 +302,18 @@ func combinedOutputWithin(c *exec.Cmd, d time.Duration) ([]byte, error) {
 		return out.Bytes(), fmt.Errorf("no exit within %v", d)
 	}
 }
+
+// TestRawABI drives the device node with hand-built commands through the shim (a Python script,
+// since the node is only visible to preloaded programs): fstat, GET_CONTEXT, dup, QUERY_DEVICE on
+// the duplicate after the original is closed, ioctl refused with ENOTTY, a second context refused.
+func TestRawABI(t *testing.T) {
+	s := setupOrSkip(t, "python3")
+	script, err := filepath.Abs("testdata/rawabi.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := run(t, s, "", time.Minute, "python3", script)
+	if strings.TrimSpace(out) != "ok" {
+		t.Fatalf("rawabi.py: %s", out)
+	}
+}

@@ -33,8 +33,9 @@ import (
 )
 
 type open struct {
-	f   *uverbs.File
-	mfd *uverbs.Memfd
+	f    *uverbs.File
+	mfd  *uverbs.Memfd
+	refs int // fds naming this open (dup)
 }
 
 var state struct {
@@ -126,7 +127,7 @@ func softefa_open(flags C.int) C.int {
 		m.Close()
 		return fail(err)
 	}
-	state.files[int32(fd)] = &open{f: d.Open(procMem{}, m), mfd: m}
+	state.files[int32(fd)] = &open{f: d.Open(procMem{}, m), mfd: m, refs: 1}
 	return C.int(fd)
 }
 
@@ -172,13 +173,27 @@ func lookup(fd C.int) *open {
 	return state.files[int32(fd)]
 }
 
+//export softefa_dup
+func softefa_dup(fd, nfd C.int) {
+	state.Lock()
+	defer state.Unlock()
+	if o := state.files[int32(fd)]; o != nil {
+		state.files[int32(nfd)] = o
+		o.refs++
+	}
+}
+
 //export softefa_close
 func softefa_close(fd C.int) {
 	state.Lock()
 	o := state.files[int32(fd)]
 	delete(state.files, int32(fd))
+	last := o != nil && o.refs == 1
+	if o != nil {
+		o.refs--
+	}
 	state.Unlock()
-	if o == nil {
+	if !last {
 		return
 	}
 	_ = o.f.Close()

@@ -39,6 +39,8 @@
 // fds[] marks the fds that are open device nodes (memfds served by the engine).
 static _Atomic uint64_t fds[MAX_FD / 64];
 
+static int fcntl_valid(int fd);
+
 static int ours(int fd) {
 	return fd >= 0 && fd < MAX_FD &&
 	       (atomic_load_explicit(&fds[fd >> 6], memory_order_relaxed) >> (fd & 63) & 1);
@@ -88,6 +90,11 @@ DECLARE_REAL(ssize_t, write, int, const void *, size_t)
 DECLARE_REAL(int, close, int)
 DECLARE_REAL(int, ioctl, int, unsigned long, ...)
 DECLARE_REAL(int, socket, int, int, int)
+DECLARE_REAL(int, dup, int)
+DECLARE_REAL(int, dup2, int, int)
+DECLARE_REAL(int, dup3, int, int, int)
+DECLARE_REAL(int, fcntl, int, int, ...)
+DECLARE_REAL(int, fcntl64, int, int, ...)
 DECLARE_REAL(int, stat, const char *, struct stat *)
 DECLARE_REAL(int, lstat, const char *, struct stat *)
 DECLARE_REAL(int, fstat, int, struct stat *)
@@ -112,6 +119,7 @@ static long (*eng_write)(int fd, const void *buf, size_t n);
 static void (*eng_close)(int fd);
 static void (*eng_kick_qp)(int fd, uint32_t handle);
 static void (*eng_arm_cq)(int fd, uint32_t handle);
+static void (*eng_dup)(int fd, int nfd);
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
 static int eng_err;
 
@@ -132,7 +140,8 @@ static void load_engine(void) {
 	eng_close = (void (*)(int))dlsym(h, "softefa_close");
 	eng_kick_qp = (void (*)(int, uint32_t))dlsym(h, "softefa_kick_qp");
 	eng_arm_cq = (void (*)(int, uint32_t))dlsym(h, "softefa_arm_cq");
-	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq) {
+	eng_dup = (void (*)(int, int))dlsym(h, "softefa_dup");
+	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq || !eng_dup) {
 		fprintf(stderr, "softefa: %s lacks the engine entry points\n", lib);
 		eng_err = ENODEV;
 	}
@@ -246,6 +255,73 @@ int close(int fd) {
 	}
 	resolve_close();
 	return REAL(close)(fd);
+}
+
+// fcntl_valid reports whether fd is open (dup2 fails, and closes nothing, when it is not).
+static int fcntl_valid(int fd) {
+	resolve_fcntl();
+	return REAL(fcntl)(fd, F_GETFD, 0) != -1;
+}
+
+// A duplicate of a device fd is the same open file (the same ucontext), as for the kernel's
+// character device: the new fd is marked and the engine told; the context goes with the last.
+static int dup_done(int fd, int nfd) {
+	if (nfd >= 0 && ours(fd)) {
+		mark(nfd, 1);
+		eng_dup(fd, nfd);
+	}
+	return nfd;
+}
+
+// dup_over closes what nfd was, if it was a device fd, before dup2/dup3 replace it.
+static void dup_over(int fd, int nfd) {
+	if (fd != nfd && ours(nfd)) {
+		mark(nfd, 0);
+		eng_close(nfd);
+	}
+}
+
+int dup(int fd) {
+	resolve_dup();
+	return dup_done(fd, REAL(dup)(fd));
+}
+
+int dup2(int fd, int nfd) {
+	resolve_dup2();
+	if (fcntl_valid(fd))
+		dup_over(fd, nfd);
+	return dup_done(fd, REAL(dup2)(fd, nfd));
+}
+
+int dup3(int fd, int nfd, int flags) {
+	resolve_dup3();
+	if (fcntl_valid(fd))
+		dup_over(fd, nfd);
+	return dup_done(fd, REAL(dup3)(fd, nfd, flags));
+}
+
+int fcntl(int fd, int cmd, ...) {
+	va_list ap;
+	va_start(ap, cmd);
+	long arg = va_arg(ap, long);
+	va_end(ap);
+	resolve_fcntl();
+	int r = REAL(fcntl)(fd, cmd, arg);
+	return (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) ? dup_done(fd, r) : r;
+}
+
+int fcntl64(int fd, int cmd, ...) {
+	va_list ap;
+	va_start(ap, cmd);
+	long arg = va_arg(ap, long);
+	va_end(ap);
+	resolve_fcntl64();
+	if (!REAL(fcntl64)) {
+		resolve_fcntl();
+		return fcntl(fd, cmd, arg);
+	}
+	int r = REAL(fcntl64)(fd, cmd, arg);
+	return (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) ? dup_done(fd, r) : r;
 }
 
 int ioctl(int fd, unsigned long req, ...) {
