@@ -59,6 +59,28 @@ static void mark(int fd, int on) {
 static const char *dev_path; // NULL: the shim is inert
 static dev_t dev_rdev;
 
+// A child forked from a process whose engine runs has a copy of the Go runtime that cannot run
+// (only the forking thread survives). Its inherited device fds become orphans: still device
+// nodes to fstat, but write fails with EIO and close only closes; opening the device fails with
+// ENODEV. (The kernel would let the child share the parent's context; this emulation cannot.)
+static _Atomic uint64_t orphans[MAX_FD / 64];
+static int engine_loaded, forked_child;
+
+static int orphan(int fd) {
+	return forked_child && fd >= 0 && fd < MAX_FD &&
+	       (atomic_load_explicit(&orphans[fd >> 6], memory_order_relaxed) >> (fd & 63) & 1);
+}
+
+static void atfork_child(void) {
+	if (!engine_loaded)
+		return;
+	forked_child = 1;
+	for (int i = 0; i < MAX_FD / 64; i++) {
+		atomic_store(&orphans[i], atomic_load(&fds[i]));
+		atomic_store(&fds[i], 0);
+	}
+}
+
 __attribute__((constructor)) static void shim_init(void) {
 	unsigned maj, min;
 	const char *p = getenv("SOFTEFA_DEV_PATH");
@@ -67,6 +89,7 @@ __attribute__((constructor)) static void shim_init(void) {
 		return;
 	dev_path = strdup(p);
 	dev_rdev = makedev(maj, min);
+	pthread_atfork(NULL, NULL, atfork_child);
 }
 
 static int is_dev(const char *path) { return dev_path && path && strcmp(path, dev_path) == 0; }
@@ -144,10 +167,16 @@ static void load_engine(void) {
 	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq || !eng_dup) {
 		fprintf(stderr, "softefa: %s lacks the engine entry points\n", lib);
 		eng_err = ENODEV;
+		return;
 	}
+	engine_loaded = 1;
 }
 
 static int open_dev(int flags) {
+	if (forked_child) {
+		errno = ENODEV; // the engine's runtime did not survive the fork
+		return -1;
+	}
 	pthread_once(&eng_once, load_engine);
 	if (eng_err) {
 		errno = eng_err;
@@ -244,6 +273,10 @@ ssize_t write(int fd, const void *buf, size_t n) {
 		}
 		return r;
 	}
+	if (orphan(fd)) {
+		errno = EIO;
+		return -1;
+	}
 	resolve_write();
 	return REAL(write)(fd, buf, n);
 }
@@ -252,6 +285,8 @@ int close(int fd) {
 	if (ours(fd)) {
 		mark(fd, 0);
 		eng_close(fd); // tears the ucontext down, as ib_uverbs_close does
+	} else if (orphan(fd)) {
+		atomic_fetch_and(&orphans[fd >> 6], ~((uint64_t)1 << (fd & 63)));
 	}
 	resolve_close();
 	return REAL(close)(fd);
@@ -329,7 +364,7 @@ int ioctl(int fd, unsigned long req, ...) {
 	va_start(ap, req);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
-	if (ours(fd)) {
+	if (ours(fd) || orphan(fd)) {
 		errno = ENOTTY; // no ioctl framework: libibverbs falls back to write()
 		return -1;
 	}
@@ -386,7 +421,7 @@ int lstat(const char *path, struct stat *st) {
 }
 
 int fstat(int fd, struct stat *st) {
-	if (ours(fd)) {
+	if (ours(fd) || orphan(fd)) {
 		fake_stat(st);
 		return 0;
 	}
@@ -422,7 +457,7 @@ int lstat64(const char *path, struct stat64 *st) {
 }
 
 int fstat64(int fd, struct stat64 *st) {
-	if (ours(fd)) {
+	if (ours(fd) || orphan(fd)) {
 		fake_stat64(st);
 		return 0;
 	}

@@ -1,6 +1,6 @@
 # Speaks the uverbs write ABI to the device node directly, through the preload shim: GET_CONTEXT
 # on the fd, QUERY_DEVICE on a dup of it after the original is closed, ioctl refused with ENOTTY,
-# then close. Prints "ok" on success.
+# a forked child refused, then close. Prints "ok" on success.
 import ctypes, errno, fcntl, os, struct, sys
 
 path = os.environ["SOFTEFA_DEV_PATH"]
@@ -36,6 +36,27 @@ try:
     sys.exit("a second GET_CONTEXT succeeded")
 except OSError as e:
     assert e.errno == errno.EINVAL, e
+# A forked child cannot use the parent's engine: its write fails with EIO and a new open with
+# ENODEV, without hanging; the parent carries on.
+pid = os.fork()
+if pid == 0:
+    code = 0
+    try:
+        os.write(fd2, cmd(1, 4, 44, struct.pack("<Q", addr)))
+        code = 1
+    except OSError as e:
+        code = 0 if e.errno == errno.EIO else 2
+    try:
+        os.open(path, os.O_RDWR)
+        code = code or 3
+    except OSError as e:
+        code = code or (0 if e.errno == errno.ENODEV else 4)
+    os.close(fd2)
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+os.write(fd2, cmd(1, 4, 44, struct.pack("<Q", addr)))
+
 os.close(fd2)
 os.close(async_fd)
 print("ok")
