@@ -49,13 +49,11 @@ const (
 	qpTypeUD         = 4
 	qpTypeDriver     = 0xff
 	driverQPTypeSRD  = 0
-	eventCQErrLocal  = 0
 	cqeSize          = 16
 	cqeSizeEx        = 32
 	txWQESize        = 64
 	txWQESize128     = 128
 	rxDescSize       = 16
-	maxRQSGEPerDesc  = 1
 	dbPageQPSQOffset = 0
 	dbPageQPRQOffset = 8
 )
@@ -136,7 +134,7 @@ const (
 
 var le = binary.LittleEndian
 
-// u8, u16, u32 and u64 read little-endian fields at off; b must be long enough (callers pad).
+// u16, u32 and u64 read little-endian fields at off; b must be long enough (callers pad).
 func u16(b []byte, off int) uint16 { return le.Uint16(b[off:]) }
 func u32(b []byte, off int) uint32 { return le.Uint32(b[off:]) }
 func u64(b []byte, off int) uint64 { return le.Uint64(b[off:]) }

@@ -186,6 +186,7 @@ func (f *File) destroyCQ(c *call) error {
 	if err := f.d.e.DestroyCQ(o.cq); err != nil {
 		return err
 	}
+	o.dead = true
 	f.freeKeys([]uint64{o.ringKey, o.dbKey})
 	delete(f.objs, h)
 	reported := o.compSent.Load()

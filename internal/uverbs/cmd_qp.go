@@ -220,6 +220,7 @@ func (f *File) destroyQP(c *call) error {
 	if err := f.d.e.DestroyQP(o.qp); err != nil {
 		return err
 	}
+	o.dead = true
 	f.d.dbs.remove(o.qp)
 	f.freeKeys(o.keys)
 	delete(f.objs, h)

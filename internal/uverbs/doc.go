@@ -20,8 +20,11 @@
 //
 // # Locking
 //
-// File.mu serializes the commands of one File and guards its tables. Commands call the engine
-// with File.mu held (lock order File.mu, then the engine's lock). The engine calls a CQ's
-// completion-event hook with its own lock held; the hook touches only the CQ's channel socket
-// and atomic counters, never File.mu.
+// File.mu serializes the commands of one File and guards its tables and the objects' dead flags.
+// Lock order: File.mu, then Device.mu or the engine's lock; the doorbell watcher's lock is taken
+// under File.mu too, and it calls the engine under its own. Commands call the engine with File.mu
+// held. The engine calls a CQ's completion-event hook with its own lock held; the hook touches
+// only the CQ's channel socket and atomic counters, never File.mu. The async-event forwarder
+// delivers under File.mu alone, so a destroyed object never gets an event after its destroy
+// reported the count.
 package uverbs

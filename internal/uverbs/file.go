@@ -117,6 +117,7 @@ type cqObj struct {
 	dbKey     uint64
 	compSent  atomic.Uint32 // completion events written to the channel
 	asyncSent atomic.Uint32 // async events written to the async fd
+	dead      bool          // destroyed; guarded by File.mu
 }
 
 type qpObj struct {
@@ -127,6 +128,7 @@ type qpObj struct {
 	sigAll    bool
 	keys      []uint64
 	asyncSent atomic.Uint32
+	dead      bool // destroyed; guarded by File.mu
 }
 
 // compChannel is a completion channel: a socket pair whose far end the program reads
@@ -168,6 +170,7 @@ func (f *File) Close() error {
 	order := []func(any) error{
 		func(o any) error {
 			if q, ok := o.(*qpObj); ok {
+				q.dead = true
 				f.d.dbs.remove(q.qp)
 				err := f.d.e.DestroyQP(q.qp)
 				f.freeKeys(q.keys)
@@ -189,6 +192,7 @@ func (f *File) Close() error {
 		},
 		func(o any) error {
 			if c, ok := o.(*cqObj); ok {
+				c.dead = true
 				err := f.d.e.DestroyCQ(c.cq)
 				f.freeKeys([]uint64{c.ringKey, c.dbKey})
 				return err
@@ -267,32 +271,40 @@ func (d *Device) forwardAsync(ctx context.Context) {
 		put32(rec[:], 8, uint32(ev.Type))
 		switch {
 		case ev.QP != nil:
-			q, ok := ev.QP.Owner().(*qpObj)
-			if !ok {
-				continue
-			}
-			put64(rec[:], 0, q.handle)
-			if fd := q.f.asyncFD(); fd >= 0 && sendEvent(fd, rec[:]) {
-				q.asyncSent.Add(1)
+			if q, ok := ev.QP.Owner().(*qpObj); ok {
+				put64(rec[:], 0, q.handle)
+				q.f.deliverAsync(&q.dead, &q.asyncSent, rec[:])
 			}
 		case ev.CQ != nil:
-			c, ok := ev.CQ.Owner().(*cqOwner)
-			if !ok {
-				continue
+			if c, ok := ev.CQ.Owner().(*cqOwner); ok {
+				put64(rec[:], 0, c.obj.handle)
+				c.f.deliverAsync(&c.obj.dead, &c.obj.asyncSent, rec[:])
 			}
-			put64(rec[:], 0, c.obj.handle)
-			if fd := c.f.asyncFD(); fd >= 0 && sendEvent(fd, rec[:]) {
-				c.obj.asyncSent.Add(1)
-			}
-		default:
+		default: // to every File; not under d.mu, which File.Close takes under File.mu
 			d.mu.Lock()
+			files := make([]*File, 0, len(d.files))
 			for f := range d.files {
-				if fd := f.asyncFD(); fd >= 0 {
-					sendEvent(fd, rec[:])
-				}
+				files = append(files, f)
 			}
 			d.mu.Unlock()
+			for _, f := range files {
+				f.deliverAsync(nil, nil, rec[:])
+			}
 		}
+	}
+}
+
+// deliverAsync writes an async event record for an object whose dead flag is *dead (nil for an
+// unaffiliated event) and counts it in sent. Under f.mu, so that an object being destroyed gets
+// no event after its destroy has discarded the unread ones and reported the count.
+func (f *File) deliverAsync(dead *bool, sent *atomic.Uint32, rec []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.async < 0 || dead != nil && *dead {
+		return
+	}
+	if sendEvent(f.async, rec) && sent != nil {
+		sent.Add(1)
 	}
 }
 
@@ -300,12 +312,6 @@ func (d *Device) forwardAsync(ctx context.Context) {
 type cqOwner struct {
 	f   *File
 	obj *cqObj
-}
-
-func (f *File) asyncFD() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.async
 }
 
 var _ = syscall.EINVAL
