@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -72,11 +73,54 @@ func TestIbvDevinfo(t *testing.T) {
 	s := setupOrSkip(t, "ibv_devinfo")
 	out := run(t, s, "", time.Minute, "ibv_devinfo", "-v")
 	for _, want := range []string{"hca_id:\tefa_0", "vendor_id:\t\t\t0x1d0f", "PORT_ACTIVE", "max_msg_sz:\t\t0x2000",
-		"GID[  0]:\t\t" + hexGroups(s.Sysfs.GID[:])} {
+		":ffff:7f00:0001"} { // a per-process device on 127.0.0.1
 		if !strings.Contains(out, want) {
 			t.Errorf("ibv_devinfo -v lacks %q:\n%s", want, out)
 		}
 	}
+}
+
+// TestFixedAddr gives the program one device at a chosen address: its GID shows it.
+func TestFixedAddr(t *testing.T) {
+	for _, tool := range []string{"go", "cc", "ibv_devinfo"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not found", tool)
+		}
+	}
+	libs, err := Locate(testWriter{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := freeUDPPort(t)
+	s, err := Prepare(libs, Options{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), port)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(s.Dir)
+	out := run(t, s, "", time.Minute, "ibv_devinfo", "-v")
+	if want := "GID[  0]:\t\t" + hexGroups(s.Sysfs.GID[:]); !strings.Contains(out, want) {
+		t.Errorf("ibv_devinfo -v lacks %q:\n%s", want, out)
+	}
+}
+
+// TestDevicePerProcess runs two RDMA programs from one shell under one setup: each gets a device
+// of its own (a different GID), so they can talk.
+func TestDevicePerProcess(t *testing.T) {
+	s := setupOrSkip(t, "ibv_devinfo", "sh")
+	out := run(t, s, "", time.Minute, "sh", "-c", "ibv_devinfo -v | grep GID; ibv_devinfo -v | grep GID")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 || lines[0] == lines[1] {
+		t.Fatalf("want two different GIDs:\n%s", out)
+	}
+}
+
+func freeUDPPort(t *testing.T) uint16 {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return uint16(c.LocalAddr().(*net.UDPAddr).Port)
 }
 
 func TestFiInfo(t *testing.T) {

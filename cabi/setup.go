@@ -4,9 +4,9 @@ package cabi
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/softefa/softefa/config"
@@ -14,9 +14,13 @@ import (
 
 // Options describe the device a program gets.
 type Options struct {
-	Name  string         // the ibdev name; default efa_0
-	Addr  netip.AddrPort // the UDP endpoint; default 127.0.0.1 and a free port
-	Paths int            // UDP paths; 0: the default
+	Name string // the ibdev name; default efa_0
+	// Addr, when set, is the UDP endpoint of the one device the program's processes share: only
+	// one of them can open it. Unset, every process that looks for devices gets its own, on a
+	// free port of IP.
+	Addr  netip.AddrPort
+	IP    netip.Addr // default 127.0.0.1
+	Paths int        // UDP paths; 0: the default
 	// PartID is the PCI device id (vendor_part_id); default 0xefa1, which libefa 44, perftest
 	// 4.5 and libfabric 1.17 all take for EFA (perftest knows only 0xefa0 and 0xefa1, and
 	// 0xefa0 makes libfabric expect sub-CQs).
@@ -39,9 +43,10 @@ const (
 	uverbsMinor = 250
 )
 
-// Prepare writes a sysfs tree for one device into a new temporary directory and returns the
-// environment that makes a program see it through libs. The caller removes Dir when the program
-// has finished.
+// Prepare sets up a temporary directory and returns the environment that makes a program see a
+// softefa device through libs: with o.Addr, one sysfs tree for that address (fixed mode); without,
+// a root under which each process that looks up SYSFS_PATH gets a tree for a device of its own
+// (the shim asks the engine for it). The caller removes Dir when the program has finished.
 func Prepare(libs Libs, o Options) (*Setup, error) {
 	if o.Name == "" {
 		o.Name = config.Default().Name
@@ -49,14 +54,7 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 	if o.PartID == 0 {
 		o.PartID = 0xefa1
 	}
-	if !o.Addr.IsValid() {
-		a, err := freeUDPPort()
-		if err != nil {
-			return nil, err
-		}
-		o.Addr = a
-	}
-	if o.Addr.Port() == 0 {
+	if o.Addr.IsValid() && o.Addr.Port() == 0 {
 		return nil, fmt.Errorf("cabi: %v: the device's address needs a port (it is part of the GID)", o.Addr)
 	}
 	dir, err := os.MkdirTemp("", "softefa-sysfs-")
@@ -67,9 +65,13 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 		IBDev: o.Name, Uverbs: uverbsName, Major: uverbsMajor, Minor: uverbsMinor,
 		GID: config.GIDFromAddr(o.Addr), VendorPartID: o.PartID, PCIAddr: "0000:00:06.0",
 	}}
-	if err := s.Sysfs.Write(dir); err != nil {
-		os.RemoveAll(dir)
-		return nil, err
+	sysfs := filepath.Join(dir, "none") // what a reader that bypasses the shim sees: no device
+	if o.Addr.IsValid() {
+		sysfs = dir
+		if err := s.Sysfs.Write(dir); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
 	}
 	preload := libs.Shim
 	if old := os.Getenv("LD_PRELOAD"); old != "" {
@@ -77,13 +79,20 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 	}
 	s.Env = []string{
 		"LD_PRELOAD=" + preload,
-		"SYSFS_PATH=" + dir,
+		"SYSFS_PATH=" + sysfs,
 		"SOFTEFA_ENGINE=" + libs.Engine,
 		"SOFTEFA_DEV_PATH=" + s.Sysfs.DevPath(),
 		fmt.Sprintf("SOFTEFA_DEV_RDEV=%d:%d", uverbsMajor, uverbsMinor),
-		"SOFTEFA_ADDR=" + o.Addr.String(),
 		"SOFTEFA_NAME=" + o.Name,
 		fmt.Sprintf("SOFTEFA_PART_ID=%#x", o.PartID),
+	}
+	if o.Addr.IsValid() {
+		s.Env = append(s.Env, "SOFTEFA_ADDR="+o.Addr.String())
+	} else {
+		s.Env = append(s.Env, "SOFTEFA_SYSFS_ROOT="+dir)
+		if o.IP.IsValid() {
+			s.Env = append(s.Env, "SOFTEFA_IP="+o.IP.String())
+		}
 	}
 	if o.Paths > 0 {
 		s.Env = append(s.Env, fmt.Sprintf("SOFTEFA_PATHS=%d", o.Paths))
@@ -93,6 +102,22 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 		s.Env = append(s.Env, "FI_EFA_ENABLE_SHM_TRANSFER=0")
 	}
 	return s, nil
+}
+
+// WriteProcessSysfs writes the sysfs tree of one process's device (name, gid, PCI part id) into
+// a new directory under root and returns it; the engine library calls it when the shim asks.
+func WriteProcessSysfs(root, name string, gid [16]byte, partID uint32) (string, error) {
+	dir, err := os.MkdirTemp(root, fmt.Sprintf("pid%d-", os.Getpid()))
+	if err != nil {
+		return "", err
+	}
+	s := Sysfs{IBDev: name, Uverbs: uverbsName, Major: uverbsMajor, Minor: uverbsMinor, GID: gid,
+		VendorPartID: partID, PCIAddr: "0000:00:06.0"}
+	if err := s.Write(dir); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	return dir, nil
 }
 
 // Environ returns the current environment with s's variables replacing any of the same name.
@@ -108,14 +133,4 @@ func (s *Setup) Environ() []string {
 		}
 	}
 	return append(out, s.Env...)
-}
-
-// freeUDPPort returns 127.0.0.1 and a UDP port that was free a moment ago.
-func freeUDPPort() (netip.AddrPort, error) {
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		return netip.AddrPort{}, err
-	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).AddrPort(), nil
 }

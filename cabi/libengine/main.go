@@ -17,7 +17,9 @@ package main
 import "C"
 
 import (
+	"cmp"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"strconv"
@@ -25,6 +27,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/softefa/softefa/cabi"
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/engine"
 	"github.com/softefa/softefa/internal/uverbs"
@@ -77,10 +80,15 @@ func device() (*uverbs.Device, error) {
 		}
 		cfg.Key = k
 	}
-	if v := os.Getenv("SOFTEFA_ADDR"); v != "" {
-		ap, err := netip.ParseAddrPort(v)
+	addr := os.Getenv("SOFTEFA_ADDR")
+	if addr == "" && os.Getenv("SOFTEFA_SYSFS_ROOT") != "" {
+		// A device of this process alone: any free port on SOFTEFA_IP (default 127.0.0.1).
+		addr = net.JoinHostPort(cmp.Or(os.Getenv("SOFTEFA_IP"), "127.0.0.1"), "0")
+	}
+	if addr != "" {
+		ap, err := netip.ParseAddrPort(addr)
 		if err != nil {
-			return nil, fmt.Errorf("SOFTEFA_ADDR=%q: %w", v, err)
+			return nil, fmt.Errorf("device address %q: %w", addr, err)
 		}
 		cfg.Addr = ap
 		l, err := link.ListenUDP(ap, max(cfg.Paths, config.Default().Paths))
@@ -151,6 +159,27 @@ func softefa_write(fd C.int, buf unsafe.Pointer, n C.size_t) C.long {
 		return -C.long(uverbs.Errno(err))
 	}
 	return C.long(w)
+}
+
+//export softefa_sysfs
+func softefa_sysfs(buf *C.char, n C.size_t) C.int {
+	state.Lock()
+	defer state.Unlock()
+	d, err := device()
+	if err != nil {
+		return fail(err)
+	}
+	dir, err := cabi.WriteProcessSysfs(os.Getenv("SOFTEFA_SYSFS_ROOT"), d.Engine().Config().Name,
+		d.Engine().GID(), d.Engine().Config().VendorPartID)
+	if err != nil {
+		return fail(err)
+	}
+	if len(dir)+1 > int(n) {
+		return -C.int(syscall.ENAMETOOLONG)
+	}
+	out := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
+	out[copy(out, dir)] = 0
+	return 0
 }
 
 //export softefa_kick_qp

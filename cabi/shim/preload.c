@@ -118,6 +118,8 @@ DECLARE_REAL(int, dup2, int, int)
 DECLARE_REAL(int, dup3, int, int, int)
 DECLARE_REAL(int, fcntl, int, int, ...)
 DECLARE_REAL(int, fcntl64, int, int, ...)
+DECLARE_REAL(char *, getenv, const char *)
+DECLARE_REAL(char *, secure_getenv, const char *)
 DECLARE_REAL(int, stat, const char *, struct stat *)
 DECLARE_REAL(int, lstat, const char *, struct stat *)
 DECLARE_REAL(int, fstat, int, struct stat *)
@@ -143,6 +145,7 @@ static void (*eng_close)(int fd);
 static void (*eng_kick_qp)(int fd, uint32_t handle);
 static void (*eng_arm_cq)(int fd, uint32_t handle);
 static void (*eng_dup)(int fd, int nfd);
+static int (*eng_sysfs)(char *buf, size_t n);
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
 static int eng_err;
 
@@ -164,7 +167,8 @@ static void load_engine(void) {
 	eng_kick_qp = (void (*)(int, uint32_t))dlsym(h, "softefa_kick_qp");
 	eng_arm_cq = (void (*)(int, uint32_t))dlsym(h, "softefa_arm_cq");
 	eng_dup = (void (*)(int, int))dlsym(h, "softefa_dup");
-	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq || !eng_dup) {
+	eng_sysfs = (int (*)(char *, size_t))dlsym(h, "softefa_sysfs");
+	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq || !eng_dup || !eng_sysfs) {
 		fprintf(stderr, "softefa: %s lacks the engine entry points\n", lib);
 		eng_err = ENODEV;
 		return;
@@ -357,6 +361,52 @@ int fcntl64(int fd, int cmd, ...) {
 	}
 	int r = REAL(fcntl64)(fd, cmd, arg);
 	return (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) ? dup_done(fd, r) : r;
+}
+
+// Per-process devices. With SOFTEFA_SYSFS_ROOT set (softefa run without --addr), the first
+// lookup of SYSFS_PATH in a process — libibverbs and libfabric make it before they enumerate
+// devices — starts the process's own device on a free UDP port and answers the sysfs tree the
+// engine wrote for it under that root, with the device's own GID. So every process of a script
+// or a test runner gets a device, and a process that never looks for one pays nothing.
+static char proc_sysfs[4096];
+static pthread_once_t sysfs_once = PTHREAD_ONCE_INIT;
+
+static void make_sysfs(void) {
+	pthread_once(&eng_once, load_engine);
+	if (eng_err)
+		return;
+	int r = eng_sysfs(proc_sysfs, sizeof(proc_sysfs));
+	if (r < 0) {
+		fprintf(stderr, "softefa: no device for this process: %s\n", strerror(-r));
+		proc_sysfs[0] = 0;
+	}
+}
+
+static char *sysfs_path_for(const char *name) {
+	if (!dev_path || forked_child || !name || strcmp(name, "SYSFS_PATH") != 0)
+		return NULL;
+	resolve_getenv();
+	char *root = REAL(getenv)("SOFTEFA_SYSFS_ROOT");
+	if (!root || !*root)
+		return NULL;
+	pthread_once(&sysfs_once, make_sysfs);
+	return proc_sysfs[0] ? proc_sysfs : NULL;
+}
+
+char *getenv(const char *name) {
+	char *p = sysfs_path_for(name);
+	if (p)
+		return p;
+	resolve_getenv();
+	return REAL(getenv)(name);
+}
+
+char *secure_getenv(const char *name) {
+	char *p = sysfs_path_for(name);
+	if (p)
+		return p;
+	resolve_secure_getenv();
+	return REAL(secure_getenv)(name);
 }
 
 int ioctl(int fd, unsigned long req, ...) {

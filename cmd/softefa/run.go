@@ -25,7 +25,8 @@ func runRun(args []string) error {
 		fs.PrintDefaults()
 	}
 	name := fs.String("name", "efa_0", "the device name")
-	addr := fs.String("addr", "", "the device's UDP endpoint IP:PORT (default 127.0.0.1 and a free port)")
+	addr := fs.String("addr", "", "one device at this UDP endpoint IP:PORT for the program (default: a device per process, on a free port)")
+	ip := fs.String("ip", "", "the IP address of per-process devices (default 127.0.0.1)")
 	paths := fs.Int("paths", 0, "UDP paths (default 4)")
 	printEnv := fs.Bool("print-env", false, "print the environment instead of running a command (for shells)")
 	fs.Parse(args)
@@ -35,6 +36,13 @@ func runRun(args []string) error {
 		os.Exit(2)
 	}
 	o := cabi.Options{Name: *name, Paths: *paths}
+	if *ip != "" {
+		a, err := netip.ParseAddr(*ip)
+		if err != nil {
+			return fmt.Errorf("--ip: %w", err)
+		}
+		o.IP = a
+	}
 	if *addr != "" {
 		ap, err := netip.ParseAddrPort(*addr)
 		if err != nil {
