@@ -626,3 +626,39 @@ func TestAsyncEventDiscard(t *testing.T) {
 		t.Fatal("the unread event is still queued")
 	}
 }
+
+// TestCQ16 flushes two receives into a CQ of 16-byte entries (what libefa 44 creates without
+// source GIDs): the entries are 16 bytes apart, each with phase 1, the receive queue type and
+// its request id.
+func TestCQ16(t *testing.T) {
+	h := newHarness(t)
+	h.getContext()
+	pd := h.allocPD()
+	cq, r := h.createCQ(4, 16, 0)
+	ring := h.reg.live[u64(r[8:], 8)]
+	qp, qr := h.createQP(pd, cq, qpTypeUD, 16*64, 16*16)
+	rq := h.reg.live[u64(qr[32:], 16)]
+	for i := range 2 {
+		put64(rq[i*16:], 0, bufAddr)
+		put16(rq[i*16:], 8, uint16(7+i))
+		put32(rq[i*16:], 12, 1<<30|1<<31)
+	}
+	atomicStore(qpDB(h, qr, dbPageQPRQOffset), 2)
+	mod := make([]byte, modifyQPReq)
+	put32(mod, 64, qp)
+	put32(mod, 68, 1|1<<4|1<<5|1<<6)
+	mod[96], mod[104] = 1, 1
+	h.must(cmd(cmdModifyQP, 0, mod, nil))
+	put32(mod, 68, 1)
+	mod[96] = 6
+	h.must(cmd(cmdModifyQP, 0, mod, nil))
+	for i := range 2 {
+		e := ring[i*16:]
+		if u16(e, 0) != uint16(7+i) || e[3]&1 != 1 || e[3]>>1&3 != 2 || e[2] == 0 {
+			t.Fatalf("entry %d: % x", i, e[:16])
+		}
+	}
+	if !cleared(ring[32:64]) {
+		t.Fatalf("bytes past the second 16-byte entry were written: % x", ring[32:64])
+	}
+}
