@@ -112,12 +112,16 @@ const (
 	efaCreateQPWithUnsolicitedWriteRecv = 1 << 0
 	efaCreateQPWithSQ64BitReqID         = 1 << 1
 
+	// EFA_QUERY_DEVICE_CAPS_*: v44 has the first four; later kernels add DATA_POLLING_128
+	// (1 << 4, not offered), RDMA_WRITE, UNSOLICITED_WRITE_RECV, CQ_WITH_EXT_MEM and COMP_CNTR
+	// (not offered) and SQ_64_BIT_REQ_ID.
 	efaCapRDMARead             = 1 << 0
 	efaCapRNRRetry             = 1 << 1
 	efaCapCQNotifications      = 1 << 2
 	efaCapCQWithSGID           = 1 << 3
-	efaCapRDMAWrite            = 1 << 4
-	efaCapUnsolicitedWriteRecv = 1 << 5
+	efaCapRDMAWrite            = 1 << 5
+	efaCapUnsolicitedWriteRecv = 1 << 6
+	efaCapSQ64BitReqID         = 1 << 9
 
 	efaAllocUcontextCmdSize  = 8
 	efaAllocUcontextRespSize = 24

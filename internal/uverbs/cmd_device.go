@@ -42,6 +42,7 @@ func (f *File) getContext(c *call) error {
 	put32(drv, 12, uint32(cfg.MaxLLQSize))
 	put16(drv, 16, uint16(cfg.MaxTxBatch))
 	put16(drv, 18, uint16(cfg.MinSQWR))
+	put16(drv, 20, uint16(cfg.InlineBufSizeEx)) // inline_buf_size_ex (reserved in v44)
 	if err := f.respondDriver(c, drv); err != nil {
 		unix.Close(ours)
 		unix.Close(theirs)
@@ -117,6 +118,9 @@ func (f *File) exQueryDevice(c *call) error {
 		if cfg.Caps&m[0] != 0 {
 			caps |= m[1]
 		}
+	}
+	if cfg.RequestID64 {
+		caps |= efaCapSQ64BitReqID
 	}
 	drv := make([]byte, efaExQueryDeviceRespSize)
 	put32(drv, 4, uint32(cfg.MaxSQWR))
