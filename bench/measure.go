@@ -213,14 +213,14 @@ func quantile(s []time.Duration, q float64) time.Duration {
 // blackholed a third of the way through the run, and checks that nothing was lost.
 func multipathFigures(o *options) ([]figure, error) {
 	sf := softefaTransport{paths: 4}
-	healthy := fabricRouter(o, "--paths", "4")
+	healthy := fabricRouter(o, "--paths", "4", "--spread")
 	fmt.Fprintf(o.log, "%s softefa ", wBW4)
 	figs, err := streamFigures(o, wBW4, "softefa", 8192, func() (streamResult, error) { return sf.stream(8192, o.duration, healthy) })
 	fmt.Fprintln(o.log)
 	if err != nil {
 		return nil, err
 	}
-	down := fabricRouter(o, "--paths", "4", "--down", "busiest", "--down-after", (o.duration / 3).String())
+	down := fabricRouter(o, "--paths", "4", "--spread", "--down", "busiest", "--down-after", (o.duration / 3).String())
 	fmt.Fprintf(o.log, "%s softefa ", wBW4Down)
 	// stream fails unless every completed send arrived exactly once, and a send that cannot be
 	// delivered completes with an error: a run that returns is a run that lost nothing.

@@ -358,6 +358,8 @@ type Counters struct {
 	UnresponsiveRemoteEvents, ImpairedRemoteConnEvents               uint64
 	CQOverruns, BadPackets, StalePackets                             uint64
 	Unvalidated, AuthFailures, Replays                               uint64
+	SpuriousRetrans                                                  uint64 // packets counted lost that arrived after all
+	SparseCopies                                                     uint64 // second copies of packets sent while few were in flight
 }
 
 // Counters returns a snapshot of the device's counters.
@@ -375,7 +377,8 @@ func (c *Context) Counters() Counters {
 		RetransTimeoutEvents: e.RetransTimeoutEvents.Load(), UnresponsiveRemoteEvents: e.UnresponsiveRemoteEvents.Load(),
 		ImpairedRemoteConnEvents: e.ImpairedRemoteConnEvents.Load(), BadPackets: e.BadPackets.Load(),
 		StalePackets: e.StalePackets.Load(), Unvalidated: e.Unvalidated.Load(), AuthFailures: e.AuthFailures.Load(),
-		Replays: e.Replays.Load(),
+		Replays: e.Replays.Load(), SpuriousRetrans: e.SpuriousRetrans.Load(),
+		SparseCopies: e.SparseCopies.Load(),
 	}
 }
 

@@ -128,8 +128,8 @@ func memPair(t testing.TB, f *memlink.Fabric, paths int, o loopOpts) (a, b *end)
 // memPairNodes is memPair that also returns a's fabric node.
 func memPairNodes(t testing.TB, f *memlink.Fabric, paths int, o loopOpts) (a, b *end, na *memlink.Node) {
 	t.Helper()
-	na = f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), paths)
-	nb := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), paths)
+	na = f.Listen(simA, paths)
+	nb := f.Listen(simB, paths)
 	mod := o.cfg
 	cfg := func(n *memlink.Node) config.Device {
 		c := config.Device{Link: n, Paths: paths, TransportTimeout: time.Second}

@@ -25,7 +25,10 @@ import (
 // softefa fabric: a userspace multipath network between UDP clients and one server. Clients send
 // to the fabric's address instead of the server's; the fabric gives each client an address of its
 // own towards the server (like a NAT), picks a path for every datagram by hashing its source port
-// (as ECMP hashes the 5-tuple), and applies that path's impairments in both directions.
+// (as ECMP hashes the 5-tuple), and applies that path's impairments in both directions. Hashing
+// a handful of ports onto as many paths collides often (two or three of a device's ports on one
+// path, another path idle); --spread instead gives each direction's flows the paths in turn, as a
+// perfectly balanced ECMP would, so that "one of 4 paths down" means a quarter of the flows.
 //
 // softefa devices name their endpoint in the datagram header (docs/wire.md); the fabric rewrites
 // that field, and the checksum, so that each side sees the other at a fabric address and replies
@@ -34,6 +37,7 @@ import (
 type fabricOpts struct {
 	listen, to string
 	raw        bool
+	spread     bool
 	paths      int
 	imp        memlink.Impairment
 	down       string
@@ -89,6 +93,7 @@ func parseFabric(args []string, out io.Writer) (*fabricOpts, []memlink.Impairmen
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:20000", "the address clients send to")
 	fs.StringVar(&o.to, "to", "", "the server's address")
 	fs.BoolVar(&o.raw, "raw", false, "forward any UDP payload untouched (for non-softefa peers)")
+	fs.BoolVar(&o.spread, "spread", false, "give each direction's flows paths in turn as they appear (a perfectly balanced ECMP), not by hash")
 	fs.IntVar(&o.paths, "paths", 4, "paths")
 	fs.Float64Var(&o.imp.Loss, "loss", 0, "drop probability on every path")
 	fs.Float64Var(&o.imp.Duplicate, "dup", 0, "duplication probability")
@@ -195,8 +200,13 @@ type fabric struct {
 	imps    []memlink.Impairment
 	stats   []fabricPathStats
 	clients map[netip.AddrPort]*fabricClient // by the client's endpoint
+	flows   map[flowKey]int                  // --spread: each flow's path
+	nflows  map[bool]int                     // --spread: flows seen per direction (towards the server or not)
 	wg      sync.WaitGroup
 }
+
+// flowKey names a flow by its ports: the 4-tuple less the addresses, which are the same here.
+type flowKey struct{ src, dst uint16 }
 
 type fabricPathStats struct{ In, Delivered, Dropped, Duplicated, Corrupted uint64 }
 
@@ -220,7 +230,7 @@ func newFabric(o *fabricOpts, imps []memlink.Impairment) (*fabric, error) {
 		return nil, err
 	}
 	fb := &fabric{o: o, server: server, front: front, imps: imps, stats: make([]fabricPathStats, o.paths),
-		clients: make(map[netip.AddrPort]*fabricClient)}
+		clients: make(map[netip.AddrPort]*fabricClient), flows: make(map[flowKey]int), nflows: make(map[bool]int)}
 	for i := range o.paths {
 		fb.paths = append(fb.paths, memlink.NewPath(o.seed, uint64(i)))
 	}
@@ -372,6 +382,17 @@ func (fb *fabric) forward(b []byte, src netip.AddrPort, conn *net.UDPConn, dst n
 	path := int(h.Sum32() % uint32(len(fb.paths)))
 	var v memlink.Verdict
 	fb.mu.Lock()
+	if fb.o.spread {
+		k := flowKey{src.Port(), dst.Port()}
+		p, ok := fb.flows[k]
+		if !ok {
+			up := dst == fb.server
+			p = fb.nflows[up] % len(fb.paths)
+			fb.nflows[up]++
+			fb.flows[k] = p
+		}
+		path = p
+	}
 	fb.paths[path].Decide(&fb.imps[path], len(b), time.Now(), &v)
 	st := &fb.stats[path]
 	st.In++

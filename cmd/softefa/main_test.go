@@ -323,6 +323,56 @@ func TestFabricRaw(t *testing.T) {
 	}
 }
 
+// --spread: four flows each way take the four paths one each, whatever their ports hash to.
+func TestFabricSpread(t *testing.T) {
+	echo, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, a, err := echo.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			echo.WriteToUDPAddrPort(buf[:n], a)
+		}
+	}()
+	o, imps, err := parseFabric([]string{"--raw", "--spread", "--listen", "127.0.0.1:0", "--to", echo.LocalAddr().String()}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb, _ := newFabric(o, imps)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- fb.run(ctx) }()
+	defer func() { cancel(); <-done }()
+	buf := make([]byte, 100)
+	for i := range 4 {
+		c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(fb.frontAddr()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for range 3 { // a flow keeps its path
+			c.Write([]byte{byte(i)})
+			if n, err := c.Read(buf); err != nil || n != 1 || buf[0] != byte(i) {
+				t.Fatalf("flow %d: % x, %v", i, buf[:n], err)
+			}
+		}
+	}
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	for i, st := range fb.stats {
+		if st.In != 6 { // three datagrams of one flow each way
+			t.Fatalf("path %d carried %d datagrams, want 6 (%+v)", i, st.In, fb.stats)
+		}
+	}
+}
+
 func TestParseFabricConfig(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "fabric.json")
 	os.WriteFile(f, []byte(`{"paths": 3, "default": {"loss": 0.01, "delay": "1ms"}, "path": {"2": {"down": true}}}`), 0o600)

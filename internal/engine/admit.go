@@ -96,9 +96,11 @@ func (d *Device) admit(gid [16]byte, h *wire.Header, frames []byte, n int, seale
 }
 
 // onChallenge takes a peer's cookie: it rides in every datagram to the peer until the peer
-// answers, and what the peer dropped before goes again at once.
+// answers, and what the peer dropped before goes again at once — once per cookie: the peer
+// challenges every datagram that reaches it before the cookie does, and resending the whole
+// flight for each of those challenges was a storm (thousands of packets in a short run).
 func (d *Device) onChallenge(p *peer, cookie uint64, now time.Duration) {
-	if p.cookie == cookie && p.confirmed {
+	if p.cookie == cookie {
 		return
 	}
 	p.cookie, p.confirmed = cookie, false

@@ -180,6 +180,8 @@ type Counters struct {
 	BadPackets, StalePackets                                         atomic.Uint64 // dropped: malformed; for another incarnation
 	Unvalidated                                                      atomic.Uint64 // from devices not yet validated: challenged
 	AuthFailures, Replays                                            atomic.Uint64 // sealed datagrams dropped
+	SpuriousRetrans                                                  atomic.Uint64 // packets counted lost that arrived after all (softefa's own)
+	SparseCopies                                                     atomic.Uint64 // second copies of packets sent while few were in flight (softefa's own)
 }
 
 // Counters returns the device's live counters.

@@ -407,12 +407,25 @@ func (d *Device) sendAck(p *peer) {
 // acknowledges these frames, so a device that only answers never learns that a path has gone
 // dark; rotating keeps most of its answers getting through, and its data frames (which are
 // acknowledged) mark the path failed as soon as it sends any.
+//
+// Better than healthy is proven: when some of our recent data was acknowledged, the rotation keeps
+// to the paths that carried it (a packet sent within a few RTTs of the newest acknowledged one).
+// A path that swallows everything may never carry data of ours and so never be marked failed;
+// without this, every ACK sent on it is lost and the peer waits for its timer.
 func (d *Device) controlPath(p *peer) int {
 	n := len(p.paths)
-	for range n {
-		p.ctrlRR = (p.ctrlRR + 1) % n
-		if !p.paths[p.ctrlRR].failed {
-			return p.ctrlRR
+	var newest time.Duration
+	for i := range p.paths {
+		newest = max(newest, p.paths[i].ackedAt)
+	}
+	recent := newest - 4*max(p.tx.srtt, minRTO)
+	for _, proven := range [2]bool{true, false} {
+		for range n {
+			p.ctrlRR = (p.ctrlRR + 1) % n
+			ps := &p.paths[p.ctrlRR]
+			if !ps.failed && (!proven || newest > 0 && ps.ackedAt >= recent) {
+				return p.ctrlRR
+			}
 		}
 	}
 	return p.ctrlRR
@@ -451,6 +464,11 @@ func (d *Device) onAck(p *peer, a *wire.Ack, now time.Duration) {
 	}
 	if s.rtt >= 0 {
 		d.sampleRTT(s, s.rtt)
+	} else if s.newly > 0 {
+		// Only retransmitted packets acknowledged (no RTT sample, Karn's rule), but acknowledged:
+		// the backoff has done its job. Left doubled, it would pace every loss that follows at
+		// up to maxRTO while the window is too small for acknowledgements to reveal losses.
+		s.resetRTO()
 	}
 	// A packet is lost when one sent after it on the same path has been acknowledged (each path
 	// is taken to keep its own order, with a reordering allowance of an eighth of the RTT), or
@@ -458,7 +476,7 @@ func (d *Device) onAck(p *peer, a *wire.Ack, now time.Duration) {
 	// RTTs (paths differ in delay, but one that far behind has dropped it: this is what finds a
 	// dead path within a few RTTs).
 	lost := 0
-	reo := max(s.srtt/8, minReorder)
+	reo := s.reorderWindow()
 	var anyAcked time.Duration
 	for i := range p.paths {
 		anyAcked = max(anyAcked, p.paths[i].ackedAt)
@@ -493,14 +511,32 @@ func (d *Device) ackSlot(p *peer, e *sentPkt, now time.Duration) {
 	if !e.lost {
 		s.inflight--
 	}
+	if e.lost || e.retx > 0 && now-e.at < s.minRTT/2 {
+		// Counted lost, but the packet (not a copy sent again) arrived: the loss was reordering.
+		s.reoSteps = min(s.reoSteps+1, 64)
+		s.reoClean = 0
+		d.counts.SpuriousRetrans.Add(1)
+	} else if e.suspect != 0 && e.suspect-1 != e.path {
+		d.pathLoss(p, int(e.suspect-1), now) // it timed out on that path and came through on this one
+	}
 	s.newly++
 	ps := &p.paths[e.path]
-	if !ps.failed || e.at >= ps.failedAt { // an acknowledgement of a packet from before the failure proves nothing
+	if e.copied {
+		// Either copy may be the one that arrived: no path is credited, but the round trip
+		// is as good a sample as any (both left at once).
+		if e.retx == 0 {
+			s.rtt = now - e.at
+		}
+	} else if !ps.failed || e.at >= ps.failedAt { // an acknowledgement of a packet from before the failure proves nothing
 		ps.losses, ps.failed = 0, false
 	}
-	if e.retx == 0 {
+	if e.retx == 0 && !e.copied {
 		s.rtt = now - e.at
-		ps.srtt = (7*ps.srtt + s.rtt) / 8
+		if ps.srtt == 0 {
+			ps.srtt = s.rtt
+		} else {
+			ps.srtt = (7*ps.srtt + s.rtt) / 8
+		}
 		ps.ackedAt = max(ps.ackedAt, e.at)
 	}
 	m := e.msg
@@ -531,6 +567,9 @@ func (d *Device) congestion(s *txStream, newly, lost int) {
 		s.recovering = false
 	}
 	if lost > 0 && !s.recovering {
+		if s.reoClean++; s.reoClean >= 16 {
+			s.reoSteps, s.reoClean = 1, 0
+		}
 		s.ssthresh = max(s.cwnd/2, 2)
 		s.cwnd = s.ssthresh
 		s.recovering, s.recoverPSN = true, s.next
@@ -605,13 +644,25 @@ func (d *Device) transportTick(now time.Duration) bool {
 func (d *Device) checkRTO(p *peer, now time.Duration) {
 	s := &p.tx
 	fired := false
+	var anyAcked time.Duration
+	for i := range p.paths {
+		anyAcked = max(anyAcked, p.paths[i].ackedAt)
+	}
 	for psn := s.una; psn != s.next; psn++ {
 		e := s.slot(psn)
 		if e.acked || e.lost || e.msg == nil || now-e.at < s.rto {
 			continue
 		}
-		// Not held against the packet's path: a timeout may as well be a lost acknowledgement,
-		// and acknowledgements travel on the peer's paths.
+		// Held against the packet's path only if a packet sent later, on any path, has been
+		// acknowledged since: otherwise the timeout may as well be a lost acknowledgement (they
+		// travel on the peer's paths), or the peer gone. Without this, a path that swallows
+		// everything is never marked failed once the window is too small for acknowledgements
+		// to reveal losses, and every timeout goes back to it in turn.
+		if anyAcked > e.at {
+			d.pathLoss(p, int(e.path), now)
+		} else {
+			e.suspect = e.path + 1
+		}
 		e.lost = true
 		s.inflight--
 		s.retx = append(s.retx, psn)

@@ -52,6 +52,10 @@ type sentPkt struct {
 	retx  uint8
 	acked bool
 	lost  bool
+	// suspect is 1 + the path of a transmission that timed out with nothing to blame it on yet:
+	// if the packet then arrives by another path, that path swallowed it.
+	suspect uint8
+	copied  bool // sent on a second path too (copySeg)
 }
 
 // txStream is the sending half of a peer context.
@@ -73,6 +77,8 @@ type txStream struct {
 	retx       []uint32      // PSNs counted lost, to send again
 	reqs       map[uint32]*outMsg
 	nextMsg    uint32
+	reoSteps   int // the reordering allowance, in steps of a quarter of minRTT (reorderWindow)
+	reoClean   int // loss episodes since the last loss that proved spurious
 	burst      int // packets sent on the current path since it was picked
 
 	newly int           // onAck's scratch: packets newly acknowledged
@@ -82,10 +88,27 @@ type txStream struct {
 func (s *txStream) init() {
 	s.ring = make([]sentPkt, 64)
 	s.cwnd, s.ssthresh, s.rto = initialCwnd, maxCwnd, initialRTO
+	s.reoSteps = 1
 	s.reqs = make(map[uint32]*outMsg)
 }
 
 func (s *txStream) slot(psn uint32) *sentPkt { return &s.ring[psn&uint32(len(s.ring)-1)] }
+
+// reorderWindow is how much later than a packet another may be sent and still be acknowledged
+// first without the packet counting as lost: a quarter of the least RTT seen, times reoSteps,
+// which grows each time a loss proves spurious (the packet was acknowledged after all) and falls
+// back after 16 loss episodes without one; never above the smoothed RTT.
+func (s *txStream) reorderWindow() time.Duration {
+	base := max(s.minRTT/4, minReorder)
+	return min(base*time.Duration(s.reoSteps), max(s.srtt, minReorder))
+}
+
+// resetRTO undoes the retransmission timer's backoff: the peer is acknowledging again.
+func (s *txStream) resetRTO() {
+	if s.srtt > 0 {
+		s.rto = min(max(s.srtt+4*s.rttvar, minRTO), maxRTO)
+	}
+}
 
 // busy reports whether the stream has anything outstanding.
 func (s *txStream) busy() bool { return s.una != s.next || len(s.queue) > 0 || len(s.reqs) > 0 }
@@ -257,6 +280,9 @@ func (d *Device) pump(p *peer) {
 		m.sent++
 		m.pending++
 		d.sendSeg(p, psn, e, now, -1)
+		if s.inflight <= sparseFlight && !d.cfg.NoSparseCopies {
+			d.copySeg(p, psn, e)
+		}
 		if m.sent == m.nseg {
 			done++
 		}
@@ -268,8 +294,44 @@ func (d *Device) pump(p *peer) {
 
 // sendSeg writes the DATA frame for slot e (PSN psn) on a path other than avoid when it can.
 func (d *Device) sendSeg(p *peer, psn uint32, e *sentPkt, now time.Duration, avoid int) {
-	m := e.msg
 	path := d.pickPath(p, avoid)
+	n := d.writeSeg(p, psn, e, path)
+	e.at, e.path = now, uint8(path)
+	p.tx.inflight++
+	p.paths[path].sent++
+	if e.retx > 0 {
+		d.counts.RetransPkts.Add(1)
+		d.counts.RetransBytes.Add(uint64(n))
+	}
+}
+
+// sparseFlight is the most packets in flight at which a new packet also goes as a copy on a
+// second path (unless config.Device.NoSparseCopies).
+const sparseFlight = 4
+
+// copySeg sends slot e's frame once more, on the next healthy path after its own: while few
+// packets are in flight, a lost one has no later packets to reveal its loss and waits for the
+// retransmission timer (2 ms at least), the whole of a latency-bound exchange's tail under loss;
+// a copy on another path makes that a loss of both. The copy is not in the flight count, and an
+// acknowledgement of either credits no path (which of the two arrived is unknown).
+func (d *Device) copySeg(p *peer, psn uint32, e *sentPkt) {
+	n := len(p.paths)
+	for i := 1; i < n; i++ {
+		path := (int(e.path) + i) % n
+		if !p.paths[path].failed {
+			d.writeSeg(p, psn, e, path)
+			p.paths[path].sent++
+			e.copied = true
+			d.counts.SparseCopies.Add(1)
+			return
+		}
+	}
+}
+
+// writeSeg appends slot e's DATA frame (PSN psn) to a datagram on path and returns how many
+// payload bytes it carries.
+func (d *Device) writeSeg(p *peer, psn uint32, e *sentPkt, path int) int {
+	m := e.msg
 	seg := uint64(d.segSize())
 	off := uint64(e.seg) * seg
 	n := 0
@@ -287,13 +349,7 @@ func (d *Device) sendSeg(p *peer, psn uint32, e *sentPkt, now time.Duration, avo
 	b = wire.AppendDataHeader(b, &hdr, n)
 	b = appendRange(b, m.src[:m.nsrc], off, n)
 	d.commit(b)
-	e.at, e.path = now, uint8(path)
-	p.tx.inflight++
-	p.paths[path].sent++
-	if e.retx > 0 {
-		d.counts.RetransPkts.Add(1)
-		d.counts.RetransBytes.Add(uint64(n))
-	}
+	return n
 }
 
 // appendRange appends bytes [off, off+n) of the concatenation of src.

@@ -41,9 +41,11 @@ type Fabric struct {
 	seed  uint64
 	nodes map[netip.AddrPort]*Node
 	paths map[int]Impairment // by sender path index; applies to every node
-	stats map[int]*PathStats
-	necks map[netip.AddrPort]*Bottleneck
-	tap   func(from, to netip.AddrPort, b []byte)
+	// nodePaths overrides paths for one sender's path.
+	nodePaths map[nodePath]Impairment
+	stats     map[int]*PathStats
+	necks     map[netip.AddrPort]*Bottleneck
+	tap       func(from, to netip.AddrPort, b []byte)
 
 	sim *simState // NewSim: the virtual clock and the deliveries waiting for it; nil otherwise
 }
@@ -93,7 +95,7 @@ type PathStats struct {
 
 // New returns an empty fabric whose randomness comes from seed.
 func New(seed uint64) *Fabric {
-	return &Fabric{seed: seed, nodes: make(map[netip.AddrPort]*Node), paths: make(map[int]Impairment),
+	return &Fabric{seed: seed, nodes: make(map[netip.AddrPort]*Node), paths: make(map[int]Impairment), nodePaths: make(map[nodePath]Impairment),
 		stats: make(map[int]*PathStats), necks: make(map[netip.AddrPort]*Bottleneck)}
 }
 
@@ -101,6 +103,20 @@ func New(seed uint64) *Fabric {
 func (f *Fabric) SetPath(i int, imp Impairment) {
 	f.mu.Lock()
 	f.paths[i] = imp
+	f.mu.Unlock()
+}
+
+type nodePath struct {
+	addr netip.AddrPort
+	path int
+}
+
+// SetNodePath sets the impairment of path i of the node at addr only, overriding SetPath's: the
+// paths of a real network's two directions need not fail together (ECMP hashes each direction's
+// ports on its own).
+func (f *Fabric) SetNodePath(addr netip.AddrPort, i int, imp Impairment) {
+	f.mu.Lock()
+	f.nodePaths[nodePath{addr, i}] = imp
 	f.mu.Unlock()
 }
 
@@ -186,7 +202,10 @@ func (n *Node) Send(pkts []link.Packet) error {
 	for i := range pkts {
 		p := &pkts[i]
 		path := min(max(p.Path, 0), n.paths-1)
-		imp := f.paths[path]
+		imp, ok := f.nodePaths[nodePath{n.addr, path}]
+		if !ok {
+			imp = f.paths[path]
+		}
 		st := f.stats[path]
 		if st == nil {
 			st = &PathStats{}
