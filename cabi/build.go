@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 )
@@ -158,7 +159,37 @@ func Build(src, cache string, log io.Writer) (Libs, error) {
 	if err := os.Rename(tmp, dir); err != nil {
 		return Libs{}, err
 	}
+	prune(cache, keepBuilds)
 	return libs, nil
+}
+
+// keepBuilds is how many builds the cache keeps: each source change makes a new one.
+const keepBuilds = 4
+
+// prune removes all but the newest keep build directories of cache. Called with the lock held;
+// a program still using a removed build keeps its mapped libraries.
+func prune(cache string, keep int) {
+	ents, err := os.ReadDir(cache)
+	if err != nil {
+		return
+	}
+	type build struct {
+		path string
+		mod  int64
+	}
+	var builds []build
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), "build-") || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		if info, err := e.Info(); err == nil {
+			builds = append(builds, build{filepath.Join(cache, e.Name()), info.ModTime().UnixNano()})
+		}
+	}
+	sort.Slice(builds, func(i, j int) bool { return builds[i].mod > builds[j].mod })
+	for _, b := range builds[min(keep, len(builds)):] {
+		os.RemoveAll(b.path)
+	}
 }
 
 func built(l Libs) bool {
