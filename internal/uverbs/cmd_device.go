@@ -11,9 +11,9 @@ import (
 )
 
 // getContext is GET_CONTEXT (ib_uverbs_get_context, efa_alloc_ucontext): it creates the async
-// event fd and answers EFA's device parameters. EINVAL for a second context on the File, or when
-// the library does not acknowledge TX batching or the minimum SQ size the device uses
-// (efa_user_comp_handshake).
+// event fd and answers EFA's device parameters. EINVAL for a second context on the File;
+// EOPNOTSUPP when the library does not acknowledge TX batching or the minimum SQ size the device
+// uses (efa_user_comp_handshake).
 func (f *File) getContext(c *call) error {
 	if _, err := c.request(getContextReq); err != nil {
 		return err
@@ -26,7 +26,7 @@ func (f *File) getContext(c *call) error {
 	mask := u32(cmd, 0)
 	if cfg.MaxTxBatch != 0 && mask&efaAllocUcontextCmdTxBatch == 0 ||
 		cfg.MinSQWR != 0 && mask&efaAllocUcontextCmdMinSQWR == 0 {
-		return syscall.EINVAL
+		return syscall.EOPNOTSUPP
 	}
 	ours, theirs, err := socketPair()
 	if err != nil {

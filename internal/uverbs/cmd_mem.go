@@ -112,7 +112,7 @@ func (f *File) destroyAH(c *call) error {
 // regMR is REG_MR (ib_uverbs_reg_mr, efa_reg_mr): the region [start, start+length) of the
 // process, addressed by hca_va. EINVAL when start and hca_va differ within a page, for access
 // flags IB does not know or REMOTE_WRITE without LOCAL_WRITE (ib_check_mr_access), for an unknown
-// PD or non-zero driver input; the engine's checks follow (size, EOPNOTSUPP for remote access the
+// PD or non-zero bytes in the first 8 of driver input; the engine's checks follow (size, EOPNOTSUPP for remote access the
 // device lacks); EFAULT when the range is not mapped.
 func (f *File) regMR(c *call) error {
 	req, err := c.request(regMRReq)
@@ -128,7 +128,8 @@ func (f *File) regMR(c *call) error {
 		return syscall.EINVAL
 	}
 	p, ok := lookup[*pdObj](f, pdh)
-	if !ok || !c.udataCleared() {
+	// efa_alloc_mr checks sizeof(udata->inlen) bytes of driver input, not inlen.
+	if !ok || !cleared(c.udIn[:min(len(c.udIn), 8)]) {
 		return syscall.EINVAL
 	}
 	if length == 0 || length > f.d.cfg.MaxMRSize || start+length < start {

@@ -206,7 +206,7 @@ func TestHeaderErrors(t *testing.T) {
 
 func TestGetContextHandshake(t *testing.T) {
 	h := newHarness(t)
-	wantErrno(t, h.do(cmd(cmdGetContext, 8, withResp(8), make([]byte, 8))), syscall.EINVAL)
+	wantErrno(t, h.do(cmd(cmdGetContext, 8, withResp(8), make([]byte, 8))), syscall.EOPNOTSUPP)
 	drv := make([]byte, 8)
 	put32(drv, 0, efaAllocUcontextCmdTxBatch|efaAllocUcontextCmdMinSQWR)
 	if err := h.do(cmd(cmdGetContext, 8, withResp(8), drv)); err != nil {
@@ -288,6 +288,22 @@ func TestPDAndMR(t *testing.T) {
 	wantErrno(t, reg(bufAddr, 0, bufAddr, pd, 1), syscall.EINVAL)        // empty
 	wantErrno(t, reg(0x900000, 4096, 0x900000, pd, 1), syscall.EFAULT)   // not mapped
 	wantErrno(t, reg(bufAddr, 4096, bufAddr, pd, 1<<12), syscall.EINVAL) // unknown access bit
+	regDrv := func(drv []byte) error {
+		core := withResp(regMRReq)
+		put64(core, 8, bufAddr)
+		put64(core, 16, 4096)
+		put64(core, 24, bufAddr)
+		put32(core, 32, pd)
+		put32(core, 36, 1)
+		return h.do(cmd(cmdRegMR, 3, core, drv))
+	}
+	wantErrno(t, regDrv([]byte{0, 0, 0, 0, 0, 0, 0, 1}), syscall.EINVAL) // the first 8 bytes are checked
+	if err := regDrv([]byte{0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0}); err != nil {
+		t.Fatalf("non-zero driver input past 8 bytes: %v (efa_alloc_mr does not look there)", err)
+	}
+	dereg0 := make([]byte, 4)
+	put32(dereg0, 0, u32(h.mem.segs[respAddr], 0))
+	h.must(cmd(cmdDeregMR, 0, dereg0, nil))
 	if err := reg(bufAddr, 4096, bufAddr, pd, 1|4); err != nil {
 		t.Fatal(err)
 	}
