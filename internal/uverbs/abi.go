@@ -45,7 +45,6 @@ const (
 	ibMTU4096        = 5
 	portStateActive  = 4
 	physStateLinkUp  = 5
-	noCompChannel    = -1
 	qpTypeUD         = 4
 	qpTypeDriver     = 0xff
 	driverQPTypeSRD  = 0

@@ -75,7 +75,7 @@ func (f *File) finishCQ(c *call, h uint32, resp []byte) error {
 }
 
 // newCQ creates the CQ with efa_create_cq's checks, in the kernel's order: the completion vector
-// and channel (core), creation flags (EOPNOTSUPP), the entry count (EINVAL outside
+// (EINVAL) and channel (EBADF) (core), creation flags (EOPNOTSUPP), the entry count (EINVAL outside
 // [1, max_cq_depth]), the driver command (EINVAL when shorter than num_sub_cqs, with unknown
 // non-zero fields, a comp_mask, no entry size or a sub-CQ count other than the device's). The
 // ring and the doorbell page are regions of the command fd; the driver response names them.
@@ -84,9 +84,9 @@ func (f *File) newCQ(c *call, p cqParams) (uint32, uint32, error) {
 	if p.vector >= maxCompVectors {
 		return 0, 0, syscall.EINVAL
 	}
-	if p.channel != noCompChannel {
+	if p.channel >= 0 { // ib_uverbs_lookup_comp_file: not this context's channel is EBADF
 		if ch = f.channels[p.channel]; ch == nil {
-			return 0, 0, syscall.EINVAL
+			return 0, 0, syscall.EBADF
 		}
 	}
 	if p.exFlags != 0 {
