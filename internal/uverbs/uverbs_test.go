@@ -382,7 +382,7 @@ func TestCQAndQP(t *testing.T) {
 	wantErrno(t, bad(func(_, d []byte) { d[15] = 1 }), syscall.EINVAL)
 	wantErrno(t, bad(func(c, _ []byte) { put32(c, 16, 0) }), syscall.EINVAL)
 	wantErrno(t, bad(func(c, _ []byte) { put32(c, 16, 1<<20) }), syscall.EINVAL)
-	wantErrno(t, bad(func(c, _ []byte) { put32(c, 20, 1) }), syscall.EINVAL)  // comp_vector
+	wantErrno(t, bad(func(c, _ []byte) { put32(c, 20, 1) }), syscall.EINVAL) // comp_vector
 	wantErrno(t, bad(func(c, _ []byte) { put32(c, 24, 77) }), syscall.EBADF) // not a channel
 
 	qp, r := h.createQP(pd, cq, qpTypeDriver, 16*64, 16*16)
