@@ -1,9 +1,18 @@
-# Speaks the uverbs write ABI to the device node directly, through the preload shim: GET_CONTEXT
+# Speaks the uverbs write ABI to the device node directly, through the preload shim: stat, a
+# NETLINK_RDMA socket refused with EPROTONOSUPPORT, GET_CONTEXT
 # on the fd, QUERY_DEVICE on a dup of it after the original is closed, ioctl refused with ENOTTY,
 # a forked child refused, then close. Prints "ok" on success.
 import ctypes, errno, fcntl, os, struct, sys
 
+import socket
+
 path = os.environ["SOFTEFA_DEV_PATH"]
+assert (os.stat(path).st_mode & 0o170000) == 0o020000, "stat: not a character device"
+try:
+    socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 20)  # NETLINK_RDMA
+    sys.exit("a NETLINK_RDMA socket was created")
+except OSError as e:
+    assert e.errno == errno.EPROTONOSUPPORT, e
 fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
 st = os.fstat(fd)
 assert (st.st_mode & 0o170000) == 0o020000, "fstat: not a character device"
