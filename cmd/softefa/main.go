@@ -5,6 +5,7 @@
 //	softefa perf TEST [flags]     perftest's send/write/read bandwidth and latency tests over SRD
 //	softefa pingpong [flags]      the rdma-core pingpong example over SRD or UD, checking data
 //	softefa fabric --to ADDR      a multipath fabric emulator with impairments, for real processes
+//	softefa run -- COMMAND ARGS   an unmodified rdma-core program on a softefa device (docs/cabi.md)
 //
 // Results go to stdout, diagnostics to stderr.
 package main
@@ -25,6 +26,7 @@ var commands = map[string]struct {
 	"devinfo":  {runDevinfo, "a device's attributes, as ibv_devinfo -v shows them, with the efadv caps"},
 	"perf":     {runPerf, "send_bw|send_lat|write_bw|write_lat|read_bw|read_lat, as perftest"},
 	"pingpong": {runPingpong, "the rdma-core srd/ud pingpong example, checking data"},
+	"run":      {runRun, "run an unmodified rdma-core program (ibv_devinfo, pyverbs, perftest, fi_*) on a softefa device"},
 }
 
 func main() {

@@ -20,6 +20,7 @@ type CQ struct {
 	d     *Device
 	ring  []byte
 	depth uint32 // entries, a power of two
+	esz   int    // bytes per entry: 32, or 16 for a CQ without source GIDs
 	db    *uint32
 	flags int
 
@@ -63,6 +64,10 @@ type CQInit struct {
 	Notify   func() // called, under the device lock and without blocking, when an armed CQ gets an entry
 	Ring     []byte
 	Doorbell *uint32
+
+	// EntrySize is the CQE size: 0 or efaio.RxCQEExSize (32), or efaio.RxCQESize (16), which
+	// libefa 44 asks for when the CQ has no source GIDs; a 16-byte RX CQE has no src_addr.
+	EntrySize int
 }
 
 // CreateCQ creates a CQ of Entries rounded up to a power of two. EINVAL for 0 or more than
@@ -77,15 +82,22 @@ func (d *Device) CreateCQ(in CQInit) (*CQ, error) {
 	case in.Flags&uapi.CQFlagWithSGID != 0 && d.cfg.Caps&uapi.CapCQWithSGID == 0:
 		return nil, fmt.Errorf("engine: CQ with SGID not supported: %w", syscall.EOPNOTSUPP)
 	}
+	esz := in.EntrySize
+	if esz == 0 {
+		esz = efaio.CQESize
+	}
+	if esz != efaio.RxCQEExSize && (esz != efaio.RxCQESize || in.Flags&uapi.CQFlagWithSGID != 0) {
+		return nil, fmt.Errorf("engine: CQ entries of %d bytes: %w", esz, syscall.EINVAL)
+	}
 	depth := roundUpPow2(uint32(in.Entries))
 	ring, db := in.Ring, in.Doorbell
 	if ring == nil {
-		ring = allocRing(int(depth) * efaio.CQESize)
+		ring = allocRing(int(depth) * esz)
 	}
 	if db == nil {
 		db = new(uint32)
 	}
-	if len(ring) < int(depth)*efaio.CQESize || !aligned4(ring) {
+	if len(ring) < int(depth)*esz || !aligned4(ring) {
 		return nil, fmt.Errorf("engine: CQ ring of %d bytes for %d entries: %w", len(ring), depth, syscall.EINVAL)
 	}
 	d.mu.Lock()
@@ -99,7 +111,7 @@ func (d *Device) CreateCQ(in CQInit) (*CQ, error) {
 	clear(ring)
 	atomic.StoreUint32(db, 0)
 	d.nCQ++
-	return &CQ{d: d, ring: ring, depth: depth, db: db, flags: in.Flags, phase: 1, firedSN: -1, notify: in.Notify, owner: in.Owner}, nil
+	return &CQ{d: d, ring: ring, depth: depth, esz: esz, db: db, flags: in.Flags, phase: 1, firedSN: -1, notify: in.Notify, owner: in.Owner}, nil
 }
 
 // DestroyCQ frees cq; EBUSY while a QP uses it.
@@ -121,10 +133,17 @@ func (d *Device) DestroyCQ(cq *CQ) error {
 // cmd_sn): the next entry written raises one event, unless an event was already raised for this
 // cmd_sn. A doorbell store with the arm bit is also noticed without ArmCQ when the engine next
 // writes an entry, as long as the bit is still there.
+//
+// Entries the consumer has not polled when it arms (the doorbell's consumer count is behind the
+// entries written) raise the event at once: the arm doorbell carries the consumer count for this.
 func (d *Device) ArmCQ(cq *CQ) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	cq.latchArm(atomic.LoadUint32(cq.db))
+	v := atomic.LoadUint32(cq.db)
+	cq.latchArm(v)
+	if cq.armed && !cq.dead && uint16(v&efaio.CQDoorbellCIMask) != cq.pc {
+		cq.fire(v)
+	}
 }
 
 func (cq *CQ) latchArm(v uint32) {
@@ -154,7 +173,7 @@ func (cq *CQ) post(c *efaio.Completion) {
 		return
 	}
 	c.Phase = cq.phase
-	slot := efaio.CQE(cq.ring[int(uint32(cq.pc)&(cq.depth-1))*efaio.CQESize:][:efaio.CQESize])
+	slot := efaio.CQE(cq.ring[int(uint32(cq.pc)&(cq.depth-1))*cq.esz:][:cq.esz])
 	slot.EncodeBody(c)
 	atomic.StoreUint32((*uint32)(unsafe.Pointer(&slot[0])), efaio.HeaderWord(c))
 	cq.pc++
@@ -163,11 +182,16 @@ func (cq *CQ) post(c *efaio.Completion) {
 	}
 	cq.latchArm(v)
 	if cq.armed {
-		cq.armed = false
-		cq.firedSN = int(v >> efaio.CQDoorbellSNShift & 3)
-		if cq.notify != nil {
-			cq.notify()
-		}
+		cq.fire(v)
+	}
+}
+
+// fire raises the completion event an arm asked for; v is the doorbell that armed it.
+func (cq *CQ) fire(v uint32) {
+	cq.armed = false
+	cq.firedSN = int(v >> efaio.CQDoorbellSNShift & 3)
+	if cq.notify != nil {
+		cq.notify()
 	}
 }
 

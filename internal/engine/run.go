@@ -173,6 +173,9 @@ func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
 		if d.processSQ(q, now) {
 			worked = true
 		}
+		if q.dead {
+			return
+		}
 		if pc := uint16(atomic.LoadUint32(q.rq.db)); pc != q.rq.seen {
 			q.rq.seen = pc
 			rqMoved = true

@@ -15,8 +15,11 @@ const sqBatch = 256
 // processSQ consumes the WQEs the producer has made visible in q's SQ. In ERR it flushes them;
 // outside RTS it leaves them for later.
 func (d *Device) processSQ(q *QP, now time.Duration) bool {
+	if q.dead { // its doorbell memory may be gone: a Ring can arrive after DestroyQP
+		return false
+	}
 	pc := uint16(atomic.LoadUint32(q.sq.db))
-	if pc == q.sq.ci || q.dead {
+	if pc == q.sq.ci {
 		return false
 	}
 	switch q.attr.State {

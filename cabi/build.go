@@ -1,0 +1,234 @@
+//go:build linux
+
+package cabi
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// Library file names in a build directory.
+const (
+	ShimLib   = "softefa_preload.so"
+	EngineLib = "libsoftefa.so"
+)
+
+const modulePath = "github.com/softefa/softefa"
+
+// Libs are the two libraries a program needs.
+type Libs struct {
+	Shim, Engine string
+}
+
+// FindSource returns the root of softefa's source tree: $SOFTEFA_SRC, or the first directory
+// holding softefa's go.mod above the working directory or the running executable.
+func FindSource() (string, error) {
+	if d := os.Getenv("SOFTEFA_SRC"); d != "" {
+		if isRoot(d) {
+			return d, nil
+		}
+		return "", fmt.Errorf("cabi: SOFTEFA_SRC=%s is not softefa's source tree", d)
+	}
+	var starts []string
+	if wd, err := os.Getwd(); err == nil {
+		starts = append(starts, wd)
+	}
+	if exe, err := os.Executable(); err == nil {
+		starts = append(starts, filepath.Dir(exe))
+	}
+	for _, d := range starts {
+		for {
+			if isRoot(d) {
+				return d, nil
+			}
+			up := filepath.Dir(d)
+			if up == d {
+				break
+			}
+			d = up
+		}
+	}
+	return "", errors.New("cabi: softefa's source tree not found (set SOFTEFA_SRC, or SOFTEFA_LIBDIR to prebuilt libraries)")
+}
+
+func isRoot(d string) bool {
+	b, err := os.ReadFile(filepath.Join(d, "go.mod"))
+	return err == nil && bytes.HasPrefix(b, []byte("module "+modulePath+"\n"))
+}
+
+// Locate returns the libraries: those in $SOFTEFA_LIBDIR if set, otherwise a build from the
+// source tree cached under $SOFTEFA_CACHE (default: the user cache dir, softefa/cabi) and keyed by
+// a hash of the sources and the Go and C compilers, built with go and cc when missing. Progress
+// goes to log.
+func Locate(log io.Writer) (Libs, error) {
+	if d := os.Getenv("SOFTEFA_LIBDIR"); d != "" {
+		l := Libs{Shim: filepath.Join(d, ShimLib), Engine: filepath.Join(d, EngineLib)}
+		for _, p := range []string{l.Shim, l.Engine} {
+			if _, err := os.Stat(p); err != nil {
+				return Libs{}, fmt.Errorf("cabi: SOFTEFA_LIBDIR: %w", err)
+			}
+		}
+		return l, nil
+	}
+	src, err := FindSource()
+	if err != nil {
+		return Libs{}, err
+	}
+	cache := os.Getenv("SOFTEFA_CACHE")
+	if cache == "" {
+		base, err := os.UserCacheDir()
+		if err != nil {
+			return Libs{}, err
+		}
+		cache = filepath.Join(base, "softefa", "cabi")
+	}
+	return Build(src, cache, log)
+}
+
+// Build builds the libraries from the source tree src into a directory of cache named by the
+// sources' hash, unless that directory already holds them. Concurrent builds are serialized with
+// a lock file.
+func Build(src, cache string, log io.Writer) (Libs, error) {
+	cc := os.Getenv("CC")
+	if cc == "" {
+		cc = "cc"
+	}
+	for _, tool := range []string{"go", cc} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return Libs{}, fmt.Errorf("cabi: building the libraries needs %s: %w", tool, err)
+		}
+	}
+	goVer, err := exec.Command("go", "env", "GOVERSION").Output()
+	if err != nil {
+		return Libs{}, fmt.Errorf("cabi: go env GOVERSION: %w", err)
+	}
+	ccVer, _ := exec.Command(cc, "--version").Output()
+	key, err := sourceHash(src, string(goVer)+string(ccVer))
+	if err != nil {
+		return Libs{}, err
+	}
+	dir := filepath.Join(cache, key[:16])
+	libs := Libs{Shim: filepath.Join(dir, ShimLib), Engine: filepath.Join(dir, EngineLib)}
+	if built(libs) {
+		return libs, nil
+	}
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return Libs{}, err
+	}
+	lock, err := os.OpenFile(filepath.Join(cache, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return Libs{}, err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return Libs{}, err
+	}
+	if built(libs) { // built while we waited
+		return libs, nil
+	}
+	tmp, err := os.MkdirTemp(cache, "build-")
+	if err != nil {
+		return Libs{}, err
+	}
+	defer os.RemoveAll(tmp)
+	fmt.Fprintf(log, "softefa: building the preload shim and the engine library into %s\n", dir)
+	steps := []*exec.Cmd{
+		exec.Command(cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", filepath.Join(tmp, ShimLib),
+			filepath.Join(src, "cabi", "shim", "preload.c"), "-ldl", "-lpthread"),
+		exec.Command("go", "build", "-buildmode=c-shared", "-o", filepath.Join(tmp, EngineLib), "./cabi/libengine"),
+	}
+	for _, c := range steps {
+		c.Dir = src
+		c.Env = append(os.Environ(), "CGO_ENABLED=1")
+		if out, err := c.CombinedOutput(); err != nil {
+			return Libs{}, fmt.Errorf("cabi: %s: %w\n%s", strings.Join(c.Args, " "), err, out)
+		}
+	}
+	os.RemoveAll(dir)
+	if err := os.Rename(tmp, dir); err != nil {
+		return Libs{}, err
+	}
+	prune(cache, keepBuilds)
+	return libs, nil
+}
+
+// keepBuilds is how many builds the cache keeps: each source change makes a new one.
+const keepBuilds = 4
+
+// prune removes all but the newest keep build directories of cache. Called with the lock held;
+// a program still using a removed build keeps its mapped libraries.
+func prune(cache string, keep int) {
+	ents, err := os.ReadDir(cache)
+	if err != nil {
+		return
+	}
+	type build struct {
+		path string
+		mod  int64
+	}
+	var builds []build
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), "build-") || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		if info, err := e.Info(); err == nil {
+			builds = append(builds, build{filepath.Join(cache, e.Name()), info.ModTime().UnixNano()})
+		}
+	}
+	sort.Slice(builds, func(i, j int) bool { return builds[i].mod > builds[j].mod })
+	for _, b := range builds[min(keep, len(builds)):] {
+		os.RemoveAll(b.path)
+	}
+}
+
+func built(l Libs) bool {
+	_, e1 := os.Stat(l.Shim)
+	_, e2 := os.Stat(l.Engine)
+	return e1 == nil && e2 == nil
+}
+
+// sourceHash hashes extra and every Go (non-test) and C file of the source tree that the
+// libraries can depend on.
+func sourceHash(src, extra string) (string, error) {
+	h := sha256.New()
+	io.WriteString(h, extra)
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if p != src && (strings.HasPrefix(name, ".") || name == "testdata" || name == "bench" || name == "lab" || name == "docs") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !(strings.HasSuffix(name, ".go") && !strings.HasSuffix(name, "_test.go") ||
+			strings.HasSuffix(name, ".c") || name == "go.mod" || name == "go.sum") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		fmt.Fprintf(h, "%s %d\n", rel, len(b))
+		h.Write(b)
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}

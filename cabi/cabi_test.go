@@ -1,0 +1,368 @@
+//go:build linux
+
+package cabi
+
+import (
+	"bytes"
+	"compress/gzip"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// setupOrSkip builds the libraries (skipping without go or a C compiler) and prepares a device.
+func setupOrSkip(t *testing.T, tools ...string) *Setup {
+	t.Helper()
+	for _, tool := range append([]string{"go", "cc"}, tools...) {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not found: install Go, gcc and Debian 12's ibverbs-utils, libfabric-bin, python3-pyverbs (%v)", tool, err)
+		}
+	}
+	libs, err := Locate(testWriter{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Prepare(libs, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(s.Dir) })
+	return s
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
+
+func run(t *testing.T, s *Setup, dir string, timeout time.Duration, name string, args ...string) string {
+	t.Helper()
+	c := exec.Command(name, args...)
+	c.Dir = dir
+	c.Env = s.Environ()
+	var out bytes.Buffer
+	c.Stdout, c.Stderr = &out, &out
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out.String())
+		}
+	case <-time.After(timeout):
+		c.Process.Kill()
+		<-done
+		t.Fatalf("%s %s: no exit within %v\n%s", name, strings.Join(args, " "), timeout, out.String())
+	}
+	return out.String()
+}
+
+func TestIbvDevinfo(t *testing.T) {
+	s := setupOrSkip(t, "ibv_devinfo")
+	out := run(t, s, "", time.Minute, "ibv_devinfo", "-v")
+	for _, want := range []string{"hca_id:\tefa_0", "vendor_id:\t\t\t0x1d0f", "PORT_ACTIVE", "max_msg_sz:\t\t0x2000",
+		":ffff:7f00:0001"} { // a per-process device on 127.0.0.1
+		if !strings.Contains(out, want) {
+			t.Errorf("ibv_devinfo -v lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestFixedAddr gives the program one device at a chosen address: its GID shows it.
+func TestFixedAddr(t *testing.T) {
+	for _, tool := range []string{"go", "cc", "ibv_devinfo"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not found", tool)
+		}
+	}
+	libs, err := Locate(testWriter{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := freeUDPPort(t)
+	s, err := Prepare(libs, Options{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), port)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(s.Dir)
+	out := run(t, s, "", time.Minute, "ibv_devinfo", "-v")
+	if want := "GID[  0]:\t\t" + hexGroups(s.Sysfs.GID[:]); !strings.Contains(out, want) {
+		t.Errorf("ibv_devinfo -v lacks %q:\n%s", want, out)
+	}
+}
+
+// TestDevicePerProcess runs two RDMA programs from one shell under one setup: each gets a device
+// of its own (a different GID), so they can talk.
+func TestDevicePerProcess(t *testing.T) {
+	s := setupOrSkip(t, "ibv_devinfo", "sh")
+	out := run(t, s, "", time.Minute, "sh", "-c", "ibv_devinfo -v | grep GID; ibv_devinfo -v | grep GID")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 || lines[0] == lines[1] {
+		t.Fatalf("want two different GIDs:\n%s", out)
+	}
+}
+
+func freeUDPPort(t *testing.T) uint16 {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return uint16(c.LocalAddr().(*net.UDPAddr).Port)
+}
+
+func TestFiInfo(t *testing.T) {
+	s := setupOrSkip(t, "fi_info")
+	out := run(t, s, "", time.Minute, "fi_info", "-p", "efa")
+	for _, want := range []string{"domain: efa_0-rdm", "domain: efa_0-dgrm"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("fi_info -p efa lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestPyverbsEFA runs rdma-core's own EFA tests (test_efadv, test_efa_srd: 16 in v44), shipped
+// gzipped with Debian's python3-pyverbs, against the device.
+func TestPyverbsEFA(t *testing.T) {
+	out := pyverbs(t, "-k", "test_efa")
+	var ran int
+	if i := strings.Index(out, "\nRan "); i >= 0 {
+		fmt.Sscanf(out[i+1:], "Ran %d tests", &ran)
+	}
+	// 16 in Debian 12's rdma-core 44; later releases have more.
+	if ran < 16 || !strings.Contains(out, "\nOK") || strings.Contains(out, "FAIL:") || strings.Contains(out, "ERROR:") {
+		t.Fatalf("want at least 16 tests, OK:\n%s", out)
+	}
+	t.Logf("pyverbs -k test_efa: %s", lastLines(out, 3))
+}
+
+// TestPyverbsAll runs the whole pyverbs suite: the generic verbs tests (device, PD, MR, CQ,
+// completion events, UD QPs) must pass or skip, as they do on EFA hardware.
+func TestPyverbsAll(t *testing.T) {
+	out := pyverbs(t)
+	if !strings.Contains(out, "\nOK") || strings.Contains(out, "FAIL:") || strings.Contains(out, "ERROR:") {
+		t.Fatalf("the pyverbs suite did not pass:\n%s", out)
+	}
+	t.Logf("pyverbs: %s", lastLines(out, 3))
+}
+
+// pyverbs runs rdma-core's run_tests.py with args on the device and returns its output.
+func pyverbs(t *testing.T, args ...string) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs rdma-core's pyverbs tests")
+	}
+	const python, shipped = "/usr/bin/python3", "/usr/share/doc/rdma-core/tests"
+	if err := exec.Command(python, "-c", "import pyverbs.providers.efa.efadv").Run(); err != nil {
+		t.Skipf("%s cannot import pyverbs (apt-get install python3-pyverbs): %v", python, err)
+	}
+	if _, err := os.Stat(filepath.Join(shipped, "run_tests.py")); err != nil {
+		t.Skipf("rdma-core's tests are not installed: %v", err)
+	}
+	s := setupOrSkip(t)
+	work := t.TempDir()
+	if err := unpackTests(shipped, filepath.Join(work, "tests")); err != nil {
+		t.Fatal(err)
+	}
+	return run(t, s, work, 5*time.Minute, python, append([]string{"tests/run_tests.py", "--dev", s.Sysfs.IBDev, "-v"}, args...)...)
+}
+
+// unpackTests copies dir to dst, gunzipping *.gz files.
+func unpackTests(dir, dst string) error {
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return err
+		}
+		name := e.Name()
+		if strings.HasSuffix(name, ".gz") {
+			zr, err := gzip.NewReader(bytes.NewReader(b))
+			if err != nil {
+				return err
+			}
+			if b, err = io.ReadAll(zr); err != nil {
+				return err
+			}
+			name = strings.TrimSuffix(name, ".gz")
+		}
+		if err := os.WriteFile(filepath.Join(dst, name), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], " | ")
+}
+
+func TestSysfsTree(t *testing.T) {
+	dir := t.TempDir()
+	s := Sysfs{IBDev: "efa_0", Uverbs: "uverbs_x", Major: 231, Minor: 250, GID: [16]byte{15: 1}, VendorPartID: 0xefa2, PCIAddr: "0000:00:06.0"}
+	if err := s.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	read := func(p string) string {
+		b, err := os.ReadFile(filepath.Join(dir, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	if got := read("class/infiniband_verbs/uverbs_x/dev"); got != "231:250" {
+		t.Errorf("dev %q", got)
+	}
+	if got := read("class/infiniband/efa_0/device/modalias"); !strings.HasPrefix(got, "pci:v00001D0Fd0000EFA2sv") {
+		t.Errorf("modalias %q", got)
+	}
+	if got := read("class/infiniband/efa_0/ports/1/gids/0"); got != "0000:0000:0000:0000:0000:0000:0000:0001" {
+		t.Errorf("gid %q", got)
+	}
+	for link, base := range map[string]string{"class/infiniband/efa_0/device": "0000:00:06.0", "class/infiniband/efa_0/device/driver": "efa"} {
+		p, err := filepath.EvalSymlinks(filepath.Join(dir, link))
+		if err != nil || filepath.Base(p) != base {
+			t.Errorf("%s resolves to %q (%v), want …/%s", link, p, err, base)
+		}
+	}
+}
+
+// TestTwoProcesses runs perftest's SRD tests and libfabric's ping-pong between two processes,
+// each with its own device, over SRD on UDP loopback: the cross-process acceptance list.
+func TestTwoProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs perftest and fi_pingpong between two processes")
+	}
+	cases := []struct {
+		name   string
+		tool   string
+		server []string
+		want   string
+	}{
+		{"ib_send_bw", "ib_send_bw", nil, "BW average"},
+		{"ib_send_lat", "ib_send_lat", nil, "t_typical"},
+		{"ib_read_bw", "ib_read_bw", nil, "BW average"},
+		{"ib_read_lat", "ib_read_lat", nil, "t_typical"},
+		{"fi_pingpong_dgram", "fi_pingpong", nil, "usec/xfer"},
+		{"fi_pingpong_rdm", "fi_pingpong", []string{"-e", "rdm"}, "usec/xfer"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			srvSetup := setupOrSkip(t, c.tool)
+			cliSetup := setupOrSkip(t, c.tool)
+			port := freeTCPPort(t)
+			var srv, cli []string
+			if c.tool == "fi_pingpong" {
+				srv = append([]string{"-p", "efa", "-I", "100", "-S", "1024", "-B", fmt.Sprint(port)}, c.server...)
+				cli = append([]string{"-p", "efa", "-I", "100", "-S", "1024", "-P", fmt.Sprint(port)}, c.server...)
+			} else {
+				srv = []string{"-d", "efa_0", "-c", "SRD", "-x", "0", "-n", "200", "-p", fmt.Sprint(port)}
+				cli = srv
+			}
+			server := exec.Command(c.tool, srv...)
+			server.Env = srvSetup.Environ()
+			var srvOut bytes.Buffer
+			server.Stdout, server.Stderr = &srvOut, &srvOut
+			if err := server.Start(); err != nil {
+				t.Fatal(err)
+			}
+			srvDone := make(chan error, 1)
+			go func() { srvDone <- server.Wait() }()
+			defer func() {
+				server.Process.Kill()
+				<-srvDone
+			}()
+			var out string
+			for try := 0; ; try++ { // until the server listens
+				c := exec.Command(c.tool, append(cli, "127.0.0.1")...)
+				c.Env = cliSetup.Environ()
+				b, err := combinedOutputWithin(c, time.Minute)
+				if err == nil {
+					out = string(b)
+					break
+				}
+				if try == 20 {
+					t.Fatalf("client: %v\n%s\nserver:\n%s", err, b, srvOut.String())
+				}
+				time.Sleep(250 * time.Millisecond)
+			}
+			if !strings.Contains(out, c.want) {
+				t.Fatalf("client output lacks %q:\n%s", c.want, out)
+			}
+			select {
+			case err := <-srvDone:
+				srvDone <- err
+				if err != nil {
+					t.Fatalf("server: %v\n%s", err, srvOut.String())
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("the server did not finish:\n%s", srvOut.String())
+			}
+			t.Log(lastLines(out, 2))
+		})
+	}
+}
+
+func freeTCPPort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func combinedOutputWithin(c *exec.Cmd, d time.Duration) ([]byte, error) {
+	var out bytes.Buffer
+	c.Stdout, c.Stderr = &out, &out
+	if err := c.Start(); err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	select {
+	case err := <-done:
+		return out.Bytes(), err
+	case <-time.After(d):
+		c.Process.Kill()
+		<-done
+		return out.Bytes(), fmt.Errorf("no exit within %v", d)
+	}
+}
+
+// TestRawABI drives the device node with hand-built commands through the shim (a Python script,
+// since the node is only visible to preloaded programs): fstat, GET_CONTEXT, dup, QUERY_DEVICE on
+// the duplicate after the original is closed, ioctl refused with ENOTTY, a second context refused.
+func TestRawABI(t *testing.T) {
+	s := setupOrSkip(t, "python3")
+	script, err := filepath.Abs("testdata/rawabi.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := run(t, s, "", time.Minute, "python3", script)
+	if strings.TrimSpace(out) != "ok" {
+		t.Fatalf("rawabi.py: %s", out)
+	}
+}

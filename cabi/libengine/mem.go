@@ -1,0 +1,64 @@
+//go:build linux && cgo
+
+package main
+
+import (
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// procMem is the process's own address space, as the kernel's copy_{from,to}_user see it:
+// accesses go through process_vm_readv/writev on the process itself, so an unmapped or
+// protected address is EFAULT rather than a crash.
+type procMem struct{}
+
+var self = unix.Getpid()
+
+func (procMem) Read(addr uint64, b []byte) error {
+	return vm(addr, b, false)
+}
+
+func (procMem) Write(addr uint64, b []byte) error {
+	return vm(addr, b, true)
+}
+
+func vm(addr uint64, b []byte, write bool) error {
+	if len(b) == 0 {
+		return nil
+	}
+	local := []unix.Iovec{{Base: &b[0]}}
+	local[0].SetLen(len(b))
+	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}
+	var n int
+	var err error
+	if write {
+		n, err = unix.ProcessVMWritev(self, local, remote, 0)
+	} else {
+		n, err = unix.ProcessVMReadv(self, local, remote, 0)
+	}
+	if err != nil || n != len(b) {
+		return syscall.EFAULT
+	}
+	return nil
+}
+
+// Bytes returns the process memory [addr, addr+n) as a slice, after checking that every page of
+// it is mapped (msync fails with ENOMEM on a hole).
+func (procMem) Bytes(addr, n uint64) ([]byte, error) {
+	if addr == 0 || addr+n < addr {
+		return nil, syscall.EFAULT
+	}
+	start := addr &^ 4095
+	if _, _, e := unix.Syscall(unix.SYS_MSYNC, uintptr(start), uintptr(addr+n-start), unix.MS_ASYNC); e != 0 {
+		return nil, syscall.EFAULT
+	}
+	return unsafe.Slice((*byte)(ptr(addr)), n), nil
+}
+
+// ptr turns an address outside the Go heap into a pointer.
+func ptr(addr uint64) unsafe.Pointer {
+	p := uintptr(addr)
+	return *(*unsafe.Pointer)(unsafe.Pointer(&p))
+}

@@ -1,0 +1,136 @@
+//go:build linux
+
+package cabi
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/softefa/softefa/config"
+)
+
+// Options describe the device a program gets.
+type Options struct {
+	Name string // the ibdev name; default efa_0
+	// Addr, when set, is the UDP endpoint of the one device the program's processes share: only
+	// one of them can open it. Unset, every process that looks for devices gets its own, on a
+	// free port of IP.
+	Addr  netip.AddrPort
+	IP    netip.Addr // default 127.0.0.1
+	Paths int        // UDP paths; 0: the default
+	// PartID is the PCI device id (vendor_part_id); default 0xefa1, which libefa 44, perftest
+	// 4.5 and libfabric 1.17 all take for EFA (perftest knows only 0xefa0 and 0xefa1, and
+	// 0xefa0 makes libfabric expect sub-CQs).
+	PartID uint32
+}
+
+// Setup is a prepared environment: a sysfs tree in Dir and the variables to run a program with.
+type Setup struct {
+	Dir   string
+	Sysfs Sysfs
+	Addr  netip.AddrPort
+	Env   []string // additions to the environment
+}
+
+// uverbs device numbers: major 231 is the kernel's uverbs major; the minor is outside the range
+// real devices take (192 and up, for the first 32).
+const (
+	uverbsName  = "uverbs_softefa0"
+	uverbsMajor = 231
+	uverbsMinor = 250
+)
+
+// Prepare sets up a temporary directory and returns the environment that makes a program see a
+// softefa device through libs: with o.Addr, one sysfs tree for that address (fixed mode); without,
+// a root under which each process that looks up SYSFS_PATH gets a tree for a device of its own
+// (the shim asks the engine for it). The caller removes Dir when the program has finished.
+func Prepare(libs Libs, o Options) (*Setup, error) {
+	if o.Name == "" {
+		o.Name = config.Default().Name
+	}
+	if o.PartID == 0 {
+		o.PartID = 0xefa1
+	}
+	if o.Addr.IsValid() && o.Addr.Port() == 0 {
+		return nil, fmt.Errorf("cabi: %v: the device's address needs a port (it is part of the GID)", o.Addr)
+	}
+	dir, err := os.MkdirTemp("", "softefa-sysfs-")
+	if err != nil {
+		return nil, err
+	}
+	s := &Setup{Dir: dir, Addr: o.Addr, Sysfs: Sysfs{
+		IBDev: o.Name, Uverbs: uverbsName, Major: uverbsMajor, Minor: uverbsMinor,
+		GID: config.GIDFromAddr(o.Addr), VendorPartID: o.PartID, PCIAddr: "0000:00:06.0",
+	}}
+	sysfs := filepath.Join(dir, "none") // what a reader that bypasses the shim sees: no device
+	if o.Addr.IsValid() {
+		sysfs = dir
+		if err := s.Sysfs.Write(dir); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+	preload := libs.Shim
+	if old := os.Getenv("LD_PRELOAD"); old != "" {
+		preload += ":" + old
+	}
+	s.Env = []string{
+		"LD_PRELOAD=" + preload,
+		"SYSFS_PATH=" + sysfs,
+		"SOFTEFA_ENGINE=" + libs.Engine,
+		"SOFTEFA_DEV_PATH=" + s.Sysfs.DevPath(),
+		fmt.Sprintf("SOFTEFA_DEV_RDEV=%d:%d", uverbsMajor, uverbsMinor),
+		"SOFTEFA_NAME=" + o.Name,
+		fmt.Sprintf("SOFTEFA_PART_ID=%#x", o.PartID),
+	}
+	if o.Addr.IsValid() {
+		s.Env = append(s.Env, "SOFTEFA_ADDR="+o.Addr.String())
+	} else {
+		s.Env = append(s.Env, "SOFTEFA_SYSFS_ROOT="+dir)
+		if o.IP.IsValid() {
+			s.Env = append(s.Env, "SOFTEFA_IP="+o.IP.String())
+		}
+	}
+	if o.Paths > 0 {
+		s.Env = append(s.Env, fmt.Sprintf("SOFTEFA_PATHS=%d", o.Paths))
+	}
+	if _, ok := os.LookupEnv("FI_EFA_ENABLE_SHM_TRANSFER"); !ok {
+		// Two processes on one host would otherwise talk over libfabric's shm provider.
+		s.Env = append(s.Env, "FI_EFA_ENABLE_SHM_TRANSFER=0")
+	}
+	return s, nil
+}
+
+// WriteProcessSysfs writes the sysfs tree of one process's device (name, gid, PCI part id) into
+// a new directory under root and returns it; the engine library calls it when the shim asks.
+func WriteProcessSysfs(root, name string, gid [16]byte, partID uint32) (string, error) {
+	dir, err := os.MkdirTemp(root, fmt.Sprintf("pid%d-", os.Getpid()))
+	if err != nil {
+		return "", err
+	}
+	s := Sysfs{IBDev: name, Uverbs: uverbsName, Major: uverbsMajor, Minor: uverbsMinor, GID: gid,
+		VendorPartID: partID, PCIAddr: "0000:00:06.0"}
+	if err := s.Write(dir); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	return dir, nil
+}
+
+// Environ returns the current environment with s's variables replacing any of the same name.
+func (s *Setup) Environ() []string {
+	set := make(map[string]bool)
+	for _, kv := range s.Env {
+		set[kv[:strings.IndexByte(kv, '=')]] = true
+	}
+	var out []string
+	for _, kv := range os.Environ() {
+		if i := strings.IndexByte(kv, '='); i < 0 || !set[kv[:i]] {
+			out = append(out, kv)
+		}
+	}
+	return append(out, s.Env...)
+}

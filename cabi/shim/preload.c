@@ -1,0 +1,746 @@
+// softefa's LD_PRELOAD shim: the kernel surface that the real libibverbs and libefa touch,
+// emulated for one software EFA device per process (see docs/cabi.md).
+//
+// It intercepts the open, stat, ioctl, write, close and socket calls that concern the device
+// node named by SOFTEFA_DEV_PATH and answers them itself or through the Go engine, a c-shared
+// library (SOFTEFA_ENGINE) that it loads on the first open of the node, so that programs which
+// never open the device (children such as ls) never start a Go runtime. Every other call goes
+// straight to libc after one bitmap test.
+//
+// The fd a program gets for the node is a memfd created by the engine: libefa's mmap(2) of
+// ring and doorbell keys works on it unintercepted, and the engine maps the same offsets.
+// write(2) on it carries uverbs commands to the engine; ioctl(2) answers ENOTTY, which makes
+// libibverbs use the write interface; socket(AF_NETLINK, ..., NETLINK_RDMA) answers
+// EPROTONOSUPPORT, which makes it enumerate devices through SYSFS_PATH.
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#ifndef NETLINK_RDMA
+#define NETLINK_RDMA 20
+#endif
+
+#define MAX_FD 65536
+
+// fds[] marks the fds that are open device nodes (memfds served by the engine).
+static _Atomic uint64_t fds[MAX_FD / 64];
+
+static int fcntl_valid(int fd);
+
+static int ours(int fd) {
+	return fd >= 0 && fd < MAX_FD &&
+	       (atomic_load_explicit(&fds[fd >> 6], memory_order_relaxed) >> (fd & 63) & 1);
+}
+
+static void mark(int fd, int on) {
+	if (fd < 0 || fd >= MAX_FD)
+		return;
+	uint64_t bit = (uint64_t)1 << (fd & 63);
+	if (on)
+		atomic_fetch_or(&fds[fd >> 6], bit);
+	else
+		atomic_fetch_and(&fds[fd >> 6], ~bit);
+}
+
+static const char *dev_path; // NULL: the shim is inert
+static dev_t dev_rdev;
+
+// A child forked from a process whose engine runs has a copy of the Go runtime that cannot run
+// (only the forking thread survives). Its inherited device fds become orphans: still device
+// nodes to fstat, but write fails with EIO and close only closes; opening the device fails with
+// ENODEV. (The kernel would let the child share the parent's context; this emulation cannot.)
+static _Atomic uint64_t orphans[MAX_FD / 64];
+static int engine_loaded, forked_child;
+
+static int orphan(int fd) {
+	return forked_child && fd >= 0 && fd < MAX_FD &&
+	       (atomic_load_explicit(&orphans[fd >> 6], memory_order_relaxed) >> (fd & 63) & 1);
+}
+
+static void atfork_child(void) {
+	if (!engine_loaded)
+		return;
+	forked_child = 1;
+	for (int i = 0; i < MAX_FD / 64; i++) {
+		atomic_store(&orphans[i], atomic_load(&fds[i]));
+		atomic_store(&fds[i], 0);
+	}
+}
+
+__attribute__((constructor)) static void shim_init(void) {
+	unsigned maj, min;
+	const char *p = getenv("SOFTEFA_DEV_PATH");
+	const char *r = getenv("SOFTEFA_DEV_RDEV");
+	if (!p || !*p || !r || sscanf(r, "%u:%u", &maj, &min) != 2)
+		return;
+	dev_path = strdup(p);
+	dev_rdev = makedev(maj, min);
+	pthread_atfork(NULL, NULL, atfork_child);
+}
+
+static int is_dev(const char *path) { return dev_path && path && strcmp(path, dev_path) == 0; }
+
+#define REAL(name) real_##name
+#define DECLARE_REAL(ret, name, ...)                                                   \
+	static ret (*real_##name)(__VA_ARGS__);                                        \
+	static void resolve_##name(void) {                                             \
+		if (!real_##name)                                                      \
+			real_##name = (ret(*)(__VA_ARGS__))dlsym(RTLD_NEXT, #name);  \
+	}
+
+DECLARE_REAL(int, open, const char *, int, ...)
+DECLARE_REAL(int, open64, const char *, int, ...)
+DECLARE_REAL(int, openat, int, const char *, int, ...)
+DECLARE_REAL(int, openat64, int, const char *, int, ...)
+DECLARE_REAL(int, __open_2, const char *, int)
+DECLARE_REAL(int, __open64_2, const char *, int)
+DECLARE_REAL(int, __openat_2, int, const char *, int)
+DECLARE_REAL(ssize_t, write, int, const void *, size_t)
+DECLARE_REAL(int, close, int)
+DECLARE_REAL(int, ioctl, int, unsigned long, ...)
+DECLARE_REAL(int, socket, int, int, int)
+DECLARE_REAL(int, dup, int)
+DECLARE_REAL(int, dup2, int, int)
+DECLARE_REAL(int, dup3, int, int, int)
+DECLARE_REAL(int, fcntl, int, int, ...)
+DECLARE_REAL(int, fcntl64, int, int, ...)
+DECLARE_REAL(char *, getenv, const char *)
+DECLARE_REAL(char *, secure_getenv, const char *)
+DECLARE_REAL(int, stat, const char *, struct stat *)
+DECLARE_REAL(int, lstat, const char *, struct stat *)
+DECLARE_REAL(int, fstat, int, struct stat *)
+DECLARE_REAL(int, fstatat, int, const char *, struct stat *, int)
+DECLARE_REAL(int, stat64, const char *, struct stat64 *)
+DECLARE_REAL(int, lstat64, const char *, struct stat64 *)
+DECLARE_REAL(int, fstat64, int, struct stat64 *)
+DECLARE_REAL(int, fstatat64, int, const char *, struct stat64 *, int)
+DECLARE_REAL(int, __xstat, int, const char *, struct stat *)
+DECLARE_REAL(int, __lxstat, int, const char *, struct stat *)
+DECLARE_REAL(int, __fxstat, int, int, struct stat *)
+DECLARE_REAL(int, __fxstatat, int, int, const char *, struct stat *, int)
+DECLARE_REAL(int, __xstat64, int, const char *, struct stat64 *)
+DECLARE_REAL(int, __lxstat64, int, const char *, struct stat64 *)
+DECLARE_REAL(int, __fxstat64, int, int, struct stat64 *)
+DECLARE_REAL(int, __fxstatat64, int, int, const char *, struct stat64 *, int)
+DECLARE_REAL(int, statx, int, const char *, int, unsigned int, struct statx *)
+
+// The engine: loaded once, on the first open of the device node.
+static int (*eng_open)(int flags);
+static long (*eng_write)(int fd, const void *buf, size_t n);
+static void (*eng_close)(int fd);
+static void (*eng_kick_qp)(int fd, uint32_t handle);
+static void (*eng_arm_cq)(int fd, uint32_t handle);
+static void (*eng_dup)(int fd, int nfd);
+static int (*eng_sysfs)(char *buf, size_t n);
+static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
+static int eng_err;
+
+static void load_engine(void) {
+	const char *lib = getenv("SOFTEFA_ENGINE");
+	if (!lib || !*lib) {
+		eng_err = ENODEV;
+		return;
+	}
+	void *h = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+	if (!h) {
+		fprintf(stderr, "softefa: cannot load the engine: %s\n", dlerror());
+		eng_err = ENODEV;
+		return;
+	}
+	eng_open = (int (*)(int))dlsym(h, "softefa_open");
+	eng_write = (long (*)(int, const void *, size_t))dlsym(h, "softefa_write");
+	eng_close = (void (*)(int))dlsym(h, "softefa_close");
+	eng_kick_qp = (void (*)(int, uint32_t))dlsym(h, "softefa_kick_qp");
+	eng_arm_cq = (void (*)(int, uint32_t))dlsym(h, "softefa_arm_cq");
+	eng_dup = (void (*)(int, int))dlsym(h, "softefa_dup");
+	eng_sysfs = (int (*)(char *, size_t))dlsym(h, "softefa_sysfs");
+	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq || !eng_dup || !eng_sysfs) {
+		fprintf(stderr, "softefa: %s lacks the engine entry points\n", lib);
+		eng_err = ENODEV;
+		return;
+	}
+	engine_loaded = 1;
+}
+
+static int open_dev(int flags) {
+	if (forked_child) {
+		errno = ENODEV; // the engine's runtime did not survive the fork
+		return -1;
+	}
+	pthread_once(&eng_once, load_engine);
+	if (eng_err) {
+		errno = eng_err;
+		return -1;
+	}
+	if ((flags & O_ACCMODE) != O_RDWR) {
+		errno = EACCES; // the node is crw-rw-rw-; uverbs needs O_RDWR
+		return -1;
+	}
+	int fd = eng_open(flags);
+	if (fd < 0) {
+		errno = -fd;
+		return -1;
+	}
+	mark(fd, 1);
+	return fd;
+}
+
+static mode_t open_mode(int flags, va_list ap) {
+	return (flags & (O_CREAT | O_TMPFILE)) ? va_arg(ap, mode_t) : 0;
+}
+
+int open(const char *path, int flags, ...) {
+	va_list ap;
+	va_start(ap, flags);
+	mode_t mode = open_mode(flags, ap);
+	va_end(ap);
+	if (is_dev(path))
+		return open_dev(flags);
+	resolve_open();
+	return REAL(open)(path, flags, mode);
+}
+
+int open64(const char *path, int flags, ...) {
+	va_list ap;
+	va_start(ap, flags);
+	mode_t mode = open_mode(flags, ap);
+	va_end(ap);
+	if (is_dev(path))
+		return open_dev(flags);
+	resolve_open64();
+	return REAL(open64)(path, flags, mode);
+}
+
+int openat(int dirfd, const char *path, int flags, ...) {
+	va_list ap;
+	va_start(ap, flags);
+	mode_t mode = open_mode(flags, ap);
+	va_end(ap);
+	if (is_dev(path))
+		return open_dev(flags);
+	resolve_openat();
+	return REAL(openat)(dirfd, path, flags, mode);
+}
+
+int openat64(int dirfd, const char *path, int flags, ...) {
+	va_list ap;
+	va_start(ap, flags);
+	mode_t mode = open_mode(flags, ap);
+	va_end(ap);
+	if (is_dev(path))
+		return open_dev(flags);
+	resolve_openat64();
+	return REAL(openat64)(dirfd, path, flags, mode);
+}
+
+int __open_2(const char *path, int flags) {
+	if (is_dev(path))
+		return open_dev(flags);
+	resolve___open_2();
+	return REAL(__open_2)(path, flags);
+}
+
+int __open64_2(const char *path, int flags) {
+	if (is_dev(path))
+		return open_dev(flags);
+	resolve___open64_2();
+	return REAL(__open64_2)(path, flags);
+}
+
+int __openat_2(int dirfd, const char *path, int flags) {
+	if (is_dev(path))
+		return open_dev(flags);
+	resolve___openat_2();
+	return REAL(__openat_2)(dirfd, path, flags);
+}
+
+ssize_t write(int fd, const void *buf, size_t n) {
+	if (ours(fd)) {
+		long r = eng_write(fd, buf, n);
+		if (r < 0) {
+			errno = (int)-r;
+			return -1;
+		}
+		return r;
+	}
+	if (orphan(fd)) {
+		errno = EIO;
+		return -1;
+	}
+	resolve_write();
+	return REAL(write)(fd, buf, n);
+}
+
+int close(int fd) {
+	if (ours(fd)) {
+		mark(fd, 0);
+		eng_close(fd); // tears the ucontext down, as ib_uverbs_close does
+	} else if (orphan(fd)) {
+		atomic_fetch_and(&orphans[fd >> 6], ~((uint64_t)1 << (fd & 63)));
+	}
+	resolve_close();
+	return REAL(close)(fd);
+}
+
+// fcntl_valid reports whether fd is open (dup2 fails, and closes nothing, when it is not).
+static int fcntl_valid(int fd) {
+	resolve_fcntl();
+	return REAL(fcntl)(fd, F_GETFD, 0) != -1;
+}
+
+// A duplicate of a device fd is the same open file (the same ucontext), as for the kernel's
+// character device: the new fd is marked and the engine told; the context goes with the last.
+static int dup_done(int fd, int nfd) {
+	if (nfd >= 0 && ours(fd)) {
+		mark(nfd, 1);
+		eng_dup(fd, nfd);
+	}
+	return nfd;
+}
+
+// dup_over closes what nfd was, if it was a device fd, before dup2/dup3 replace it.
+static void dup_over(int fd, int nfd) {
+	if (fd != nfd && ours(nfd)) {
+		mark(nfd, 0);
+		eng_close(nfd);
+	}
+}
+
+int dup(int fd) {
+	resolve_dup();
+	return dup_done(fd, REAL(dup)(fd));
+}
+
+int dup2(int fd, int nfd) {
+	resolve_dup2();
+	if (fcntl_valid(fd))
+		dup_over(fd, nfd);
+	return dup_done(fd, REAL(dup2)(fd, nfd));
+}
+
+int dup3(int fd, int nfd, int flags) {
+	resolve_dup3();
+	if (fcntl_valid(fd))
+		dup_over(fd, nfd);
+	return dup_done(fd, REAL(dup3)(fd, nfd, flags));
+}
+
+int fcntl(int fd, int cmd, ...) {
+	va_list ap;
+	va_start(ap, cmd);
+	long arg = va_arg(ap, long);
+	va_end(ap);
+	resolve_fcntl();
+	int r = REAL(fcntl)(fd, cmd, arg);
+	return (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) ? dup_done(fd, r) : r;
+}
+
+int fcntl64(int fd, int cmd, ...) {
+	va_list ap;
+	va_start(ap, cmd);
+	long arg = va_arg(ap, long);
+	va_end(ap);
+	resolve_fcntl64();
+	if (!REAL(fcntl64)) {
+		resolve_fcntl();
+		return fcntl(fd, cmd, arg);
+	}
+	int r = REAL(fcntl64)(fd, cmd, arg);
+	return (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) ? dup_done(fd, r) : r;
+}
+
+// Per-process devices. With SOFTEFA_SYSFS_ROOT set (softefa run without --addr), the first
+// lookup of SYSFS_PATH in a process — libibverbs and libfabric make it before they enumerate
+// devices — starts the process's own device on a free UDP port and answers the sysfs tree the
+// engine wrote for it under that root, with the device's own GID. So every process of a script
+// or a test runner gets a device, and a process that never looks for one pays nothing.
+static char proc_sysfs[4096];
+static pthread_once_t sysfs_once = PTHREAD_ONCE_INIT;
+
+static void make_sysfs(void) {
+	pthread_once(&eng_once, load_engine);
+	if (eng_err)
+		return;
+	int r = eng_sysfs(proc_sysfs, sizeof(proc_sysfs));
+	if (r < 0) {
+		fprintf(stderr, "softefa: no device for this process: %s\n", strerror(-r));
+		proc_sysfs[0] = 0;
+	}
+}
+
+static char *sysfs_path_for(const char *name) {
+	if (!dev_path || forked_child || !name || strcmp(name, "SYSFS_PATH") != 0)
+		return NULL;
+	resolve_getenv();
+	char *root = REAL(getenv)("SOFTEFA_SYSFS_ROOT");
+	if (!root || !*root)
+		return NULL;
+	pthread_once(&sysfs_once, make_sysfs);
+	return proc_sysfs[0] ? proc_sysfs : NULL;
+}
+
+char *getenv(const char *name) {
+	char *p = sysfs_path_for(name);
+	if (p)
+		return p;
+	resolve_getenv();
+	return REAL(getenv)(name);
+}
+
+char *secure_getenv(const char *name) {
+	char *p = sysfs_path_for(name);
+	if (p)
+		return p;
+	resolve_secure_getenv();
+	return REAL(secure_getenv)(name);
+}
+
+int ioctl(int fd, unsigned long req, ...) {
+	va_list ap;
+	va_start(ap, req);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	if (ours(fd) || orphan(fd)) {
+		errno = ENOTTY; // no ioctl framework: libibverbs falls back to write()
+		return -1;
+	}
+	resolve_ioctl();
+	return REAL(ioctl)(fd, req, arg);
+}
+
+int socket(int domain, int type, int protocol) {
+	if (dev_path && domain == AF_NETLINK && protocol == NETLINK_RDMA) {
+		errno = EPROTONOSUPPORT; // enumerate through SYSFS_PATH instead
+		return -1;
+	}
+	resolve_socket();
+	return REAL(socket)(domain, type, protocol);
+}
+
+// The device node as stat(2) describes it: a character device with the sysfs dev numbers.
+static void fake_stat(struct stat *st) {
+	memset(st, 0, sizeof(*st));
+	st->st_mode = S_IFCHR | 0666;
+	st->st_nlink = 1;
+	st->st_rdev = dev_rdev;
+	st->st_blksize = 4096;
+}
+
+static void fake_stat64(struct stat64 *st) {
+	memset(st, 0, sizeof(*st));
+	st->st_mode = S_IFCHR | 0666;
+	st->st_nlink = 1;
+	st->st_rdev = dev_rdev;
+	st->st_blksize = 4096;
+}
+
+static int at_is_dev(int dirfd, const char *path, int flags) {
+	return is_dev(path) || ((flags & AT_EMPTY_PATH) && path && !*path && ours(dirfd));
+}
+
+int stat(const char *path, struct stat *st) {
+	if (is_dev(path)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve_stat();
+	return REAL(stat)(path, st);
+}
+
+int lstat(const char *path, struct stat *st) {
+	if (is_dev(path)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve_lstat();
+	return REAL(lstat)(path, st);
+}
+
+int fstat(int fd, struct stat *st) {
+	if (ours(fd) || orphan(fd)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve_fstat();
+	return REAL(fstat)(fd, st);
+}
+
+int fstatat(int dirfd, const char *path, struct stat *st, int flags) {
+	if (at_is_dev(dirfd, path, flags)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve_fstatat();
+	return REAL(fstatat)(dirfd, path, st, flags);
+}
+
+int stat64(const char *path, struct stat64 *st) {
+	if (is_dev(path)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve_stat64();
+	return REAL(stat64)(path, st);
+}
+
+int lstat64(const char *path, struct stat64 *st) {
+	if (is_dev(path)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve_lstat64();
+	return REAL(lstat64)(path, st);
+}
+
+int fstat64(int fd, struct stat64 *st) {
+	if (ours(fd) || orphan(fd)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve_fstat64();
+	return REAL(fstat64)(fd, st);
+}
+
+int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
+	if (at_is_dev(dirfd, path, flags)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve_fstatat64();
+	return REAL(fstatat64)(dirfd, path, st, flags);
+}
+
+// The glibc < 2.33 entry points behind stat(2) and friends.
+int __xstat(int ver, const char *path, struct stat *st) {
+	if (is_dev(path)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve___xstat();
+	return REAL(__xstat)(ver, path, st);
+}
+
+int __lxstat(int ver, const char *path, struct stat *st) {
+	if (is_dev(path)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve___lxstat();
+	return REAL(__lxstat)(ver, path, st);
+}
+
+int __fxstat(int ver, int fd, struct stat *st) {
+	if (ours(fd)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve___fxstat();
+	return REAL(__fxstat)(ver, fd, st);
+}
+
+int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags) {
+	if (at_is_dev(dirfd, path, flags)) {
+		fake_stat(st);
+		return 0;
+	}
+	resolve___fxstatat();
+	return REAL(__fxstatat)(ver, dirfd, path, st, flags);
+}
+
+int __xstat64(int ver, const char *path, struct stat64 *st) {
+	if (is_dev(path)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve___xstat64();
+	return REAL(__xstat64)(ver, path, st);
+}
+
+int __lxstat64(int ver, const char *path, struct stat64 *st) {
+	if (is_dev(path)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve___lxstat64();
+	return REAL(__lxstat64)(ver, path, st);
+}
+
+int __fxstat64(int ver, int fd, struct stat64 *st) {
+	if (ours(fd)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve___fxstat64();
+	return REAL(__fxstat64)(ver, fd, st);
+}
+
+int __fxstatat64(int ver, int dirfd, const char *path, struct stat64 *st, int flags) {
+	if (at_is_dev(dirfd, path, flags)) {
+		fake_stat64(st);
+		return 0;
+	}
+	resolve___fxstatat64();
+	return REAL(__fxstatat64)(ver, dirfd, path, st, flags);
+}
+
+int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *stx) {
+	if (at_is_dev(dirfd, path, flags)) {
+		memset(stx, 0, sizeof(*stx));
+		stx->stx_mask = STATX_BASIC_STATS;
+		stx->stx_mode = S_IFCHR | 0666;
+		stx->stx_nlink = 1;
+		stx->stx_blksize = 4096;
+		stx->stx_rdev_major = major(dev_rdev);
+		stx->stx_rdev_minor = minor(dev_rdev);
+		return 0;
+	}
+	resolve_statx();
+	if (!REAL(statx)) {
+		errno = ENOSYS;
+		return -1;
+	}
+	return REAL(statx)(dirfd, path, flags, mask, stx);
+}
+
+// Ops wrapping (cabi.md §3.8). libefa rings doorbells with plain stores, which nothing traps. So
+// the shim interposes ibv_open_device and ibv_qp_to_qp_ex, both exported by libibverbs, and for
+// a context on the softefa device replaces the post_send, post_recv and req_notify_cq entries of
+// its ops, and the wr_complete of each extended QP, with wrappers that call libefa's function and
+// then tell the engine at once. req_notify_cq needs it for correctness: libefa's next poll
+// rewrites the CQ doorbell without the arm bit, so an arm must be latched while it is there.
+//
+// The layouts below are the public libibverbs ABI (verbs.h, unchanged since IBVERBS_1.1 for
+// ibv_context, ibv_cq and ibv_qp, and since 1.6 for ibv_qp_ex).
+struct sx_context {
+	void *device;
+	void *ops[32];
+	int cmd_fd;
+};
+enum { OP_REQ_NOTIFY_CQ = 12, OP_POST_SEND = 25, OP_POST_RECV = 26 };
+struct sx_cq {
+	struct sx_context *context;
+	void *channel, *cq_context;
+	uint32_t handle;
+};
+struct sx_qp {
+	struct sx_context *context;
+	void *qp_context, *pd, *send_cq, *recv_cq, *srq;
+	uint32_t handle, qp_num;
+};
+struct sx_qp_ex {
+	unsigned char qp_base[160];
+	uint64_t comp_mask, wr_id;
+	unsigned int wr_flags;
+	void *fns[21];
+};
+enum { QPX_WR_COMPLETE = 18 };
+_Static_assert(offsetof(struct sx_context, cmd_fd) == 264, "ibv_context layout");
+_Static_assert(offsetof(struct sx_cq, handle) == 24, "ibv_cq layout");
+_Static_assert(offsetof(struct sx_qp, handle) == 48, "ibv_qp layout");
+_Static_assert(offsetof(struct sx_qp_ex, fns) + QPX_WR_COMPLETE * sizeof(void *) == 328, "ibv_qp_ex layout");
+
+typedef int (*post_fn)(void *qp, void *wr, void **bad);
+typedef int (*notify_fn)(void *cq, int solicited_only);
+typedef int (*complete_fn)(void *qpx);
+static post_fn orig_post_send, orig_post_recv;
+static notify_fn orig_req_notify;
+static complete_fn orig_wr_complete;
+
+static int w_post_send(void *qp, void *wr, void **bad) {
+	int r = orig_post_send(qp, wr, bad);
+	struct sx_qp *q = qp;
+	eng_kick_qp(q->context->cmd_fd, q->handle);
+	return r;
+}
+
+static int w_post_recv(void *qp, void *wr, void **bad) {
+	int r = orig_post_recv(qp, wr, bad);
+	struct sx_qp *q = qp;
+	eng_kick_qp(q->context->cmd_fd, q->handle);
+	return r;
+}
+
+static int w_req_notify(void *cq, int solicited_only) {
+	int r = orig_req_notify(cq, solicited_only);
+	struct sx_cq *c = cq;
+	if (r == 0)
+		eng_arm_cq(c->context->cmd_fd, c->handle);
+	return r;
+}
+
+static int w_wr_complete(void *qpx) {
+	int r = orig_wr_complete(qpx);
+	struct sx_qp *q = qpx; // qp_base is first
+	eng_kick_qp(q->context->cmd_fd, q->handle);
+	return r;
+}
+
+// swap replaces *slot with wrapper, remembering the original; a second, different original (a
+// context of another provider cannot reach here) leaves the slot alone.
+static void swap(void **slot, void **orig, void *wrapper) {
+	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	pthread_mutex_lock(&mu);
+	if (*slot && *slot != wrapper && (!*orig || *orig == *slot)) {
+		*orig = *slot;
+		*slot = wrapper;
+	}
+	pthread_mutex_unlock(&mu);
+}
+
+// verbs_sym finds a libibverbs function: next in the global scope, or in libibverbs itself when
+// it was loaded into a local scope (Python extension modules are dlopen'ed RTLD_LOCAL).
+static void *verbs_sym(const char *name, const char *version) {
+	void *p = dlsym(RTLD_NEXT, name);
+	if (!p) {
+		void *h = dlopen("libibverbs.so.1", RTLD_NOLOAD | RTLD_LAZY);
+		if (h)
+			p = dlvsym(h, name, version);
+	}
+	return p;
+}
+
+void *ibv_open_device(void *device) {
+	static void *(*real)(void *);
+	if (!real)
+		real = (void *(*)(void *))verbs_sym("ibv_open_device", "IBVERBS_1.1");
+	if (!real) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	struct sx_context *ctx = real(device);
+	if (ctx && ours(ctx->cmd_fd)) {
+		swap(&ctx->ops[OP_POST_SEND], (void **)&orig_post_send, (void *)w_post_send);
+		swap(&ctx->ops[OP_POST_RECV], (void **)&orig_post_recv, (void *)w_post_recv);
+		swap(&ctx->ops[OP_REQ_NOTIFY_CQ], (void **)&orig_req_notify, (void *)w_req_notify);
+	}
+	return ctx;
+}
+
+void *ibv_qp_to_qp_ex(void *qp) {
+	static void *(*real)(void *);
+	if (!real)
+		real = (void *(*)(void *))verbs_sym("ibv_qp_to_qp_ex", "IBVERBS_1.6");
+	if (!real) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	struct sx_qp_ex *qpx = real(qp);
+	struct sx_qp *q = qp;
+	if (qpx && ours(q->context->cmd_fd))
+		swap(&qpx->fns[QPX_WR_COMPLETE], (void **)&orig_wr_complete, (void *)w_wr_complete);
+	return qpx;
+}

@@ -1,0 +1,92 @@
+//go:build linux
+
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+
+	"github.com/softefa/softefa/cabi"
+)
+
+// runRun is softefa run: it starts COMMAND with a softefa device under the real libibverbs and
+// libefa (docs/cabi.md), and exits with COMMAND's status.
+func runRun(args []string) error {
+	fs := flag.NewFlagSet("run", flag.ExitOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: softefa run [flags] -- COMMAND [ARGS...]")
+		fmt.Fprintln(os.Stderr, "runs an unmodified rdma-core program (ibv_devinfo, perftest, pyverbs, libfabric) on a softefa device")
+		fs.PrintDefaults()
+	}
+	name := fs.String("name", "efa_0", "the device name")
+	addr := fs.String("addr", "", "one device at this UDP endpoint IP:PORT for the program (default: a device per process, on a free port)")
+	ip := fs.String("ip", "", "the IP address of per-process devices (default 127.0.0.1)")
+	paths := fs.Int("paths", 0, "UDP paths (default 4)")
+	printEnv := fs.Bool("print-env", false, "print the environment instead of running a command (for shells)")
+	fs.Parse(args)
+	cmd := fs.Args()
+	if len(cmd) == 0 && !*printEnv {
+		fs.Usage()
+		os.Exit(2)
+	}
+	o := cabi.Options{Name: *name, Paths: *paths}
+	if *ip != "" {
+		a, err := netip.ParseAddr(*ip)
+		if err != nil {
+			return fmt.Errorf("--ip: %w", err)
+		}
+		o.IP = a
+	}
+	if *addr != "" {
+		ap, err := netip.ParseAddrPort(*addr)
+		if err != nil {
+			return fmt.Errorf("--addr: %w", err)
+		}
+		o.Addr = ap
+	}
+	libs, err := cabi.Locate(os.Stderr)
+	if err != nil {
+		return err
+	}
+	s, err := cabi.Prepare(libs, o)
+	if err != nil {
+		return err
+	}
+	if *printEnv {
+		for _, kv := range s.Env {
+			fmt.Printf("export %q\n", kv)
+		}
+		return nil // the sysfs tree stays: the shell's programs use it
+	}
+	defer os.RemoveAll(s.Dir)
+	c := exec.Command(cmd[0], cmd[1:]...)
+	c.Stdin, c.Stdout, c.Stderr = os.Stdin, os.Stdout, os.Stderr
+	c.Env = s.Environ()
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	if err := c.Start(); err != nil {
+		return err
+	}
+	go func() {
+		for v := range sig {
+			c.Process.Signal(v)
+		}
+	}()
+	err = c.Wait()
+	signal.Stop(sig)
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		os.RemoveAll(s.Dir)
+		if st, ok := ee.Sys().(syscall.WaitStatus); ok && st.Signaled() {
+			os.Exit(128 + int(st.Signal()))
+		}
+		os.Exit(ee.ExitCode())
+	}
+	return err
+}

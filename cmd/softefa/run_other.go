@@ -1,0 +1,9 @@
+//go:build !linux
+
+package main
+
+import "errors"
+
+func runRun([]string) error {
+	return errors.New("softefa run emulates the Linux kernel's uverbs interface and needs Linux")
+}

@@ -1,0 +1,348 @@
+//go:build linux
+
+package uverbs
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/softefa/softefa/config"
+	"github.com/softefa/softefa/internal/engine"
+	"golang.org/x/sys/unix"
+)
+
+// Memory is the address space that commands point into: response buffers and the ranges of
+// memory regions. Read and Write fail with EFAULT when the range is not accessible.
+type Memory interface {
+	Read(addr uint64, b []byte) error
+	Write(addr uint64, b []byte) error
+	// Bytes returns the n bytes at addr as a slice the engine keeps while a region is
+	// registered; EFAULT when the range is not mapped.
+	Bytes(addr, n uint64) ([]byte, error)
+}
+
+// Regions is the mmap space of a command fd: page-aligned regions named by their offset, the
+// mmap key. Alloc returns a zeroed region of at least size bytes and the device's view of it.
+type Regions interface {
+	Alloc(size int) (key uint64, b []byte, err error)
+	Free(key uint64)
+}
+
+// Device is the device behind the command fds of a process: one engine and its identity.
+type Device struct {
+	e    *engine.Device
+	cfg  config.Device
+	guid uint64
+
+	mu     sync.Mutex // guards files
+	files  map[*File]struct{}
+	cancel context.CancelFunc
+	dbs    *watcher // notices doorbell stores (doorbell.go)
+}
+
+// NewDevice wraps e. Close stops the async-event forwarder (the engine is the caller's).
+func NewDevice(e *engine.Device) *Device {
+	d := &Device{e: e, cfg: e.Config(), guid: GUID(e.GID()), files: make(map[*File]struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	d.cancel = cancel
+	d.dbs = newWatcher(e)
+	go d.forwardAsync(ctx)
+	return d
+}
+
+// GUID derives a device's node GUID from its GID, as package verbs does (FNV-1a).
+func GUID(gid [16]byte) uint64 {
+	h := fnv.New64a()
+	h.Write(gid[:])
+	return h.Sum64()
+}
+
+// GUID returns the node GUID (the sysfs node_guid and QUERY_DEVICE's node_guid).
+func (d *Device) GUID() uint64 { return d.guid }
+
+// Engine returns the device engine.
+func (d *Device) Engine() *engine.Device { return d.e }
+
+// Close stops the async-event forwarder and the doorbell watcher.
+func (d *Device) Close() {
+	d.cancel()
+	d.dbs.close()
+}
+
+// File is one open of the device node: a ucontext once GET_CONTEXT has run.
+type File struct {
+	d   *Device
+	mem Memory
+	reg Regions
+
+	mu       sync.Mutex // serializes commands; guards everything below
+	hasCtx   bool
+	async    int    // the device's end of the async-event socket pair; -1 before GET_CONTEXT
+	asyncFD0 int    // the program's end
+	asyncIno uint64 // its inode
+	objs     map[uint32]any
+	next     uint32
+	channels map[int32]*compChannel // by the fd the program holds
+	cqIdx    uint16
+	closed   bool
+}
+
+// Open returns a new File on d, whose commands point into mem and whose rings live in reg.
+func (d *Device) Open(mem Memory, reg Regions) *File {
+	f := &File{d: d, mem: mem, reg: reg, async: -1, objs: make(map[uint32]any), channels: make(map[int32]*compChannel)}
+	d.mu.Lock()
+	d.files[f] = struct{}{}
+	d.mu.Unlock()
+	return f
+}
+
+type pdObj struct{ pd *engine.PD }
+
+type mrObj struct {
+	mr  *engine.MR
+	pdh uint32
+}
+
+type ahObj struct{ ah *engine.AH }
+
+type cqObj struct {
+	cq        *engine.CQ
+	handle    uint64 // user_handle
+	ch        *compChannel
+	ringKey   uint64
+	dbKey     uint64
+	compSent  atomic.Uint32 // completion events written to the channel
+	asyncSent atomic.Uint32 // async events written to the async fd
+	dead      bool          // destroyed; guarded by File.mu
+}
+
+type qpObj struct {
+	qp        *engine.QP
+	f         *File
+	handle    uint64
+	typ       int
+	sigAll    bool
+	keys      []uint64
+	asyncSent atomic.Uint32
+	dead      bool // destroyed; guarded by File.mu
+}
+
+// compChannel is a completion channel: a socket pair whose far end the program reads
+// ib_uverbs_comp_event_desc records from. A socket rather than a pipe, so that a write after the
+// program closed its end fails with EPIPE instead of raising SIGPIPE.
+type compChannel struct {
+	user    int32  // the program's end
+	userIno uint64 // its inode, to recognize it (discardEvents)
+	dev     int    // ours
+}
+
+// add inserts o in the handle table and returns its handle (handles start at 0, as the
+// kernel's xarray hands them out).
+func (f *File) add(o any) uint32 {
+	for f.objs[f.next] != nil {
+		f.next++
+	}
+	h := f.next
+	f.objs[h] = o
+	f.next++
+	return h
+}
+
+func lookup[T any](f *File, h uint32) (T, bool) {
+	o, ok := f.objs[h].(T)
+	return o, ok
+}
+
+// Close tears the ucontext down, as ib_uverbs_close does: every object of the File is destroyed
+// (QPs, AHs, MRs, CQs, PDs, in that order) and its event sockets are closed.
+func (f *File) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil
+	}
+	f.closed = true
+	var errs []error
+	order := []func(any) error{
+		func(o any) error {
+			if q, ok := o.(*qpObj); ok {
+				q.dead = true
+				f.d.dbs.remove(q.qp)
+				err := f.d.e.DestroyQP(q.qp)
+				f.freeKeys(q.keys)
+				return err
+			}
+			return errSkip
+		},
+		func(o any) error {
+			if a, ok := o.(*ahObj); ok {
+				return f.d.e.DestroyAH(a.ah)
+			}
+			return errSkip
+		},
+		func(o any) error {
+			if m, ok := o.(*mrObj); ok {
+				return f.d.e.DeregMR(m.mr)
+			}
+			return errSkip
+		},
+		func(o any) error {
+			if c, ok := o.(*cqObj); ok {
+				c.dead = true
+				err := f.d.e.DestroyCQ(c.cq)
+				f.freeKeys([]uint64{c.ringKey, c.dbKey})
+				return err
+			}
+			return errSkip
+		},
+		func(o any) error {
+			if p, ok := o.(*pdObj); ok {
+				return f.d.e.DeallocPD(p.pd)
+			}
+			return errSkip
+		},
+	}
+	for _, destroy := range order {
+		for h, o := range f.objs {
+			if err := destroy(o); err != errSkip {
+				if err != nil {
+					errs = append(errs, err)
+				}
+				delete(f.objs, h)
+			}
+		}
+	}
+	for fd, ch := range f.channels {
+		unix.Close(ch.dev)
+		delete(f.channels, fd)
+	}
+	if f.async >= 0 {
+		unix.Close(f.async)
+		f.async = -1
+	}
+	f.d.mu.Lock()
+	delete(f.d.files, f)
+	f.d.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+var errSkip = errors.New("skip")
+
+func (f *File) freeKeys(keys []uint64) {
+	for _, k := range keys {
+		f.reg.Free(k)
+	}
+}
+
+// socketPair returns (ours, theirs): a nonblocking close-on-exec stream pair for events.
+func socketPair() (int, int, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, -1, err
+	}
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return -1, -1, err
+	}
+	return fds[0], fds[1], nil
+}
+
+// sendEvent writes one event record without blocking or raising SIGPIPE; it reports whether the
+// whole record went out.
+func sendEvent(fd int, rec []byte) bool {
+	n, err := unix.SendmsgN(fd, rec, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+	return err == nil && n == len(rec)
+}
+
+// forwardAsync delivers the engine's asynchronous events to the async fd of the File owning the
+// object, as ib_uverbs_async_handler does; unaffiliated events go to every File.
+func (d *Device) forwardAsync(ctx context.Context) {
+	for {
+		ev, err := d.e.GetAsyncEvent(ctx)
+		if err != nil {
+			return
+		}
+		var rec [16]byte
+		put32(rec[:], 8, uint32(ev.Type))
+		switch {
+		case ev.QP != nil:
+			if q, ok := ev.QP.Owner().(*qpObj); ok {
+				put64(rec[:], 0, q.handle)
+				q.f.deliverAsync(&q.dead, &q.asyncSent, rec[:])
+			}
+		case ev.CQ != nil:
+			if c, ok := ev.CQ.Owner().(*cqOwner); ok {
+				put64(rec[:], 0, c.obj.handle)
+				c.f.deliverAsync(&c.obj.dead, &c.obj.asyncSent, rec[:])
+			}
+		default: // to every File; not under d.mu, which File.Close takes under File.mu
+			d.mu.Lock()
+			files := make([]*File, 0, len(d.files))
+			for f := range d.files {
+				files = append(files, f)
+			}
+			d.mu.Unlock()
+			for _, f := range files {
+				f.deliverAsync(nil, nil, rec[:])
+			}
+		}
+	}
+}
+
+// deliverAsync writes an async event record for an object whose dead flag is *dead (nil for an
+// unaffiliated event) and counts it in sent. Under f.mu, so that an object being destroyed gets
+// no event after its destroy has discarded the unread ones and reported the count.
+func (f *File) deliverAsync(dead *bool, sent *atomic.Uint32, rec []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.async < 0 || dead != nil && *dead {
+		return
+	}
+	if sendEvent(f.async, rec) && sent != nil {
+		sent.Add(1)
+	}
+}
+
+// cqOwner is what a CQ's engine Owner holds: the File and the object, so that events find both.
+type cqOwner struct {
+	f   *File
+	obj *cqObj
+}
+
+var _ = syscall.EINVAL
+
+// Kick tells the engine that the program just posted to the QP with handle h (the shim's
+// post_send, post_recv and wr_complete wrappers call it), so the engine looks at its rings at once.
+// Unknown handles are ignored.
+func (f *File) Kick(h uint32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if o, ok := f.objs[h].(*qpObj); ok {
+		f.d.e.Ring(o.qp)
+	}
+}
+
+// Arm latches the completion-event request the program just stored in the doorbell of the CQ
+// with handle h (the shim's req_notify_cq wrapper calls it). libefa's next poll rewrites the
+// doorbell without the arm bit, so the engine must see it now. Unknown handles are ignored.
+func (f *File) Arm(h uint32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if o, ok := f.objs[h].(*cqObj); ok {
+		f.d.e.ArmCQ(o.cq)
+	}
+}
+
+// discardAsync removes the unread async events of the object with user handle element and
+// returns how many there were. Called with f.mu held.
+func (f *File) discardAsync(element uint64) uint32 {
+	if f.async < 0 {
+		return 0
+	}
+	return discardEvents(f.asyncFD0, f.asyncIno, f.async, 16, element)
+}
