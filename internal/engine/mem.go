@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"syscall"
+	"unsafe"
 
 	"github.com/softefa/softefa/internal/uapi"
 )
@@ -68,6 +70,9 @@ type MR struct {
 	lkey   uint32 // 24 bits: 16-bit table index, 8-bit generation
 	rkey   uint32 // 32 random bits
 	dead   bool
+	// foreign: buf is memory the Go runtime does not own (a C program's buffer), which its owner
+	// may unmap or protect while it is registered; every access probes it first (probe).
+	foreign bool
 }
 
 // LKey returns the MR's 24-bit local key.
@@ -105,6 +110,18 @@ const supportedAccess = uapi.AccessLocalWrite | uapi.AccessRemoteRead | uapi.Acc
 // empty or oversized region or REMOTE_WRITE without LOCAL_WRITE; EOPNOTSUPP for access flags the
 // device does not support; ENOMEM past MaxMR. Optional access bits are ignored.
 func (d *Device) RegMR(pd *PD, buf []byte, iova uint64, access int) (*MR, error) {
+	return d.regMR(pd, buf, iova, access, false)
+}
+
+// RegForeignMR is RegMR for memory the Go runtime does not own, such as a C program's buffer:
+// the program may unmap or protect it while it is registered, so every access the device makes
+// probes the pages first, and one that would fault fails as a bad key would (LOCAL_ERROR_INVALID_LKEY
+// at the requester, REMOTE_ERROR_BAD_ADDRESS at a responder) instead of crashing the process.
+func (d *Device) RegForeignMR(pd *PD, buf []byte, iova uint64, access int) (*MR, error) {
+	return d.regMR(pd, buf, iova, access, true)
+}
+
+func (d *Device) regMR(pd *PD, buf []byte, iova uint64, access int, foreign bool) (*MR, error) {
 	access &^= uapi.AccessOptionalMask
 	switch {
 	case len(buf) == 0:
@@ -125,7 +142,7 @@ func (d *Device) RegMR(pd *PD, buf []byte, iova uint64, access int) (*MR, error)
 	if d.pds[pd.pdn] != pd {
 		return nil, fmt.Errorf("engine: PD %d is not allocated: %w", pd.pdn, syscall.EINVAL)
 	}
-	mr := &MR{pd: pd, buf: buf, iova: iova, access: access}
+	mr := &MR{pd: pd, buf: buf, iova: iova, access: access, foreign: foreign}
 	if err := d.mrs.insert(mr); err != nil {
 		return nil, err
 	}
@@ -154,7 +171,7 @@ func (d *Device) localSpan(pd *PD, lkey uint32, addr, n uint64, need int) ([]byt
 	if mr == nil || mr.pd != pd || mr.access&need != need {
 		return nil, false
 	}
-	return mr.span(addr, n)
+	return mr.probedSpan(addr, n, need&uapi.AccessLocalWrite != 0)
 }
 
 // remoteSpan checks a remote access: the rkey names a live region of pd that grants need, and
@@ -164,7 +181,62 @@ func (d *Device) remoteSpan(pd *PD, rkey uint32, addr, n uint64, need int) ([]by
 	if mr == nil || mr.pd != pd || mr.access&need == 0 {
 		return nil, false
 	}
-	return mr.span(addr, n)
+	return mr.probedSpan(addr, n, need&uapi.AccessRemoteWrite != 0)
+}
+
+// probedSpan is span, and for a foreign region also a probe of the bytes for reading (and for
+// writing, if write).
+func (mr *MR) probedSpan(addr, n uint64, write bool) ([]byte, bool) {
+	b, ok := mr.span(addr, n)
+	if ok && mr.foreign && !probe(b, write) {
+		return nil, false
+	}
+	return b, ok
+}
+
+// probe touches a byte of b in every page it spans (a read, and for write a store of the value
+// read) with memory faults turned into panics for the moment, and reports whether every page
+// allowed it. Only bytes of b are touched, and none changes.
+func probe(b []byte, write bool) (ok bool) {
+	if len(b) == 0 {
+		return true
+	}
+	const page = 4096
+	old := debug.SetPanicOnFault(true)
+	defer func() {
+		debug.SetPanicOnFault(old)
+		if r := recover(); r != nil {
+			if _, fault := r.(interface{ Addr() uintptr }); !fault {
+				panic(r)
+			}
+			ok = false
+		}
+	}()
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	for off := 0; off < len(b); {
+		touch(&b[off], write)
+		a := base + uintptr(off)
+		off += int((a &^ (page - 1)) + page - a) // the first byte of the next page
+	}
+	touch(&b[len(b)-1], write)
+	return true
+}
+
+// probeSink keeps touch's load from being optimized away.
+var probeSink byte
+
+// touch reads *p and, for write, stores the value back. Not instrumented by the race detector:
+// its runtime would meet the fault in C code, where it cannot become a panic; the memory is not
+// the Go heap's, which the detector does not watch anyway.
+//
+//go:norace
+//go:noinline
+func touch(p *byte, write bool) {
+	v := *p
+	probeSink = v // a store between the load and the store back, which then cannot be elided
+	if write {
+		*p = v
+	}
 }
 
 // retiredKeys is how many recently freed rkeys are kept out of reuse.

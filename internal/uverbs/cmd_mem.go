@@ -139,7 +139,7 @@ func (f *File) regMR(c *call) error {
 	if err != nil {
 		return syscall.EFAULT
 	}
-	mr, err := f.d.e.RegMR(p.pd, buf, va, access)
+	mr, err := f.d.e.RegForeignMR(p.pd, buf, va, access)
 	if err != nil {
 		return err
 	}

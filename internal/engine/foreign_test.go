@@ -1,0 +1,86 @@
+package engine
+
+import (
+	"syscall"
+	"testing"
+	"unsafe"
+
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/uapi"
+)
+
+// A C program's registered buffer may be unmapped or protected behind the device's back: every
+// access to a foreign region probes it first, and what would fault fails as a bad key would.
+func TestForeignRegionFaults(t *testing.T) {
+	const page = 4096
+	mem, err := syscall.Mmap(-1, 0, 3*page, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer munmap(mem[:2*page]) // the rest is unmapped below
+	r := newAccessRig(t)
+	mr, err := r.d.RegForeignMR(r.pd, mem, 0x100000, uapi.AccessLocalWrite|uapi.AccessRemoteWrite|uapi.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Page 0 read-write, page 1 read-only, page 2 gone.
+	if err := syscall.Mprotect(mem[page:2*page], syscall.PROT_READ); err != nil {
+		t.Fatal(err)
+	}
+	if err := munmap(mem[2*page:]); err != nil {
+		t.Fatal(err)
+	}
+	ah, err := r.d.CreateAH(r.pd, r.d.gid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.d.mu.Lock()
+	defer r.d.mu.Unlock()
+	for _, c := range []struct {
+		off, n int
+		need   int
+		ok     bool
+	}{
+		{0, page, 0, true},
+		{0, page, uapi.AccessLocalWrite, true},
+		{page, page, 0, true},
+		{page, page, uapi.AccessLocalWrite, false},
+		{page + 4000, 10, uapi.AccessLocalWrite, false},
+		{2 * page, 1, 0, false},
+		{100, 2 * page, 0, false}, // the end reaches the unmapped page
+		{4093, 5, uapi.AccessLocalWrite, false},
+		{1, 3, uapi.AccessLocalWrite, true}, // an unaligned corner of a good page
+	} {
+		_, ok := r.d.localSpan(r.pd, mr.lkey, mr.iova+uint64(c.off), uint64(c.n), c.need)
+		if ok != c.ok {
+			t.Errorf("local [%d, +%d) need %#x: ok %v, want %v", c.off, c.n, c.need, ok, c.ok)
+		}
+		rneed := uapi.AccessRemoteRead
+		if c.need != 0 {
+			rneed = uapi.AccessRemoteWrite
+		}
+		if _, ok := r.d.remoteSpan(r.pd, mr.rkey, mr.iova+uint64(c.off), uint64(c.n), rneed); ok != c.ok {
+			t.Errorf("remote [%d, +%d) need %#x: ok %v, want %v", c.off, c.n, rneed, ok, c.ok)
+		}
+	}
+	// A SEND from the unmapped page completes in error instead of crashing the process.
+	for _, c := range []struct {
+		off  int
+		want efaio.Status
+	}{{0, efaio.StatusOK}, {page, efaio.StatusOK}, {2 * page, efaio.StatusLocalInvalidLKey}} {
+		w := efaio.TxDesc{Op: efaio.OpSend, Length: 1, AHN: ah.ahn, QKey: 9, DestQPN: uint16(r.q.qpn),
+			SGL: [2]efaio.BufDesc{{Length: 64, LKey: mr.lkey, Addr: mr.iova + uint64(c.off)}}}
+		var m message
+		if st := r.d.prepare(r.q, &w, &m); st != c.want {
+			t.Errorf("SEND from page %d: status %v, want %v", c.off/page, st, c.want)
+		}
+	}
+}
+
+// munmap unmaps part of a mapping (syscall.Munmap takes only whole mappings it made).
+func munmap(b []byte) error {
+	if _, _, e := syscall.Syscall(syscall.SYS_MUNMAP, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)), 0); e != 0 {
+		return e
+	}
+	return nil
+}
