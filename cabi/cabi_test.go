@@ -366,3 +366,24 @@ func TestRawABI(t *testing.T) {
 		t.Fatalf("rawabi.py: %s", out)
 	}
 }
+
+// TestUnmappedBuffer: a region a C program registered is a plain virtual-address range, which the
+// program may unmap or protect afterwards. A SEND from such a page (or a receive into one) must
+// complete with an error, IBV_WC_LOC_PROT_ERR, and the process go on: a SEND from a good page of
+// the same region is then received with its bytes (testdata/badbuf.py, with pyverbs).
+func TestUnmappedBuffer(t *testing.T) {
+	const python = "/usr/bin/python3"
+	if err := exec.Command(python, "-c", "import pyverbs.qp").Run(); err != nil {
+		t.Skipf("%s cannot import pyverbs (apt-get install python3-pyverbs): %v", python, err)
+	}
+	s := setupOrSkip(t)
+	script, err := filepath.Abs("testdata/badbuf.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := run(t, s, "", time.Minute, python, script, s.Sysfs.IBDev)
+	if !strings.HasSuffix(strings.TrimSpace(out), "\nok") {
+		t.Fatalf("badbuf.py:\n%s", out)
+	}
+	t.Log(strings.TrimSpace(out))
+}
