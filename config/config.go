@@ -82,7 +82,7 @@ type Device struct {
 	Key []byte
 	// RxSpin is how long the receive loop keeps reading without waiting after traffic, so that
 	// it does not depend on the Go network poller's wake-up (which a busy-polling application
-	// can delay by milliseconds). It stops sooner when a yield between reads takes over 10 µs:
+	// can delay by milliseconds). It stops sooner when a yield between reads takes over 40 µs:
 	// other goroutines are waiting for the processor. Default 200 µs; negative: never spin.
 	RxSpin time.Duration
 

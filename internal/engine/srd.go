@@ -37,7 +37,7 @@ const (
 	rnrInterval   = time.Millisecond      // default RNR retry pacing (Config.RNRInterval)
 	ackEvery      = 16                    // DATA frames between ACKs within one receive batch
 	datagramSlack = 48                    // IPv6 + UDP headers: what PathMTU leaves for us
-	spinYield     = 10 * time.Microsecond // a yield longer than this ends the receive loop's spin
+	spinYield     = 40 * time.Microsecond // a yield longer than this ends the receive loop's spin
 )
 
 // peer is this device's context for one other device.
