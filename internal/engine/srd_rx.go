@@ -502,6 +502,9 @@ func (d *Device) onAck(p *peer, a *wire.Ack, now time.Duration) {
 		lost++
 		d.pathLoss(p, int(e.path), now)
 	}
+	if lost > 0 {
+		s.lossAt = now
+	}
 	d.congestion(s, s.newly, lost)
 	d.pump(p)
 }
@@ -674,6 +677,7 @@ func (d *Device) checkRTO(p *peer, now time.Duration) {
 		fired = true
 	}
 	if fired {
+		s.lossAt = now
 		d.counts.RetransTimeoutEvents.Add(1)
 		s.rto = min(2*s.rto, maxRTO)
 		s.ssthresh = max(s.cwnd/2, 2)

@@ -77,9 +77,10 @@ type txStream struct {
 	retx       []uint32      // PSNs counted lost, to send again
 	reqs       map[uint32]*outMsg
 	nextMsg    uint32
-	reoSteps   int // the reordering allowance, in steps of a quarter of minRTT (reorderWindow)
-	reoClean   int // loss episodes since the last loss that proved spurious
-	burst      int // packets sent on the current path since it was picked
+	reoSteps   int           // the reordering allowance, in steps of a quarter of minRTT (reorderWindow)
+	reoClean   int           // loss episodes since the last loss that proved spurious
+	lossAt     time.Duration // when a packet was last counted lost (by acknowledgements or the timer)
+	burst      int           // packets sent on the current path since it was picked
 
 	newly int           // onAck's scratch: packets newly acknowledged
 	rtt   time.Duration // onAck's scratch: the latest RTT sample, or -1
@@ -280,7 +281,7 @@ func (d *Device) pump(p *peer) {
 		m.sent++
 		m.pending++
 		d.sendSeg(p, psn, e, now, -1)
-		if s.inflight <= sparseFlight && !d.cfg.NoSparseCopies {
+		if s.inflight <= sparseFlight && s.lossAt > 0 && now-s.lossAt < lossMemory && !d.cfg.NoSparseCopies {
 			d.copySeg(p, psn, e)
 		}
 		if m.sent == m.nseg {
@@ -306,8 +307,12 @@ func (d *Device) sendSeg(p *peer, psn uint32, e *sentPkt, now time.Duration, avo
 }
 
 // sparseFlight is the most packets in flight at which a new packet also goes as a copy on a
-// second path (unless config.Device.NoSparseCopies).
-const sparseFlight = 4
+// second path, if the stream has lost a packet within lossMemory (and unless
+// config.Device.NoSparseCopies): a network that loses nothing pays nothing.
+const (
+	sparseFlight = 4
+	lossMemory   = time.Second
+)
 
 // copySeg sends slot e's frame once more, on the next healthy path after its own: while few
 // packets are in flight, a lost one has no later packets to reveal its loss and waits for the
