@@ -23,6 +23,7 @@ const (
 	wLat      = "pingpong-64B"
 	wBWLoss   = "bw-8KiB-loss1%"
 	wLatLoss  = "pingpong-64B-loss1%"
+	wLatFab   = "pingpong-64B-fabric" // through the fabric without loss: what the hop itself costs
 	wBW4      = "bw-8KiB-4paths"
 	wBW4Down  = "bw-8KiB-4paths-1down"
 	wWrite64K = "write-64KiB-samedev"
@@ -44,6 +45,7 @@ func measureAll(o *options) ([]figure, samples, error) {
 	smp := samples{}
 	lossy := fabricRouter(o, "--raw", "--loss", "0.01")
 	lossySoftefa := fabricRouter(o, "--loss", "0.01")
+	plain, plainSoftefa := fabricRouter(o, "--raw"), fabricRouter(o)
 	for _, wl := range []struct {
 		name string
 		size int
@@ -59,6 +61,12 @@ func measureAll(o *options) ([]figure, samples, error) {
 				return lossySoftefa
 			}
 			return lossy
+		}},
+		{name: wLatFab, size: 64, lat: true, skip: is("udp", "udp-1pkt", "tcp"), via: func(t transport) router {
+			if t.name() == "softefa" {
+				return plainSoftefa
+			}
+			return plain
 		}},
 		// Raw UDP does not recover a lost ping: it has no figure with loss.
 		{name: wLatLoss, size: 64, lat: true, skip: is("udp", "udp-1pkt", "tcp"), via: func(t transport) router {
