@@ -251,6 +251,7 @@ func TestSysfsTree(t *testing.T) {
 
 // TestTwoProcesses runs perftest's SRD tests and libfabric's ping-pong between two processes,
 // each with its own device, over SRD on UDP loopback: the cross-process acceptance list.
+// fi_pingpong checks every byte it receives (-c); perftest 4.5 has no such check.
 func TestTwoProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs perftest and fi_pingpong between two processes")
@@ -275,8 +276,8 @@ func TestTwoProcesses(t *testing.T) {
 			port := freeTCPPort(t)
 			var srv, cli []string
 			if c.tool == "fi_pingpong" {
-				srv = append([]string{"-p", "efa", "-I", "100", "-S", "1024", "-B", fmt.Sprint(port)}, c.server...)
-				cli = append([]string{"-p", "efa", "-I", "100", "-S", "1024", "-P", fmt.Sprint(port)}, c.server...)
+				srv = append([]string{"-p", "efa", "-c", "-I", "100", "-S", "1024", "-B", fmt.Sprint(port)}, c.server...)
+				cli = append([]string{"-p", "efa", "-c", "-I", "100", "-S", "1024", "-P", fmt.Sprint(port)}, c.server...)
 			} else {
 				srv = []string{"-d", "efa_0", "-c", "SRD", "-x", "0", "-n", "200", "-p", fmt.Sprint(port)}
 				cli = srv
