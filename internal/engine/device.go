@@ -38,20 +38,23 @@ type Device struct {
 	cfg config.Device
 	gid [16]byte
 
-	mu      sync.Mutex // guards everything below and all object state; see the package doc
-	qpns    *qpn.Table
-	qps     map[uint32]*QP
-	qpList  []*QP
-	nCQ     int
-	nPD     int
-	pdNext  uint16
-	pds     map[uint16]*PD
-	mrs     mrTable
-	nAH     int
-	events  []AsyncEvent
-	closed  bool
-	counts  Counters
-	pending pendingQueue // QPs whose doorbells a provider rang (own lock)
+	mu     sync.Mutex // guards everything below and all object state; see the package doc
+	qpns   *qpn.Table
+	qps    map[uint32]*QP
+	qpList []*QP
+	nCQ    int
+	nPD    int
+	pdNext uint16
+	pds    map[uint16]*PD
+	mrs    mrTable
+	nAH    int
+	// foreignMRs counts live foreign regions: while there are any, copies of application
+	// memory are guarded against faults (copyMem).
+	foreignMRs int
+	events     []AsyncEvent
+	closed     bool
+	counts     Counters
+	pending    pendingQueue // QPs whose doorbells a provider rang (own lock)
 
 	// SRD over the link (srd*.go).
 	link     link.Link // nil: the device reaches only itself

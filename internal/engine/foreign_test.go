@@ -63,6 +63,20 @@ func TestForeignRegionFaults(t *testing.T) {
 			t.Errorf("remote [%d, +%d) need %#x: ok %v, want %v", c.off, c.n, rneed, ok, c.ok)
 		}
 	}
+	// Copies after the probe (a segment built or placed later) are guarded too.
+	if r.d.copyMem(mem[:64], mem[2*page:2*page+64]) || r.d.copyMem(mem[page:page+64], mem[:64]) {
+		t.Error("a copy from an unmapped page or into a read-only one reported success")
+	}
+	if !r.d.copyMem(mem[:64], mem[page:page+64]) {
+		t.Error("a copy from a read-only page into a writable one failed")
+	}
+	scratch := make([]byte, 0, 128)
+	if r.d.guardedRange(scratch, [][]byte{mem[page-32 : page], mem[2*page : 2*page+64]}, 0, 96) {
+		t.Error("a segment reaching into an unmapped page was read")
+	}
+	if !r.d.guardedRange(scratch, [][]byte{mem[page-32 : page], mem[page : page+64]}, 16, 64) {
+		t.Error("a segment over two readable pages could not be read")
+	}
 	// A SEND from the unmapped page completes in error instead of crashing the process.
 	for _, c := range []struct {
 		off  int

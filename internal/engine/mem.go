@@ -146,6 +146,9 @@ func (d *Device) regMR(pd *PD, buf []byte, iova uint64, access int, foreign bool
 	if err := d.mrs.insert(mr); err != nil {
 		return nil, err
 	}
+	if foreign {
+		d.foreignMRs++
+	}
 	pd.refs++
 	return mr, nil
 }
@@ -160,6 +163,9 @@ func (d *Device) DeregMR(mr *MR) error {
 	}
 	d.mrs.remove(mr)
 	mr.dead = true
+	if mr.foreign {
+		d.foreignMRs--
+	}
 	mr.pd.refs--
 	return nil
 }
@@ -182,6 +188,33 @@ func (d *Device) remoteSpan(pd *PD, rkey uint32, addr, n uint64, need int) ([]by
 		return nil, false
 	}
 	return mr.probedSpan(addr, n, need&uapi.AccessRemoteWrite != 0)
+}
+
+// guardedCopy is copy that reports false instead of crashing when dst or src faults: for the
+// copies that touch foreign regions after their probe (a segment built or placed later), since
+// their owner may unmap them at any moment. Part of the bytes may have been copied.
+func guardedCopy(dst, src []byte) (ok bool) {
+	old := debug.SetPanicOnFault(true)
+	defer func() {
+		debug.SetPanicOnFault(old)
+		if r := recover(); r != nil {
+			if _, fault := r.(interface{ Addr() uintptr }); !fault {
+				panic(r)
+			}
+			ok = false
+		}
+	}()
+	copy(dst, src)
+	return true
+}
+
+// copyMem is copy, guarded while the device has foreign regions. Called with d.mu held.
+func (d *Device) copyMem(dst, src []byte) bool {
+	if d.foreignMRs == 0 {
+		copy(dst, src)
+		return true
+	}
+	return guardedCopy(dst, src)
 }
 
 // probedSpan is span, and for a foreign region also a probe of the bytes for reading (and for

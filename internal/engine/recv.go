@@ -103,7 +103,9 @@ func (d *Device) respond(m *message) efaio.Status {
 	}
 	if m.op == efaio.OpRDMARead {
 		src, _ := d.remoteSpan(in.t.pd, m.rkey, m.raddr, m.length, uapi.AccessRemoteRead)
-		copy(m.sink, src)
+		if !d.copyMem(m.sink, src) {
+			return efaio.StatusLocalInvalidLKey
+		}
 		d.counts.RDMAReadRespBytes.Add(m.length)
 		return efaio.StatusOK
 	}
@@ -229,7 +231,15 @@ func (d *Device) place(in *inbound, off uint64, data []byte) {
 		}
 		if len(dst) > 0 {
 			dst[0] = dst[0][off:]
-			scatter(dst, [][]byte{data}, 1)
+			if !d.scatterMem(dst, data) {
+				// The receive buffer (or, same device, the source) faulted: the receive WR
+				// fails as a bad local key would have, the sender gets a bad status.
+				if in.hasWR {
+					in.t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: efaio.StatusLocalInvalidLKey})
+					in.hasWR = false
+				}
+				in.status = efaio.StatusRemoteBadStatus
+			}
 		}
 	case efaio.OpRDMAWrite:
 		b, ok := d.remoteSpan(in.t.pd, in.m.rkey, in.m.raddr+off, uint64(len(data)), uapi.AccessRemoteWrite)
@@ -237,8 +247,22 @@ func (d *Device) place(in *inbound, off uint64, data []byte) {
 			in.status = efaio.StatusRemoteBadAddress
 			return
 		}
-		copy(b, data)
+		if !d.copyMem(b, data) {
+			in.status = efaio.StatusRemoteBadAddress
+		}
 	}
+}
+
+// scatterMem is scatter of one source, guarded as copyMem is.
+func (d *Device) scatterMem(dst [][]byte, data []byte) bool {
+	for len(data) > 0 && len(dst) > 0 {
+		c := min(len(dst[0]), len(data))
+		if !d.copyMem(dst[0][:c], data[:c]) {
+			return false
+		}
+		data, dst = data[c:], dst[1:]
+	}
+	return true
 }
 
 // finish completes an accepted message once all its payload is placed: the receive completion

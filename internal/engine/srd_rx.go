@@ -339,7 +339,10 @@ func (d *Device) onReadResp(p *peer, f *wire.Data) {
 		return
 	}
 	if o.q != nil { // a flushed read's memory is the application's again
-		copy(o.sink[f.Offset:], f.Payload)
+		if !d.copyMem(o.sink[f.Offset:], f.Payload) {
+			d.completeReq(o, efaio.StatusLocalInvalidLKey, false)
+			return
+		}
 	}
 	o.got += uint64(len(f.Payload))
 	if o.got >= o.length {

@@ -41,6 +41,7 @@ type outMsg struct {
 	sink     []byte // RDMA read: where the data goes
 	got      uint64 // RDMA read: bytes arrived
 	answered bool   // the peer answered: it has every segment
+	faulted  bool   // the application's memory faulted under a segment: the rest go as ABORTs
 }
 
 // sentPkt is a PSN's slot in the stream: which segment of which message it carries.
@@ -350,11 +351,67 @@ func (d *Device) writeSeg(p *peer, psn uint32, e *sentPkt, path int) int {
 		// without it, as an ABORT that lets the responder drop what it has of the message.
 		hdr.Op, n = wire.OpAbort, 0
 	}
+	if m.faulted {
+		hdr.Op, n = wire.OpAbort, 0
+	}
 	b := d.room(p, path, wire.FrameHeaderSize+wire.DataHeaderSize+n)
+	start := len(b)
 	b = wire.AppendDataHeader(b, &hdr, n)
-	b = appendRange(b, m.src[:m.nsrc], off, n)
+	switch {
+	case d.foreignMRs == 0 || n == 0:
+		b = appendRange(b, m.src[:m.nsrc], off, n)
+	case d.guardedRange(b, m.src[:m.nsrc], off, n):
+		b = b[:len(b)+n]
+	default:
+		// The application's memory faulted under the segment: it goes as an ABORT (the peer
+		// drops what it has of the message), and so does the rest of the message.
+		m.faulted = true
+		hdr.Op, n = wire.OpAbort, 0
+		b = wire.AppendDataHeader(b[:start], &hdr, 0)
+		d.commit(b)
+		d.onFault(p, m)
+		return 0
+	}
 	d.commit(b)
 	return n
+}
+
+// guardedRange is appendRange(b, src, off, n) into b's spare capacity, under a fault guard: it
+// reports whether every byte could be read (the caller then extends b by n).
+func (d *Device) guardedRange(b []byte, src [][]byte, off uint64, n int) bool {
+	dst := b[len(b) : len(b)+n]
+	for _, s := range src {
+		if n == 0 {
+			break
+		}
+		if off >= uint64(len(s)) {
+			off -= uint64(len(s))
+			continue
+		}
+		c := min(len(s)-int(off), n)
+		if !guardedCopy(dst[:c], s[off:int(off)+c]) {
+			return false
+		}
+		dst, n, off = dst[c:], n-c, 0
+	}
+	return true
+}
+
+// onFault ends a message whose memory faulted while a segment was built: a request fails with
+// LOCAL_ERROR_INVALID_LKEY; read data we were sending is answered with REMOTE_ERROR_BAD_ADDRESS,
+// which fails the peer's read. (Queued, not pumped: this runs inside pump.)
+func (d *Device) onFault(p *peer, m *outMsg) {
+	switch m.kind {
+	case kindRequest:
+		if m.q != nil {
+			d.completeReq(m, efaio.StatusLocalInvalidLKey, false)
+		}
+	case kindReadResp:
+		o := d.newMsg(p, kindResp)
+		o.hdr = wire.Data{MsgID: m.hdr.MsgID, Op: wire.OpResp, Status: uint8(efaio.StatusRemoteBadAddress)}
+		o.done, o.nseg = true, 1
+		p.tx.queue = append(p.tx.queue, o)
+	}
 }
 
 // appendRange appends bytes [off, off+n) of the concatenation of src.
