@@ -280,13 +280,13 @@ func TestFabricSoftefa(t *testing.T) {
 	}
 }
 
-// Plain UDP through the fabric (--raw): what a quic-go or kcp-go pair sees.
-func TestFabricRaw(t *testing.T) {
+// udpEcho is a UDP server on loopback that sends every datagram back, until the test ends.
+func udpEcho(t *testing.T) *net.UDPConn {
 	echo, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer echo.Close()
+	t.Cleanup(func() { echo.Close() })
 	go func() {
 		buf := make([]byte, 2048)
 		for {
@@ -297,6 +297,12 @@ func TestFabricRaw(t *testing.T) {
 			echo.WriteToUDPAddrPort(buf[:n], a)
 		}
 	}()
+	return echo
+}
+
+// Plain UDP through the fabric (--raw): what a quic-go or kcp-go pair sees.
+func TestFabricRaw(t *testing.T) {
+	echo := udpEcho(t)
 	o, imps, err := parseFabric([]string{"--raw", "--listen", "127.0.0.1:0", "--to", echo.LocalAddr().String()}, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
@@ -325,21 +331,7 @@ func TestFabricRaw(t *testing.T) {
 
 // --spread: four flows each way take the four paths one each, whatever their ports hash to.
 func TestFabricSpread(t *testing.T) {
-	echo, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer echo.Close()
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, a, err := echo.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			echo.WriteToUDPAddrPort(buf[:n], a)
-		}
-	}()
+	echo := udpEcho(t)
 	o, imps, err := parseFabric([]string{"--raw", "--spread", "--listen", "127.0.0.1:0", "--to", echo.LocalAddr().String()}, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)

@@ -193,7 +193,13 @@ func (d *Device) remoteSpan(pd *PD, rkey uint32, addr, n uint64, need int) ([]by
 // guardedCopy is copy that reports false instead of crashing when dst or src faults: for the
 // copies that touch foreign regions after their probe (a segment built or placed later), since
 // their owner may unmap them at any moment. Part of the bytes may have been copied.
-func guardedCopy(dst, src []byte) (ok bool) {
+func guardedCopy(dst, src []byte) bool {
+	return catchFault(func() { copy(dst, src) })
+}
+
+// catchFault runs f with memory faults turned into panics, and reports false if one came.
+// Other panics go on.
+func catchFault(f func()) (ok bool) {
 	old := debug.SetPanicOnFault(true)
 	defer func() {
 		debug.SetPanicOnFault(old)
@@ -204,7 +210,7 @@ func guardedCopy(dst, src []byte) (ok bool) {
 			ok = false
 		}
 	}()
-	copy(dst, src)
+	f()
 	return true
 }
 
@@ -230,29 +236,20 @@ func (mr *MR) probedSpan(addr, n uint64, write bool) ([]byte, bool) {
 // probe touches a byte of b in every page it spans (a read, and for write a store of the value
 // read) with memory faults turned into panics for the moment, and reports whether every page
 // allowed it. Only bytes of b are touched, and none changes.
-func probe(b []byte, write bool) (ok bool) {
+func probe(b []byte, write bool) bool {
 	if len(b) == 0 {
 		return true
 	}
 	const page = 4096
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		if r := recover(); r != nil {
-			if _, fault := r.(interface{ Addr() uintptr }); !fault {
-				panic(r)
-			}
-			ok = false
+	return catchFault(func() {
+		base := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+		for off := 0; off < len(b); {
+			touch(&b[off], write)
+			a := base + uintptr(off)
+			off += int((a &^ (page - 1)) + page - a) // the first byte of the next page
 		}
-	}()
-	base := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	for off := 0; off < len(b); {
-		touch(&b[off], write)
-		a := base + uintptr(off)
-		off += int((a &^ (page - 1)) + page - a) // the first byte of the next page
-	}
-	touch(&b[len(b)-1], write)
-	return true
+		touch(&b[len(b)-1], write)
+	})
 }
 
 // probeSink keeps touch's load from being optimized away; nothing reads it.

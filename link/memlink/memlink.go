@@ -277,17 +277,7 @@ func (n *Node) Receive(pkts []link.Packet) (int, error) {
 			n.mu.Unlock()
 			return 0, link.ErrClosed
 		}
-		k := 0
-		for k < len(pkts) && k < len(n.inbox) {
-			d := n.inbox[k]
-			pkts[k].N = copy(pkts[k].Buf, d.buf)
-			pkts[k].Addr, pkts[k].Path = d.from, 0
-			k++
-		}
-		n.inbox = n.inbox[k:]
-		if len(n.inbox) == 0 {
-			n.inbox = nil
-		}
+		k := n.take(pkts)
 		n.mu.Unlock()
 		if k > 0 {
 			return k, nil
@@ -297,6 +287,22 @@ func (n *Node) Receive(pkts []link.Packet) (int, error) {
 		case <-n.done:
 		}
 	}
+}
+
+// take moves datagrams from the inbox into pkts and returns how many. Called with n.mu held.
+func (n *Node) take(pkts []link.Packet) int {
+	k := 0
+	for k < len(pkts) && k < len(n.inbox) {
+		d := n.inbox[k]
+		pkts[k].N = copy(pkts[k].Buf, d.buf)
+		pkts[k].Addr, pkts[k].Path = d.from, 0
+		k++
+	}
+	n.inbox = n.inbox[k:]
+	if len(n.inbox) == 0 {
+		n.inbox = nil
+	}
+	return k
 }
 
 // admit queues a datagram of n bytes and returns when it leaves the bottleneck, relative to now;

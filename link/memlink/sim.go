@@ -121,16 +121,5 @@ func (p Polled) TryReceive(pkts []link.Packet) (int, error) {
 	if n.closed {
 		return 0, link.ErrClosed
 	}
-	k := 0
-	for k < len(pkts) && k < len(n.inbox) {
-		d := n.inbox[k]
-		pkts[k].N = copy(pkts[k].Buf, d.buf)
-		pkts[k].Addr, pkts[k].Path = d.from, 0
-		k++
-	}
-	n.inbox = n.inbox[k:]
-	if len(n.inbox) == 0 {
-		n.inbox = nil
-	}
-	return k, nil
+	return n.take(pkts), nil
 }
