@@ -60,25 +60,39 @@ func TestDissector(t *testing.T) {
 			break
 		}
 	}
-	time.Sleep(300 * time.Millisecond) // let the capture write the last packets out
-	capture.Process.Signal(os.Interrupt)
-	capture.Wait()
-
-	out, err := exec.Command(tshark, "-r", pcap, "-X", "lua_script:softefa.lua", "-Y", "softefa", "-V").CombinedOutput()
-	if err != nil {
-		t.Fatalf("tshark: %v\n%s", err, out)
-	}
-	text := string(out)
-	for _, name := range []string{"Version", "Path", "Source device port", "Source incarnation",
+	// dumpcap writes behind the traffic: read the file until the dissection shows every field
+	// (or 10 s pass), then stop the capture.
+	names := []string{"Version", "Path", "Source device port", "Source incarnation",
 		"Destination incarnation", "Tx stream epoch", "Rx stream epoch", "Checksum (CRC-32C)", "Cookie", "Frame type", "Frame flags", "Frame length",
 		"PSN", "Message id", "Offset", "Message length", "Operation", "Data flags", "Immediate", "Source QPN",
 		"Destination QPN", "Status", "QKey", "Immediate data", "RKey", "Remote address", "Payload",
 		"Cumulative PSN", "Highest PSN", "Selective bits", "Answered path",
 		"Operation: SEND", "Operation: WRITE", "Operation: READ_REQ", "Operation: READ_RESP", "Operation: RESP",
-		"Frame type: DATA", "Frame type: ACK", "Frame type: CHALLENGE", "Frame type: COOKIE"} {
-		if !strings.Contains(text, name+":") && !strings.Contains(text, name+" (") {
-			t.Errorf("dissection shows no %q", name)
+		"Frame type: DATA", "Frame type: ACK", "Frame type: CHALLENGE", "Frame type: COOKIE"}
+	missing := func(text string) []string {
+		var m []string
+		for _, name := range names {
+			if !strings.Contains(text, name+":") && !strings.Contains(text, name+" (") {
+				m = append(m, name)
+			}
 		}
+		return m
+	}
+	var text string
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		out, err := exec.Command(tshark, "-r", pcap, "-X", "lua_script:softefa.lua", "-Y", "softefa", "-V").CombinedOutput()
+		if err != nil {
+			t.Fatalf("tshark: %v\n%s", err, out)
+		}
+		if text = string(out); len(missing(text)) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // polling another program's file
+	}
+	capture.Process.Signal(os.Interrupt)
+	capture.Wait()
+	for _, name := range missing(text) {
+		t.Errorf("dissection shows no %q", name)
 	}
 	if t.Failed() {
 		t.Logf("tshark -V output:\n%.4000s", text)
