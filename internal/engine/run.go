@@ -43,7 +43,7 @@ func (d *Device) ringInline(q *QP) bool {
 	d.inlineQ[0] = q
 	worked, busy := d.step(d.inlineQ[:], false)
 	d.inlineQ[0] = nil
-	more := uint16(atomic.LoadUint32(q.sq.db)) != q.sq.ci
+	more := !q.dead && uint16(atomic.LoadUint32(q.sq.db)) != q.sq.ci // a destroyed QP's doorbell page may be gone
 	d.mu.Unlock()
 	d.sendTx(d.inlineTx)
 	switch {
