@@ -191,6 +191,10 @@ func waitWC(t testing.TB, cq *verbs.CQ, n int) []verbs.WC {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of %d completions after 20 s", len(out), n)
 		}
+		if waitHook != nil {
+			waitHook()
+			continue
+		}
 		if spins < 1000 {
 			runtime.Gosched()
 		} else {
@@ -224,3 +228,7 @@ func wantWC(t testing.TB, wc verbs.WC, wrid uint64, st verbs.WCStatus, op verbs.
 func errorsIs(err error, target error) bool { return errors.Is(err, target) }
 
 func runtimeGosched() { runtime.Gosched() }
+
+// waitHook, when set, is what waitWC does while it waits instead of yielding: a simulation
+// drives its devices and moves its clock there (simExchange).
+var waitHook func()
