@@ -154,12 +154,11 @@ func TestLossReorderDuplication(t *testing.T) {
 		{Loss: 0.1, Duplicate: 0.05, Delay: 100 * time.Microsecond, Jitter: time.Millisecond},
 	} {
 		t.Run(fmt.Sprintf("%+v", imp), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				f := memlink.New(7)
+			inWorlds(t, 7, func(t *testing.T, w *world) {
 				for i := range 4 {
-					f.SetPath(i, imp)
+					w.f.SetPath(i, imp)
 				}
-				a, b := memPair(t, f, 4, loopOpts{})
+				a, b := w.pair(4, loopOpts{})
 				exchange(t, a, b, 40, 8192, 256<<10, 2)
 			})
 		})
@@ -200,15 +199,16 @@ func TestLongReadOutlastsTransportTimeout(t *testing.T) {
 }
 
 func TestPathBlackholed(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := memlink.New(3)
+	inWorlds(t, 3, func(t *testing.T, w *world) {
+		f := w.f
 		for i := range 4 {
 			f.SetPath(i, memlink.Impairment{Delay: 50 * time.Microsecond})
 		}
-		a, b, na := memPairNodes(t, f, 4, loopOpts{})
+		a, b := w.pair(4, loopOpts{})
+		na := w.nodeA()
 		exchange(t, a, b, 5, 8192, 64<<10, 3)
 		// The path goes dark in the middle of the next exchange, with transfers in flight.
-		time.AfterFunc(3*time.Millisecond, func() { f.SetPath(2, memlink.Impairment{Down: true, Delay: 50 * time.Microsecond}) })
+		w.afterFunc(3*time.Millisecond, func() { f.SetPath(2, memlink.Impairment{Down: true, Delay: 50 * time.Microsecond}) })
 		exchange(t, a, b, 30, 8192, 256<<10, 4)
 		if a.ctx.Counters().ImpairedRemoteConnEvents == 0 {
 			t.Fatal("the blackholed path was never marked failed")
@@ -219,7 +219,7 @@ func TestPathBlackholed(t *testing.T) {
 			t.Fatalf("a sent %d datagrams on the failed path after it failed", extra)
 		}
 		f.SetPath(2, memlink.Impairment{Delay: 50 * time.Microsecond})
-		time.Sleep(200 * time.Millisecond) // probes find the path again
+		w.sleep(200 * time.Millisecond) // probes find the path again
 		sent = na.Sent(2)
 		exchange(t, a, b, 20, 8192, 256<<10, 6)
 		if na.Sent(2)-sent < 10 {
@@ -533,9 +533,9 @@ func TestLargeRDMAOverUDP(t *testing.T) {
 // Every path goes dark, then comes back before the transport timeout: WRs in flight complete,
 // once each, and traffic carries on.
 func TestAllPathsDownThenUp(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := memlink.New(41)
-		a, b := memPair(t, f, 4, loopOpts{})
+	inWorlds(t, 41, func(t *testing.T, w *world) {
+		f := w.f
+		a, b := w.pair(4, loopOpts{})
 		exchange(t, a, b, 3, 8192, 64<<10, 1)
 		for i := range 4 {
 			f.SetPath(i, memlink.Impairment{Down: true})
@@ -544,7 +544,7 @@ func TestAllPathsDownThenUp(t *testing.T) {
 			b.recv(uint64(i), i*8192, 8192)
 			a.send(uint64(i), b, 0, 5000)
 		}
-		time.Sleep(300 * time.Millisecond) // under the 1 s transport timeout
+		w.sleep(300 * time.Millisecond) // under the 1 s transport timeout
 		a.empty()
 		for i := range 4 {
 			f.SetPath(i, memlink.Impairment{})

@@ -1,0 +1,114 @@
+package verbs_test
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/softefa/softefa/config"
+	"github.com/softefa/softefa/link/memlink"
+	"github.com/softefa/softefa/verbs"
+)
+
+// world runs a transport test's body two ways: with the devices' own goroutines in a synctest
+// bubble (their interleavings are part of what is tested), and driven on a simulated fabric
+// (every run of the seed is the same run, so a failure there replays exactly). The body makes
+// its fabric, ends, sleeps and timers through the world.
+type world struct {
+	t      *testing.T
+	seed   uint64
+	driven bool
+	f      *memlink.Fabric
+	devs   []*verbs.Device
+	na     *memlink.Node
+	timers []worldTimer
+}
+
+type worldTimer struct {
+	at time.Duration
+	fn func()
+}
+
+// inWorlds runs body as subtests "goroutines" and "driven".
+func inWorlds(t *testing.T, seed uint64, body func(t *testing.T, w *world)) {
+	t.Run("goroutines", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			w := &world{t: t, seed: seed, f: memlink.New(seed)}
+			body(t, w)
+		})
+	})
+	t.Run("driven", func(t *testing.T) {
+		t.Logf("seed %d: every run is this run (go test ./verbs -run '%s')", seed, t.Name())
+		w := &world{t: t, seed: seed, driven: true, f: memlink.NewSim(seed)}
+		waitHook = w.step
+		defer func() { waitHook = nil }()
+		body(t, w)
+	})
+}
+
+// pair makes the world's two ends (memPair), driven in the driven world.
+func (w *world) pair(paths int, o loopOpts) (a, b *end) {
+	if w.driven {
+		mod := o.cfg
+		o.iova = 1 << 40 // the buffers' own addresses differ from run to run and go on the wire
+		o.cfg = func(c *config.Device) {
+			if mod != nil {
+				mod(c)
+			}
+			node := c.Link.(*memlink.Node)
+			var key [32]byte
+			binary.LittleEndian.PutUint64(key[:], w.seed)
+			key[10] = node.LocalAddr().Addr().As4()[3]
+			c.Link, c.Driven, c.Clock, c.Rand = memlink.Polled{Node: node}, true, w.f.Now, rand.NewChaCha8(key)
+		}
+	}
+	a, b, w.na = memPairNodes(w.t, w.f, paths, o)
+	w.devs = append(w.devs, a.ctx.Device(), b.ctx.Device())
+	return a, b
+}
+
+// nodeA is the fabric node of the last pair's end a.
+func (w *world) nodeA() *memlink.Node { return w.na }
+
+// step moves a driven world once: every device, then the clock if none had anything to do, then
+// the timers that came due.
+func (w *world) step() {
+	worked := false
+	for _, d := range w.devs {
+		worked = d.Drive() || worked
+	}
+	if !worked {
+		w.f.Advance(100 * time.Microsecond)
+	}
+	now := w.f.Now()
+	for i := 0; i < len(w.timers); {
+		if tm := w.timers[i]; tm.at <= now {
+			w.timers = append(w.timers[:i], w.timers[i+1:]...)
+			tm.fn()
+			continue
+		}
+		i++
+	}
+}
+
+// sleep lets d of the world's time pass.
+func (w *world) sleep(d time.Duration) {
+	if !w.driven {
+		time.Sleep(d)
+		return
+	}
+	for end := w.f.Now() + d; w.f.Now() < end; {
+		w.step()
+	}
+}
+
+// afterFunc calls fn once d of the world's time has passed.
+func (w *world) afterFunc(d time.Duration, fn func()) {
+	if !w.driven {
+		time.AfterFunc(d, fn)
+		return
+	}
+	w.timers = append(w.timers, worldTimer{w.f.Now() + d, fn})
+}
