@@ -231,18 +231,18 @@ func TestPathBlackholed(t *testing.T) {
 // A peer that never answers: every WR to it fails with UNREACH_REMOTE after the transport
 // timeout. One that answered and then went away: UNRESP_REMOTE.
 func TestUnreachableAndUnresponsive(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := memlink.New(1)
-		a, b := memPair(t, f, 2, loopOpts{})
+	inWorlds(t, 1, func(t *testing.T, w *world) {
+		f := w.f
+		a, b := w.pair(2, loopOpts{})
 		exchange(t, a, b, 2, 1000, 1000, 1)
 		f.SetPath(0, memlink.Impairment{Down: true})
 		f.SetPath(1, memlink.Impairment{Down: true})
-		start := time.Now()
+		start := w.now()
 		a.send(7, b, 0, 100)
 		wc := a.one()
 		wantWC(t, wc, 7, verbs.WCRespTimeoutErr, verbs.WCSend)
-		if efaio.Status(wc.VendorErr) != efaio.StatusLocalUnrespRemote || time.Since(start) < time.Second {
-			t.Fatalf("vendor_err %d after %v", wc.VendorErr, time.Since(start))
+		if efaio.Status(wc.VendorErr) != efaio.StatusLocalUnrespRemote || w.now()-start < time.Second {
+			t.Fatalf("vendor_err %d after %v", wc.VendorErr, w.now()-start)
 		}
 		// An address nobody listens at.
 		ghost := a.makeAH(verbs.GID{10: 0xff, 11: 0xff, 12: 10, 13: 0, 14: 0, 15: 9, 8: 0x12, 9: 0xb7})
@@ -564,25 +564,25 @@ func TestAllPathsDownThenUp(t *testing.T) {
 // A QP destroyed with a large write in flight over the network: the WR is flushed, the responder
 // lets go of the half-received message, and a new QP works.
 func TestQPDestroyedInFlightRemote(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := memlink.New(42)
+	inWorlds(t, 42, func(t *testing.T, w *world) {
+		f := w.f
 		for i := range 2 {
 			f.SetPath(i, memlink.Impairment{Rate: 10e6, Queue: 1 << 20}) // 10 MB/s: a 512 KiB write takes 50 ms
 		}
-		a, b := memPair(t, f, 2, loopOpts{})
+		a, b := w.pair(2, loopOpts{})
 		check(t, a.post(1, b, func(x *verbs.QPEx) {
 			x.WRRDMAWriteImm(b.mr.RKey(), b.mr.Addr(), 7)
 			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 512<<10)
 		}))
 		b.recv(9, 0, 0)
-		time.Sleep(10 * time.Millisecond)
+		w.sleep(10 * time.Millisecond)
 		check(t, a.qp.Destroy())
 		a.qp = nil
 		wc := waitWC(t, a.cq, 1)[0]
 		if wc.WRID != 1 || wc.Status != verbs.WCWRFlushErr {
 			t.Fatalf("completion %+v, want the write flushed", wc)
 		}
-		time.Sleep(200 * time.Millisecond)
+		w.sleep(200 * time.Millisecond)
 		// The responder took a receive for the write with immediate and let it go on ABORT.
 		if got := waitWC(t, b.cq, 1)[0]; got.WRID != 9 || efaio.Status(got.VendorErr) != efaio.StatusRemoteAbort {
 			t.Fatalf("responder's receive %+v, want REMOTE_ABORT", got)

@@ -24,6 +24,7 @@ type world struct {
 	devs   []*verbs.Device
 	na     *memlink.Node
 	timers []worldTimer
+	start  time.Time // goroutine world: when it began
 }
 
 type worldTimer struct {
@@ -35,7 +36,7 @@ type worldTimer struct {
 func inWorlds(t *testing.T, seed uint64, body func(t *testing.T, w *world)) {
 	t.Run("goroutines", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			w := &world{t: t, seed: seed, f: memlink.New(seed)}
+			w := &world{t: t, seed: seed, f: memlink.New(seed), start: time.Now()}
 			body(t, w)
 		})
 	})
@@ -91,6 +92,14 @@ func (w *world) step() {
 		}
 		i++
 	}
+}
+
+// now is the world's time since it began.
+func (w *world) now() time.Duration {
+	if w.driven {
+		return w.f.Now()
+	}
+	return time.Since(w.start)
 }
 
 // sleep lets d of the world's time pass.
