@@ -305,24 +305,21 @@ func TestRemoteErrorStatuses(t *testing.T) {
 // A peer that restarts: WRs in flight to its old incarnation fail with REMOTE_ABORT, and new
 // traffic flows without manual steps.
 func TestPeerRestart(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := memlink.New(5)
-		a, b := memPair(t, f, 2, loopOpts{})
+	inWorlds(t, 5, func(t *testing.T, w *world) {
+		f := w.f
+		a, b := w.pair(2, loopOpts{})
 		exchange(t, a, b, 2, 1000, 1000, 1)
 		f.SetPath(0, memlink.Impairment{Down: true})
 		f.SetPath(1, memlink.Impairment{Down: true})
 		b.recv(1, 0, 100)
 		a.send(1, b, 0, 100) // in flight: retransmitted until the paths come back
-		time.Sleep(20 * time.Millisecond)
+		w.sleep(20 * time.Millisecond)
 		// b's process dies and a new one takes its address.
 		b.close()
 		check(t, b.ctx.Close())
 		check(t, b.ctx.Device().Close())
-		addr := netip.MustParseAddrPort("10.0.0.2:4791")
-		nd := newDevice(t, func(c *config.Device) {
-			*c = config.Device{Link: f.Listen(addr, 2), Paths: 2, TransportTimeout: time.Second}
-		})
-		nb := newEnd(t, openCtx(t, nd), loopOpts{size: 1 << 20, access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead,
+		nd := w.device(simB, 2, nil)
+		nb := newEnd(t, openCtx(t, nd), loopOpts{size: 1 << 20, iova: w.iova(), access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead,
 			typ: verbs.QPTDriver, cap: verbs.QPCap{MaxSendWR: 256, MaxRecvWR: 256, MaxSendSGE: 2, MaxRecvSGE: 2}})
 		nb.ah = nb.makeAH(a.ctx.Device().GID())
 		f.SetPath(0, memlink.Impairment{})

@@ -3,6 +3,7 @@ package verbs_test
 import (
 	"encoding/binary"
 	"math/rand/v2"
+	"net/netip"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -53,21 +54,51 @@ func inWorlds(t *testing.T, seed uint64, body func(t *testing.T, w *world)) {
 func (w *world) pair(paths int, o loopOpts) (a, b *end) {
 	if w.driven {
 		mod := o.cfg
-		o.iova = 1 << 40 // the buffers' own addresses differ from run to run and go on the wire
+		o.iova = w.iova() // the buffers' own addresses differ from run to run and go on the wire
 		o.cfg = func(c *config.Device) {
 			if mod != nil {
 				mod(c)
 			}
-			node := c.Link.(*memlink.Node)
-			var key [32]byte
-			binary.LittleEndian.PutUint64(key[:], w.seed)
-			key[10] = node.LocalAddr().Addr().As4()[3]
-			c.Link, c.Driven, c.Clock, c.Rand = memlink.Polled{Node: node}, true, w.f.Now, rand.NewChaCha8(key)
+			w.drive(c)
 		}
 	}
 	a, b, w.na = memPairNodes(w.t, w.f, paths, o)
 	w.devs = append(w.devs, a.ctx.Device(), b.ctx.Device())
 	return a, b
+}
+
+// drive makes c, a device on one of the world's nodes, driven in the driven world.
+func (w *world) drive(c *config.Device) {
+	if !w.driven {
+		return
+	}
+	node := c.Link.(*memlink.Node)
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[:], w.seed)
+	key[10] = node.LocalAddr().Addr().As4()[3]
+	key[11] = byte(len(w.devs)) // a device that takes over an address draws other bits
+	c.Link, c.Driven, c.Clock, c.Rand = memlink.Polled{Node: node}, true, w.f.Now, rand.NewChaCha8(key)
+}
+
+// device makes one more device of the world, on a new node at addr.
+func (w *world) device(addr netip.AddrPort, paths int, mod func(*config.Device)) *verbs.Device {
+	d := newDevice(w.t, func(c *config.Device) {
+		*c = config.Device{Link: w.f.Listen(addr, paths), Paths: paths, TransportTimeout: time.Second}
+		if mod != nil {
+			mod(c)
+		}
+		w.drive(c)
+	})
+	w.devs = append(w.devs, d)
+	return d
+}
+
+// iova is the address for a driven world's regions (0 otherwise: the buffer's own).
+func (w *world) iova() uint64 {
+	if w.driven {
+		return 1 << 40
+	}
+	return 0
 }
 
 // nodeA is the fabric node of the last pair's end a.
