@@ -77,15 +77,7 @@ func simRun(t *testing.T, seed uint64, n int, sc simScenario) simResult {
 		h.Write(hdr[:])
 		h.Write(b)
 	})
-	driven := func(c *config.Device) {
-		node := c.Link.(*memlink.Node)
-		var key [32]byte
-		binary.LittleEndian.PutUint64(key[:], seed)
-		binary.LittleEndian.PutUint16(key[8:], node.LocalAddr().Port())
-		key[10] = node.LocalAddr().Addr().As4()[3]
-		c.Link, c.Driven, c.Clock, c.Rand = memlink.Polled{Node: node}, true, f.Now, rand.NewChaCha8(key)
-	}
-	o := soakOpts(driven)
+	o := soakOpts(func(c *config.Device) { drivenConfig(c, f, seed, 0) })
 	o.iova = 1 << 40 // not the buffers' addresses, which differ from run to run and go on the wire
 	a, b := memPair(t, f, 4, o)
 	devs := []*verbs.Device{a.ctx.Device(), b.ctx.Device()}
@@ -216,12 +208,7 @@ var (
 // write with immediate, sizes from the seed) under each of TestLossReorderDuplication's
 // impairments, driven: every run of a seed is the same run.
 func TestSimExchangeReplays(t *testing.T) {
-	for i, imp := range []memlink.Impairment{
-		{Loss: 0.1},
-		{Jitter: 2 * time.Millisecond},
-		{Duplicate: 0.2},
-		{Loss: 0.1, Duplicate: 0.05, Delay: 100 * time.Microsecond, Jitter: time.Millisecond},
-	} {
+	for i, imp := range lossImpairments {
 		t.Run(fmt.Sprintf("%+v", imp), func(t *testing.T) {
 			seed := uint64(7 + i)
 			first := simExchange(t, seed, imp)
@@ -232,44 +219,26 @@ func TestSimExchangeReplays(t *testing.T) {
 	}
 }
 
-// simExchange runs exchange(a, b, 40, 8192, 256 KiB) between two driven devices on a simulated
-// 4-path fabric with imp on every path, and returns a digest of every datagram sent.
+// simExchange runs exchange(a, b, 40, 8192, 256 KiB) in a driven world whose 4 paths all do imp,
+// and returns a digest of every datagram sent (with its virtual time and ends).
 func simExchange(t *testing.T, seed uint64, imp memlink.Impairment) [32]byte {
-	f := memlink.NewSim(seed)
+	w := drivenWorld(t, seed)
 	for i := range 4 {
-		f.SetPath(i, imp)
+		w.f.SetPath(i, imp)
 	}
 	h := sha256.New()
-	var now time.Duration
-	f.Tap(func(from, to netip.AddrPort, b []byte) {
+	w.f.Tap(func(from, to netip.AddrPort, b []byte) {
 		var hdr [12]byte
-		binary.LittleEndian.PutUint64(hdr[0:], uint64(now))
+		binary.LittleEndian.PutUint64(hdr[0:], uint64(w.clock))
 		binary.LittleEndian.PutUint16(hdr[8:], from.Port())
 		binary.LittleEndian.PutUint16(hdr[10:], to.Port())
 		h.Write(hdr[:])
 		h.Write(b)
 	})
-	a, b := memPair(t, f, 4, loopOpts{iova: 1 << 40, cfg: func(c *config.Device) {
-		node := c.Link.(*memlink.Node)
-		var key [32]byte
-		binary.LittleEndian.PutUint64(key[:], seed)
-		key[10] = node.LocalAddr().Addr().As4()[3]
-		c.Link, c.Driven, c.Clock, c.Rand = memlink.Polled{Node: node}, true, f.Now, rand.NewChaCha8(key)
-	}})
-	devs := []*verbs.Device{a.ctx.Device(), b.ctx.Device()}
-	waitHook = func() {
-		worked := false
-		for _, d := range devs {
-			worked = d.Drive() || worked
-		}
-		if !worked {
-			now = f.Advance(100 * time.Microsecond)
-		}
-	}
-	defer func() { waitHook = nil }()
+	a, b := w.pair(4, loopOpts{})
 	exchange(t, a, b, 40, 8192, 256<<10, seed)
 	var d [32]byte
 	copy(d[:], h.Sum(nil))
-	t.Logf("seed %d: %v of virtual time; digest %x", seed, now, d[:8])
+	t.Logf("seed %d: %v of virtual time; digest %x", seed, w.clock, d[:8])
 	return d
 }

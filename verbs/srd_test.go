@@ -146,13 +146,16 @@ func memPairNodes(t testing.TB, f *memlink.Fabric, paths int, o loopOpts) (a, b 
 	return a, b, na
 }
 
+// lossImpairments are the path conditions of TestLossReorderDuplication (and of its replay check).
+var lossImpairments = []memlink.Impairment{
+	{Loss: 0.1},
+	{Jitter: 2 * time.Millisecond},
+	{Duplicate: 0.2},
+	{Loss: 0.1, Duplicate: 0.05, Delay: 100 * time.Microsecond, Jitter: time.Millisecond},
+}
+
 func TestLossReorderDuplication(t *testing.T) {
-	for _, imp := range []memlink.Impairment{
-		{Loss: 0.1},
-		{Jitter: 2 * time.Millisecond},
-		{Duplicate: 0.2},
-		{Loss: 0.1, Duplicate: 0.05, Delay: 100 * time.Microsecond, Jitter: time.Millisecond},
-	} {
+	for _, imp := range lossImpairments {
 		t.Run(fmt.Sprintf("%+v", imp), func(t *testing.T) {
 			inWorlds(t, 7, func(t *testing.T, w *world) {
 				for i := range 4 {

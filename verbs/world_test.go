@@ -25,7 +25,8 @@ type world struct {
 	devs   []*verbs.Device
 	na     *memlink.Node
 	timers []worldTimer
-	start  time.Time // goroutine world: when it began
+	start  time.Time     // goroutine world: when it began
+	clock  time.Duration // driven world: the fabric's clock as step last moved it
 }
 
 type worldTimer struct {
@@ -43,11 +44,29 @@ func inWorlds(t *testing.T, seed uint64, body func(t *testing.T, w *world)) {
 	})
 	t.Run("driven", func(t *testing.T) {
 		t.Logf("seed %d: every run is this run (go test ./verbs -run '%s')", seed, t.Name())
-		w := &world{t: t, seed: seed, driven: true, f: memlink.NewSim(seed)}
-		waitHook = w.step
-		defer func() { waitHook = nil }()
-		body(t, w)
+		body(t, drivenWorld(t, seed))
 	})
+}
+
+// drivenWorld is a driven world on a simulated fabric; waitWC moves it until the test ends.
+func drivenWorld(t *testing.T, seed uint64) *world {
+	w := &world{t: t, seed: seed, driven: true, f: memlink.NewSim(seed)}
+	waitHook = w.step
+	t.Cleanup(func() { waitHook = nil })
+	return w
+}
+
+// drivenConfig makes c, a device on a node of the simulated fabric f, driven: a pollable link,
+// f's clock, and random bits from the seed, the node's address and salt (so that a device
+// taking over an address draws other bits than its predecessor).
+func drivenConfig(c *config.Device, f *memlink.Fabric, seed uint64, salt byte) {
+	node := c.Link.(*memlink.Node)
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[:], seed)
+	binary.LittleEndian.PutUint16(key[8:], node.LocalAddr().Port())
+	key[10] = node.LocalAddr().Addr().As4()[3]
+	key[11] = salt
+	c.Link, c.Driven, c.Clock, c.Rand = memlink.Polled{Node: node}, true, f.Now, rand.NewChaCha8(key)
 }
 
 // pair makes the world's two ends (memPair), driven in the driven world.
@@ -69,15 +88,9 @@ func (w *world) pair(paths int, o loopOpts) (a, b *end) {
 
 // drive makes c, a device on one of the world's nodes, driven in the driven world.
 func (w *world) drive(c *config.Device) {
-	if !w.driven {
-		return
+	if w.driven {
+		drivenConfig(c, w.f, w.seed, byte(len(w.devs)))
 	}
-	node := c.Link.(*memlink.Node)
-	var key [32]byte
-	binary.LittleEndian.PutUint64(key[:], w.seed)
-	key[10] = node.LocalAddr().Addr().As4()[3]
-	key[11] = byte(len(w.devs)) // a device that takes over an address draws other bits
-	c.Link, c.Driven, c.Clock, c.Rand = memlink.Polled{Node: node}, true, w.f.Now, rand.NewChaCha8(key)
 }
 
 // device makes one more device of the world, on a new node at addr.
@@ -112,9 +125,9 @@ func (w *world) step() {
 		worked = d.Drive() || worked
 	}
 	if !worked {
-		w.f.Advance(100 * time.Microsecond)
+		w.clock = w.f.Advance(100 * time.Microsecond)
 	}
-	now := w.f.Now()
+	now := w.clock
 	for i := 0; i < len(w.timers); {
 		if tm := w.timers[i]; tm.at <= now {
 			w.timers = append(w.timers[:i], w.timers[i+1:]...)

@@ -219,19 +219,7 @@ func TestFabricSoftefa(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.close()
-	o, imps, err := parseFabric([]string{"--listen", "127.0.0.1:0", "--to", srv.dev.Addr().String(), "--loss", "0.05",
-		"--jitter", "200us", "--paths", "4"}, &bytes.Buffer{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fb, err := newFabric(o, imps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- fb.run(ctx) }()
-	defer func() { cancel(); <-done }()
+	fb := startFabric(t, "--to", srv.dev.Addr().String(), "--loss", "0.05", "--jitter", "200us", "--paths", "4")
 
 	cl, err := newEndpoint(endpointConfig{addr: "127.0.0.1:0", typ: 0xff, qps: 1, bufSize: 1 << 20, depth: 64, paths: 4, pathMTU: 1500})
 	if err != nil {
@@ -300,18 +288,27 @@ func udpEcho(t *testing.T) *net.UDPConn {
 	return echo
 }
 
-// Plain UDP through the fabric (--raw): what a quic-go or kcp-go pair sees.
-func TestFabricRaw(t *testing.T) {
-	echo := udpEcho(t)
-	o, imps, err := parseFabric([]string{"--raw", "--listen", "127.0.0.1:0", "--to", echo.LocalAddr().String()}, &bytes.Buffer{})
+// startFabric runs a fabric with args on a free loopback port until the test ends.
+func startFabric(t *testing.T, args ...string) *fabric {
+	o, imps, err := parseFabric(append([]string{"--listen", "127.0.0.1:0"}, args...), &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fb, _ := newFabric(o, imps)
+	fb, err := newFabric(o, imps)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- fb.run(ctx) }()
-	defer func() { cancel(); <-done }()
+	t.Cleanup(func() { cancel(); <-done })
+	return fb
+}
+
+// Plain UDP through the fabric (--raw): what a quic-go or kcp-go pair sees.
+func TestFabricRaw(t *testing.T) {
+	echo := udpEcho(t)
+	fb := startFabric(t, "--raw", "--to", echo.LocalAddr().String())
 	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(fb.frontAddr()))
 	if err != nil {
 		t.Fatal(err)
@@ -332,15 +329,7 @@ func TestFabricRaw(t *testing.T) {
 // --spread: four flows each way take the four paths one each, whatever their ports hash to.
 func TestFabricSpread(t *testing.T) {
 	echo := udpEcho(t)
-	o, imps, err := parseFabric([]string{"--raw", "--spread", "--listen", "127.0.0.1:0", "--to", echo.LocalAddr().String()}, &bytes.Buffer{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fb, _ := newFabric(o, imps)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- fb.run(ctx) }()
-	defer func() { cancel(); <-done }()
+	fb := startFabric(t, "--raw", "--spread", "--to", echo.LocalAddr().String())
 	buf := make([]byte, 100)
 	for i := range 4 {
 		c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(fb.frontAddr()))

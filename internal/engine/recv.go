@@ -255,14 +255,11 @@ func (d *Device) place(in *inbound, off uint64, data []byte) {
 
 // scatterMem is scatter of one source, guarded as copyMem is.
 func (d *Device) scatterMem(dst [][]byte, data []byte) bool {
-	for len(data) > 0 && len(dst) > 0 {
-		c := min(len(dst[0]), len(data))
-		if !d.copyMem(dst[0][:c], data[:c]) {
-			return false
-		}
-		data, dst = data[c:], dst[1:]
+	if d.foreignMRs == 0 {
+		scatter(dst, [][]byte{data}, 1)
+		return true
 	}
-	return true
+	return catchFault(func() { scatter(dst, [][]byte{data}, 1) })
 }
 
 // finish completes an accepted message once all its payload is placed: the receive completion

@@ -539,29 +539,33 @@ func (d *Device) ackSlot(p *peer, e *sentPkt, now time.Duration) {
 		d.pathLoss(p, int(e.suspect-1), now) // it timed out on that path and came through on this one
 	}
 	s.newly++
-	ps := &p.paths[e.path]
-	if e.copied {
-		// Either copy may be the one that arrived: no path is credited, but the round trip
-		// is as good a sample as any (both left at once).
-		if e.retx == 0 {
-			s.rtt = now - e.at
-		}
-	} else if !ps.failed || e.at >= ps.failedAt { // an acknowledgement of a packet from before the failure proves nothing
-		ps.losses, ps.failed = 0, false
+	if e.retx == 0 {
+		s.rtt = now - e.at // a copy left with the packet: its arrival times the round trip as well
 	}
-	if e.retx == 0 && !e.copied {
-		s.rtt = now - e.at
-		if ps.srtt == 0 {
-			ps.srtt = s.rtt
-		} else {
-			ps.srtt = (7*ps.srtt + s.rtt) / 8
-		}
-		ps.ackedAt = max(ps.ackedAt, e.at)
+	if !e.copied { // either copy of a copied packet may be the one that arrived: credit no path
+		creditPath(&p.paths[e.path], e, now)
 	}
 	m := e.msg
 	e.msg = nil
 	m.pending--
 	d.release(m)
+}
+
+// creditPath records on the path that carried e that it was acknowledged: the path is healthy
+// again, and (if e went once) an RTT sample and the send time of its latest acknowledged packet.
+func creditPath(ps *pathState, e *sentPkt, now time.Duration) {
+	if !ps.failed || e.at >= ps.failedAt { // an acknowledgement of a packet from before the failure proves nothing
+		ps.losses, ps.failed = 0, false
+	}
+	if e.retx != 0 {
+		return
+	}
+	if rtt := now - e.at; ps.srtt == 0 {
+		ps.srtt = rtt
+	} else {
+		ps.srtt = (7*ps.srtt + rtt) / 8
+	}
+	ps.ackedAt = max(ps.ackedAt, e.at)
 }
 
 func (d *Device) sampleRTT(s *txStream, rtt time.Duration) {

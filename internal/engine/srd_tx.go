@@ -357,12 +357,13 @@ func (d *Device) writeSeg(p *peer, psn uint32, e *sentPkt, path int) int {
 	b := d.room(p, path, wire.FrameHeaderSize+wire.DataHeaderSize+n)
 	start := len(b)
 	b = wire.AppendDataHeader(b, &hdr, n)
-	switch {
-	case d.foreignMRs == 0 || n == 0:
+	ok := true
+	if d.foreignMRs == 0 {
 		b = appendRange(b, m.src[:m.nsrc], off, n)
-	case d.guardedRange(b, m.src[:m.nsrc], off, n):
-		b = b[:len(b)+n]
-	default:
+	} else {
+		b, ok = guardedRange(b, m.src[:m.nsrc], off, n)
+	}
+	if !ok {
 		// The application's memory faulted under the segment: it goes as an ABORT (the peer
 		// drops what it has of the message), and so does the rest of the message.
 		m.faulted = true
@@ -376,25 +377,10 @@ func (d *Device) writeSeg(p *peer, psn uint32, e *sentPkt, path int) int {
 	return n
 }
 
-// guardedRange is appendRange(b, src, off, n) into b's spare capacity, under a fault guard: it
-// reports whether every byte could be read (the caller then extends b by n).
-func (d *Device) guardedRange(b []byte, src [][]byte, off uint64, n int) bool {
-	dst := b[len(b) : len(b)+n]
-	for _, s := range src {
-		if n == 0 {
-			break
-		}
-		if off >= uint64(len(s)) {
-			off -= uint64(len(s))
-			continue
-		}
-		c := min(len(s)-int(off), n)
-		if !guardedCopy(dst[:c], s[off:int(off)+c]) {
-			return false
-		}
-		dst, n, off = dst[c:], n-c, 0
-	}
-	return true
+// guardedRange is appendRange under a fault guard (catchFault): false if the source faulted.
+func guardedRange(b []byte, src [][]byte, off uint64, n int) ([]byte, bool) {
+	ok := catchFault(func() { b = appendRange(b, src, off, n) })
+	return b, ok
 }
 
 // onFault ends a message whose memory faulted while a segment was built: a request fails with

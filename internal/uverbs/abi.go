@@ -45,9 +45,6 @@ const (
 	ibMTU4096        = 5
 	portStateActive  = 4
 	physStateLinkUp  = 5
-	qpTypeUD         = 4
-	qpTypeDriver     = 0xff
-	driverQPTypeSRD  = 0
 	cqeSize          = 16
 	cqeSizeEx        = 32
 	txWQESize        = 64
@@ -103,10 +100,7 @@ const (
 	efaCmdsSuppUdataQueryDevice = 1 << 0
 	efaCmdsSuppUdataCreateAH    = 1 << 1
 
-	efaCreateCQWithCompChannel = 1 << 0
-	efaCreateCQWithSGID        = 1 << 1
-	efaCreateCQSQ64BitReqID    = 1 << 2
-	efaCreateCQRespDBOff       = 1 << 0
+	efaCreateCQRespDBOff = 1 << 0
 
 	efaCreateQPWithUnsolicitedWriteRecv = 1 << 0
 	efaCreateQPWithSQ64BitReqID         = 1 << 1

@@ -103,21 +103,12 @@ func (f *File) newCQ(c *call, p cqParams) (uint32, uint32, error) {
 	if u32(cmd, 0) != 0 || !cleared(cmd[11:16]) || entrySize == 0 || subCQs != 1 {
 		return 0, 0, syscall.EINVAL
 	}
-	if flags&^(efaCreateCQWithCompChannel|efaCreateCQWithSGID|efaCreateCQSQ64BitReqID) != 0 {
+	eflags := int(flags) // efa_ibv_create_cq's flags are the engine's (uapi.CQFlag*)
+	if eflags&^(uapi.CQFlagWithCompletionChannel|uapi.CQFlagWithSGID|uapi.CQFlagSQ64BitReqID) != 0 {
 		return 0, 0, syscall.EOPNOTSUPP
 	}
-	if entrySize != cqeSizeEx && (entrySize != cqeSize || flags&efaCreateCQWithSGID != 0) {
+	if entrySize != cqeSizeEx && (entrySize != cqeSize || eflags&uapi.CQFlagWithSGID != 0) {
 		return 0, 0, syscall.EINVAL // the device writes efa_io_rx_cdesc or efa_io_rx_cdesc_ex
-	}
-	var eflags int
-	if flags&efaCreateCQWithCompChannel != 0 {
-		eflags |= uapi.CQFlagWithCompletionChannel
-	}
-	if flags&efaCreateCQWithSGID != 0 {
-		eflags |= uapi.CQFlagWithSGID
-	}
-	if flags&efaCreateCQSQ64BitReqID != 0 {
-		eflags |= uapi.CQFlagSQ64BitReqID
 	}
 	depth := uint32(1) << bits.Len32(p.cqe-1)
 	size := int(depth * entrySize)

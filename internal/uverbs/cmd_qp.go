@@ -38,7 +38,7 @@ func (f *File) createQP(c *call) error {
 		return syscall.EINVAL
 	}
 	typ := int(req[53])
-	if typ != qpTypeUD && typ != qpTypeDriver {
+	if typ != uapi.QPTypeUD && typ != uapi.QPTypeDriver {
 		return syscall.EOPNOTSUPP
 	}
 	cmd, err := c.driverCmd(efaCreateQPCmdSize, efaCreateQPCmdMin)
@@ -51,7 +51,7 @@ func (f *File) createQP(c *call) error {
 		return syscall.EINVAL
 	}
 	if flags&^(efaCreateQPWithUnsolicitedWriteRecv|efaCreateQPWithSQ64BitReqID) != 0 ||
-		typ == qpTypeDriver && drvType != driverQPTypeSRD {
+		typ == uapi.QPTypeDriver && drvType != uapi.DriverQPTypeSRD {
 		return syscall.EOPNOTSUPP
 	}
 	var eflags int

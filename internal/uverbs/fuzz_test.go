@@ -9,6 +9,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/engine"
+	"github.com/softefa/softefa/internal/uapi"
 )
 
 // FuzzUverbsWrite feeds arbitrary bytes to the command decoder of a File that has a context, a
@@ -41,7 +42,7 @@ func FuzzUverbsWrite(f *testing.F) {
 	put32(qp, 20, 1)
 	put32(qp, 24, 1)
 	put32(qp, 32, 16)
-	qp[53] = qpTypeDriver
+	qp[53] = uapi.QPTypeDriver
 	qpd := make([]byte, 16)
 	put32(qpd, 4, 256)
 	put32(qpd, 8, 1024)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/engine"
+	"github.com/softefa/softefa/internal/uapi"
 	"golang.org/x/sys/unix"
 )
 
@@ -352,7 +353,7 @@ func TestCQAndQP(t *testing.T) {
 	h := newHarness(t)
 	h.getContext()
 	pd := h.allocPD()
-	cq, r := h.createCQ(64, 32, efaCreateCQWithSGID)
+	cq, r := h.createCQ(64, 32, uapi.CQFlagWithSGID)
 	drv := r[8:]
 	if u32(r, 4) != 64 || u32(drv, 0) != efaCreateCQRespDBOff || u64(drv, 16) != 4096 {
 		t.Fatalf("CREATE_CQ response % x", r[:48])
@@ -385,14 +386,14 @@ func TestCQAndQP(t *testing.T) {
 	wantErrno(t, bad(func(c, _ []byte) { put32(c, 20, 1) }), syscall.EINVAL) // comp_vector
 	wantErrno(t, bad(func(c, _ []byte) { put32(c, 24, 77) }), syscall.EBADF) // not a channel
 
-	qp, r := h.createQP(pd, cq, qpTypeDriver, 16*64, 16*16)
+	qp, r := h.createQP(pd, cq, uapi.QPTypeDriver, 16*64, 16*16)
 	drv = r[32:]
 	if u32(r, 4) == 0 || u32(drv, 4) != dbPageQPRQOffset || u32(drv, 8) != dbPageQPSQOffset ||
 		u64(drv, 24) != 4096 || u64(drv, 32) != u64(drv, 40) {
 		t.Fatalf("CREATE_QP response % x", r[:96])
 	}
 	// QP on the 16-byte CQ, UD.
-	qpUD, _ := h.createQP(pd, cq16, qpTypeUD, 16*64, 16*16)
+	qpUD, _ := h.createQP(pd, cq16, uapi.QPTypeUD, 16*64, 16*16)
 	wantErrnoQP := func(typ byte, drvType uint32, want syscall.Errno) {
 		t.Helper()
 		core := withResp(createQPReq)
@@ -406,8 +407,8 @@ func TestCQAndQP(t *testing.T) {
 		put32(drv, 12, drvType)
 		wantErrno(t, h.do(cmd(cmdCreateQP, 24, core, drv)), want)
 	}
-	wantErrnoQP(2, 0, syscall.EOPNOTSUPP)            // RC
-	wantErrnoQP(qpTypeDriver, 1, syscall.EOPNOTSUPP) // not SRD
+	wantErrnoQP(2, 0, syscall.EOPNOTSUPP)                 // RC
+	wantErrnoQP(uapi.QPTypeDriver, 1, syscall.EOPNOTSUPP) // not SRD
 
 	dcq := make([]byte, 16)
 	put64(dcq, 0, respAddr)
@@ -474,7 +475,7 @@ func TestCloseTearsDown(t *testing.T) {
 	h.getContext()
 	pd := h.allocPD()
 	cq, _ := h.createCQ(8, 32, 0)
-	h.createQP(pd, cq, qpTypeUD, 16*64, 16*16)
+	h.createQP(pd, cq, uapi.QPTypeUD, 16*64, 16*16)
 	if err := h.f.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -539,7 +540,7 @@ func TestCompChannel(t *testing.T) {
 	drv := make([]byte, 16)
 	put32(drv, 4, 32)
 	put16(drv, 8, 1)
-	drv[10] = efaCreateCQWithCompChannel
+	drv[10] = uapi.CQFlagWithCompletionChannel
 	r = h.must(cmd(cmdCreateCQ, 12, core, drv))
 	cqh := u32(r, 0)
 	dbKey := u64(r[8:], 32)
@@ -547,7 +548,7 @@ func TestCompChannel(t *testing.T) {
 
 	// Flush a receive into the CQ: a UD QP with one posted receive, moved to ERR.
 	pd := h.allocPD()
-	qp, qr := h.createQP(pd, cqh, qpTypeUD, 16*64, 16*16)
+	qp, qr := h.createQP(pd, cqh, uapi.QPTypeUD, 16*64, 16*16)
 	rq := h.reg.live[u64(qr[32:], 16)]
 	put64(rq, 0, bufAddr)      // addr
 	put32(rq, 12, 1<<30|1<<31) // first, last
@@ -601,22 +602,8 @@ func TestAsyncEventDiscard(t *testing.T) {
 
 	pd := h.allocPD()
 	cq, _ := h.createCQ(1, 32, 0) // one entry
-	qp, qr := h.createQP(pd, cq, qpTypeUD, 16*64, 16*16)
-	rq := h.reg.live[u64(qr[32:], 16)]
-	for i := range 2 { // two receives: the second flush completion overruns the CQ
-		put64(rq[i*16:], 0, bufAddr)
-		put16(rq[i*16:], 8, uint16(i))
-		put32(rq[i*16:], 12, 1<<30|1<<31)
-	}
-	atomicStore(qpDB(h, qr, dbPageQPRQOffset), 2)
-	mod := make([]byte, modifyQPReq)
-	put32(mod, 64, qp)
-	put32(mod, 68, 1|1<<4|1<<5|1<<6)
-	mod[96], mod[104] = 1, 1
-	h.must(cmd(cmdModifyQP, 0, mod, nil))
-	put32(mod, 68, 1)
-	mod[96] = 6
-	h.must(cmd(cmdModifyQP, 0, mod, nil))
+	qp, qr := h.createQP(pd, cq, uapi.QPTypeUD, 16*64, 16*16)
+	h.flushTwoRecvs(qp, qr, 0) // the second flush completion overruns the CQ
 
 	// Wait for the forwarder to queue the event, without reading it.
 	deadline := time.Now().Add(5 * time.Second)
@@ -653,22 +640,8 @@ func TestCQ16(t *testing.T) {
 	pd := h.allocPD()
 	cq, r := h.createCQ(4, 16, 0)
 	ring := h.reg.live[u64(r[8:], 8)]
-	qp, qr := h.createQP(pd, cq, qpTypeUD, 16*64, 16*16)
-	rq := h.reg.live[u64(qr[32:], 16)]
-	for i := range 2 {
-		put64(rq[i*16:], 0, bufAddr)
-		put16(rq[i*16:], 8, uint16(7+i))
-		put32(rq[i*16:], 12, 1<<30|1<<31)
-	}
-	atomicStore(qpDB(h, qr, dbPageQPRQOffset), 2)
-	mod := make([]byte, modifyQPReq)
-	put32(mod, 64, qp)
-	put32(mod, 68, 1|1<<4|1<<5|1<<6)
-	mod[96], mod[104] = 1, 1
-	h.must(cmd(cmdModifyQP, 0, mod, nil))
-	put32(mod, 68, 1)
-	mod[96] = 6
-	h.must(cmd(cmdModifyQP, 0, mod, nil))
+	qp, qr := h.createQP(pd, cq, uapi.QPTypeUD, 16*64, 16*16)
+	h.flushTwoRecvs(qp, qr, 7)
 	for i := range 2 {
 		e := ring[i*16:]
 		if u16(e, 0) != uint16(7+i) || e[3]&1 != 1 || e[3]>>1&3 != 2 || e[2] == 0 {
@@ -678,4 +651,24 @@ func TestCQ16(t *testing.T) {
 	if !cleared(ring[32:64]) {
 		t.Fatalf("bytes past the second 16-byte entry were written: % x", ring[32:64])
 	}
+}
+
+// flushTwoRecvs posts two receives (request ids first and first+1) on the QP's RQ, then moves
+// the QP to INIT and on to ERR, which flushes both.
+func (h *harness) flushTwoRecvs(qp uint32, qr []byte, first uint16) {
+	rq := h.reg.live[u64(qr[32:], 16)]
+	for i := range 2 {
+		put64(rq[i*16:], 0, bufAddr)
+		put16(rq[i*16:], 8, first+uint16(i))
+		put32(rq[i*16:], 12, 1<<30|1<<31)
+	}
+	atomicStore(qpDB(h, qr, dbPageQPRQOffset), 2)
+	mod := make([]byte, modifyQPReq)
+	put32(mod, 64, qp)
+	put32(mod, 68, 1|1<<4|1<<5|1<<6) // STATE | PKEY_INDEX | PORT | QKEY
+	mod[96], mod[104] = 1, 1
+	h.must(cmd(cmdModifyQP, 0, mod, nil))
+	put32(mod, 68, 1)
+	mod[96] = 6 // ERR
+	h.must(cmd(cmdModifyQP, 0, mod, nil))
 }
