@@ -1,9 +1,10 @@
 package engine
 
 import (
-	"github.com/softefa/softefa/link"
 	"sync/atomic"
 	"time"
+
+	"github.com/softefa/softefa/link"
 )
 
 // Ring tells the engine that the producer stored a new value into one of q's doorbells, so that
@@ -22,8 +23,9 @@ func (d *Device) Ring(q *QP) {
 	d.wake()
 }
 
-// ringInline does for q what the engine loop does for a kicked QP, if the device is free; it
-// reports false, having done nothing, if not, or if q has more work than one step takes.
+// ringInline does for q what the engine loop does for a kicked QP, if the device is free, and
+// hands the engine loop whatever one step left (a batch limit, parked RNR retries); it reports
+// false, having done nothing, if the device was busy or closed.
 func (d *Device) ringInline(q *QP) bool {
 	if !d.inlineMu.TryLock() {
 		return false
