@@ -44,5 +44,12 @@ type Poller interface {
 	TryReceive(pkts []Packet) (int, error)
 }
 
+// BusyPoller is a Link that gives out extra receivers, each with buffers of its own, that never
+// wait and may run beside Receive and beside each other: for goroutines that busy-poll the
+// network when they find nothing to do, while the device's receive goroutine is parked.
+type BusyPoller interface {
+	NewPoller() Poller
+}
+
 // ErrClosed is returned by Receive and Send after Close.
 var ErrClosed = errors.New("link: closed")

@@ -31,6 +31,8 @@ type batch struct {
 	err  error // the call's error
 	send func(fd uintptr) bool
 	recv func(fd uintptr) bool
+	// recvOnce is recv for RawConn.Control, which does not take a result.
+	recvOnce func(fd uintptr)
 }
 
 func (b *batch) init() {
@@ -49,6 +51,7 @@ func (b *batch) init() {
 	}
 	b.send = b.sendmmsg
 	b.recv = b.recvmmsg
+	b.recvOnce = func(fd uintptr) { b.recvmmsg(fd) }
 }
 
 // sendmmsg sends b.hdrs[b.done:b.n]; it returns false to wait for writability.
@@ -133,22 +136,50 @@ func (u *UDP) sendPath(path int, pkts []Packet) error {
 	return nil
 }
 
-func (u *UDP) receive(pkts []Packet) (int, error) { return u.recv(pkts, true) }
+func (u *UDP) receive(pkts []Packet) (int, error) { return u.rx.recv(u, pkts, true) }
 
 // TryReceive reads what socket 0 has queued without waiting.
 func (u *UDP) TryReceive(pkts []Packet) (int, error) {
-	n, err := u.recv(pkts, false)
+	n, err := u.rx.recv(u, pkts, false)
 	if err != nil && u.closed.Load() {
 		return 0, ErrClosed
 	}
 	return n, err
 }
 
-func (u *UDP) recv(pkts []Packet, wait bool) (int, error) {
-	if u.gro {
-		return u.recvGRO(pkts, wait)
+// NewPoller returns a receiver of its own on socket 0 that never waits, for a goroutine that
+// busy-polls beside the one in Receive: each has its own buffers, and the poller does not queue
+// behind a Receive parked in the network poller.
+func (u *UDP) NewPoller() Poller { return &udpPoller{u: u, rx: rxState{busy: true}} }
+
+type udpPoller struct {
+	u  *UDP
+	rx rxState
+}
+
+func (p *udpPoller) TryReceive(pkts []Packet) (int, error) {
+	n, err := p.rx.recv(p.u, pkts, false)
+	if err != nil && p.u.closed.Load() {
+		return 0, ErrClosed
 	}
-	b := &u.rx
+	return n, err
+}
+
+// rxState is one receiver's scratch: its recvmmsg batch and, with GRO, the runs received and not
+// yet handed out.
+type rxState struct {
+	b      batch
+	busy   bool          // read through RawConn.Control: never waits, never holds the read lock
+	groBuf []byte        // GRO's run buffers
+	pend   []superpacket // runs received; pend[pendAt:] not yet handed out
+	pendAt int
+}
+
+func (r *rxState) recv(u *UDP, pkts []Packet, wait bool) (int, error) {
+	if u.gro {
+		return r.recvGRO(u, pkts, wait)
+	}
+	b := &r.b
 	b.init()
 	n := min(len(pkts), maxBatch)
 	for i := range n {
@@ -159,7 +190,7 @@ func (u *UDP) recv(pkts []Packet, wait bool) (int, error) {
 		hdr.Namelen = unix.SizeofSockaddrInet6
 		hdr.Control, hdr.Controllen, hdr.Flags = nil, 0, 0
 	}
-	if err := u.recvmmsg(n, wait); err != nil {
+	if err := r.recvmmsg(u, n, wait); err != nil {
 		return 0, err
 	}
 	for i := range b.done {
@@ -170,48 +201,53 @@ func (u *UDP) recv(pkts []Packet, wait bool) (int, error) {
 	return b.done, nil
 }
 
-func (u *UDP) recvmmsg(n int, wait bool) error {
-	b := &u.rx
+func (r *rxState) recvmmsg(u *UDP, n int, wait bool) error {
+	b := &r.b
 	b.n, b.done, b.err, b.wait = n, 0, nil, wait
-	if err := u.raws[0].Read(b.recv); err != nil {
+	if r.busy {
+		// Control, not Read: Read would wait for the read lock a parked Receive holds.
+		if err := u.raws[0].Control(b.recvOnce); err != nil {
+			return err
+		}
+	} else if err := u.raws[0].Read(b.recv); err != nil {
 		return err
 	}
 	return b.err
 }
 
-// recvGRO reads coalesced runs into the link's own buffers and cuts them into pkts; what does not
-// fit waits in u.pend for the next call.
-func (u *UDP) recvGRO(pkts []Packet, wait bool) (int, error) {
-	if out := u.drainGRO(pkts); out > 0 {
+// recvGRO reads coalesced runs into the receiver's own buffers and cuts them into pkts; what does
+// not fit waits in r.pend for the next call.
+func (r *rxState) recvGRO(u *UDP, pkts []Packet, wait bool) (int, error) {
+	if out := r.drainGRO(pkts); out > 0 {
 		return out, nil
 	}
-	b := &u.rx
+	b := &r.b
 	b.init()
-	if u.groBuf == nil {
-		u.groBuf = make([]byte, groBufs*groBufSize)
+	if r.groBuf == nil {
+		r.groBuf = make([]byte, groBufs*groBufSize)
 	}
 	for i := range groBufs {
 		hdr := &b.hdrs[i].Hdr
-		b.iovs[i].Base = &u.groBuf[i*groBufSize]
+		b.iovs[i].Base = &r.groBuf[i*groBufSize]
 		b.iovs[i].SetLen(groBufSize)
 		hdr.Iov, hdr.Iovlen = &b.iovs[i], 1
 		hdr.Namelen = unix.SizeofSockaddrInet6
 		c := b.ctrl[i*ctrlSlot:][:ctrlSlot]
 		hdr.Control, hdr.Controllen, hdr.Flags = &c[0], uint64(cmsgGROSpace), 0
 	}
-	if err := u.recvmmsg(groBufs, wait); err != nil {
+	if err := r.recvmmsg(u, groBufs, wait); err != nil {
 		return 0, err
 	}
-	u.pend, u.pendAt = u.pend[:0], 0
+	r.pend, r.pendAt = r.pend[:0], 0
 	for i := range b.done {
 		n := int(b.hdrs[i].Len)
 		size := groSize(b.ctrl[i*ctrlSlot:][:ctrlSlot], int(b.hdrs[i].Hdr.Controllen))
 		if size <= 0 || size > n {
 			size = n
 		}
-		u.pend = append(u.pend, superpacket{data: u.groBuf[i*groBufSize:][:n], size: size, addr: getSockaddr(&b.names[i])})
+		r.pend = append(r.pend, superpacket{data: r.groBuf[i*groBufSize:][:n], size: size, addr: getSockaddr(&b.names[i])})
 	}
-	return u.drainGRO(pkts), nil
+	return r.drainGRO(pkts), nil
 }
 
 // superpacket is a run of datagrams GRO delivered in one buffer, each size bytes but the last.
@@ -222,17 +258,17 @@ type superpacket struct {
 }
 
 // drainGRO copies pending datagrams into pkts.
-func (u *UDP) drainGRO(pkts []Packet) int {
+func (r *rxState) drainGRO(pkts []Packet) int {
 	out := 0
-	for u.pendAt < len(u.pend) && out < len(pkts) {
-		sp := &u.pend[u.pendAt]
+	for r.pendAt < len(r.pend) && out < len(pkts) {
+		sp := &r.pend[r.pendAt]
 		n := min(sp.size, len(sp.data))
 		pkts[out].N = copy(pkts[out].Buf, sp.data[:n])
 		pkts[out].Addr, pkts[out].Path = sp.addr, 0
 		out++
 		sp.data = sp.data[n:]
 		if len(sp.data) == 0 {
-			u.pendAt++
+			r.pendAt++
 		}
 	}
 	return out

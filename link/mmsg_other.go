@@ -8,10 +8,11 @@ import (
 	"time"
 )
 
-// batch and superpacket are unused where datagrams move one per system call.
+// batch, superpacket and rxState are unused where datagrams move one per system call.
 type (
 	batch       struct{}
 	superpacket struct{}
+	rxState     struct{}
 )
 
 func (u *UDP) enableOffload() {}

@@ -24,14 +24,11 @@ type UDP struct {
 	local  netip.AddrPort
 	closed atomic.Bool
 
-	rx     batch         // Receive's scratch, owned by the receiving goroutine
-	gro    bool          // the kernel coalesces received runs (socket 0)
-	groBuf []byte        // GRO's run buffers, owned by the receiving goroutine
-	pend   []superpacket // runs received; pend[pendAt:] not yet handed out
-	pendAt int
-	txMu   sync.Mutex // guards tx and gso
-	tx     batch
-	gso    bool // sends go out as GSO runs
+	rx   rxState    // Receive's and TryReceive's scratch, owned by the receiving goroutine
+	gro  bool       // the kernel coalesces received runs (socket 0)
+	txMu sync.Mutex // guards tx and gso
+	tx   batch
+	gso  bool // sends go out as GSO runs
 }
 
 // DefaultSocketBuffer is the send and receive buffer size ListenUDP asks for.

@@ -3,6 +3,7 @@ package link
 import (
 	"bytes"
 	"net/netip"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -65,4 +66,83 @@ func TestUDPBatches(t *testing.T) {
 			t.Fatalf("Receive after Close: %v", err)
 		}
 	}
+}
+
+// A busy poller reads beside a Receive parked in the network poller: it never waits for it (a
+// parked Receive holds the socket's read lock), and each datagram reaches exactly one of them.
+func TestBusyPollerBesideReceive(t *testing.T) {
+	lo := netip.MustParseAddrPort("127.0.0.1:0")
+	a, err := ListenUDP(lo, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := ListenUDP(lo, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	newPkts := func() []Packet {
+		p := make([]Packet, 8)
+		for i := range p {
+			p[i].Buf = make([]byte, 2048)
+		}
+		return p
+	}
+	got := make(chan byte, 64)
+	go func() {
+		in := newPkts()
+		for {
+			n, err := b.Receive(in)
+			if err != nil {
+				close(got)
+				return
+			}
+			for _, p := range in[:n] {
+				got <- p.Buf[0]
+			}
+		}
+	}()
+	poller := b.NewPoller()
+	in := newPkts()
+	var polled []byte
+	// Thousands of empty polls while the receiver parks: each returns at once.
+	for range 5000 {
+		n, err := poller.TryReceive(in)
+		if err != nil || n != 0 {
+			t.Fatalf("an empty poll: %d, %v", n, err)
+		}
+		runtime.Gosched()
+	}
+	const count = 40
+	for i := range count {
+		if err := a.Send([]Packet{{Buf: []byte{byte(i)}, N: 1, Addr: b.LocalAddr()}}); err != nil {
+			t.Fatal(err)
+		}
+		n, err := poller.TryReceive(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range in[:n] {
+			polled = append(polled, p.Buf[0])
+		}
+	}
+	seen := make(map[byte]int)
+	for _, v := range polled {
+		seen[v]++
+	}
+	for len(seen) < count {
+		select {
+		case v := <-got:
+			seen[v]++
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of %d datagrams arrived", len(seen), count)
+		}
+	}
+	for v, k := range seen {
+		if k != 1 || int(v) >= count {
+			t.Fatalf("datagram %d arrived %d times", v, k)
+		}
+	}
+	t.Logf("%d of %d datagrams taken by the poller", len(polled), count)
 }
