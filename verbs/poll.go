@@ -33,7 +33,18 @@ var errEmpty = errors.New("verbs: CQ empty")
 // Poll reads up to len(wc) completions (ibv_poll_cq) and returns how many it read. An entry for a
 // QP this context does not know, or from an earlier holder of a reused QP number, is consumed and
 // dropped; if it is the first entry, Poll returns EINVAL, as libefa does.
+//
+// A Poll that finds the CQ empty takes what the network holds for the device, on the caller's
+// goroutine, and looks again (busy polling: no handoff from the device's receive goroutine).
 func (cq *CQ) Poll(wc []WC) (int, error) {
+	n, err := cq.poll(wc)
+	if n == 0 && err == nil && len(wc) > 0 && cq.ctx.e.PollNetwork() {
+		n, err = cq.poll(wc)
+	}
+	return n, err
+}
+
+func (cq *CQ) poll(wc []WC) (int, error) {
 	cq.lock()
 	defer cq.unlock()
 	n := 0

@@ -593,3 +593,44 @@ func TestQPDestroyedInFlightRemote(t *testing.T) {
 		exchange(t, na, b, 3, 8192, 64<<10, 3)
 	})
 }
+
+// A message that fails is answered with a RESP; one that succeeds is not answered at all, only
+// acknowledged. With jitter on every path, ACKs overtake the RESPs written before them: a SEND
+// that found no receive must still fail with RNR (the ACK's horizon makes the requester wait for
+// the RESP), and exactly as many must succeed as the responder received.
+func TestFailureAnswerOvertaken(t *testing.T) {
+	inWorlds(t, 11, func(t *testing.T, w *world) {
+		for i := range 4 {
+			w.f.SetPath(i, memlink.Impairment{Delay: 100 * time.Microsecond, Jitter: 500 * time.Microsecond})
+		}
+		const sends, recvs = 48, 16
+		c := verbs.QPCap{MaxSendWR: sends, MaxRecvWR: recvs, MaxSendSGE: 1, MaxRecvSGE: 1}
+		a, b := w.pair(4, loopOpts{rnrRetry: 0, cap: c})
+		for i := range recvs {
+			b.recv(uint64(100+i), 0, 64)
+		}
+		for i := range sends {
+			a.send(uint64(i), b, 0, 64)
+		}
+		ok, rnr := 0, 0
+		for _, wc := range waitWC(t, a.cq, sends) {
+			switch wc.Status {
+			case verbs.WCSuccess:
+				ok++
+			case verbs.WCRNRRetryExcErr:
+				rnr++
+			default:
+				t.Fatalf("send %d: %v", wc.WRID, wc.Status)
+			}
+		}
+		for _, wc := range waitWC(t, b.cq, recvs) {
+			wantWC(t, wc, wc.WRID, verbs.WCSuccess, verbs.WCRecv)
+		}
+		if ok != recvs || rnr != sends-recvs {
+			t.Fatalf("%d sends succeeded and %d failed with RNR; the responder received %d", ok, rnr, recvs)
+		}
+		if n, _ := a.cq.Poll(make([]verbs.WC, 1)); n != 0 {
+			t.Fatal("a send completed twice")
+		}
+	})
+}

@@ -78,6 +78,9 @@ type Device struct {
 
 	drv *driver // config.Device.Driven: the state Drive reuses; nil otherwise
 
+	busyMu sync.Mutex // held by a goroutine in PollNetwork
+	busyRx *busyPoll  // nil: the device cannot be busy-polled
+
 	kick     chan struct{} // one slot: wakes the engine loop
 	evNotify chan struct{} // one slot: an async event was queued
 	done     chan struct{}
@@ -133,6 +136,9 @@ func NewDevice(cfg config.Device) (*Device, error) {
 		return d, nil
 	}
 	if d.link != nil {
+		if b, ok := d.link.(link.BusyPoller); ok {
+			d.busyRx = &busyPoll{poller: b.NewPoller(), rx: d.newRxScratch()}
+		}
 		d.wg.Add(1)
 		go d.rxLoop()
 	}

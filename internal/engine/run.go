@@ -72,6 +72,12 @@ type driver struct {
 	batch  []*QP
 }
 
+// busyPoll is what PollNetwork reuses from call to call.
+type busyPoll struct {
+	poller link.Poller
+	rx     *rxScratch
+}
+
 // Drive moves a driven device (config.Device.Driven) one step, on the caller's goroutine: it
 // takes every datagram the link holds, serves the doorbells rung since the last call, looks at
 // every doorbell, runs the transport's timers against the device clock, and sends what all that
@@ -202,4 +208,32 @@ func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
 		busy = true
 	}
 	return worked || rqMoved, busy
+}
+
+// PollNetwork is a receive done by a goroutine that found its completion queue empty (busy
+// polling, as SO_BUSY_POLL does for sockets): it takes the datagrams the link holds now, without
+// waiting, handles them and sends what they produced. It reports whether any datagram came. It
+// does nothing, and reports false, when another goroutine is doing the same, or the device is
+// closed, driven, or has no link that can be polled beside its receive loop (link.BusyPoller).
+func (d *Device) PollNetwork() bool {
+	if d.busyRx == nil || !d.busyMu.TryLock() {
+		return false
+	}
+	defer d.busyMu.Unlock()
+	rx := d.busyRx
+	n, err := rx.poller.TryReceive(rx.rx.pkts)
+	if n == 0 || err != nil {
+		return false
+	}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return false
+	}
+	d.useTx(rx.rx.q)
+	d.inputBatch(rx.rx, n)
+	d.mu.Unlock()
+	d.sendTx(rx.rx.q)
+	d.wake() // parked retries and raw doorbells get a look, as after the receive loop's batches
+	return true
 }

@@ -16,9 +16,10 @@ import (
 // selectively, retransmitted until acknowledged, delivered to the receiver exactly once (the
 // receiver keeps a window of PSNs seen). Messages ride on that stream: a SEND or RDMA write is cut
 // into segments that fit the path MTU; the responder places segments as they come, in any order,
-// and answers the whole message with a RESP frame carrying its status; an RDMA read is a READ_REQ
-// answered by READ_RESP segments. RESP, READ_REQ and READ_RESP frames are in the streams too, so
-// they are as reliable as data.
+// and answers a message that fails with a RESP frame carrying its status; an RDMA read is a
+// READ_REQ answered by READ_RESP segments. RESP, READ_REQ and READ_RESP frames are in the streams
+// too, so they are as reliable as data. A message succeeds when ACKs cover every segment and the
+// peer's stream has reached the horizon the covering ACK named with no RESP for it (settle).
 //
 // All of it is device state under Device.mu; frames are built into the txq of whichever goroutine
 // holds the lock (the engine loop or the receive loop) and sent after it lets go.

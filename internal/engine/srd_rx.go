@@ -191,7 +191,7 @@ func (d *Device) input(pk *link.Packet, now time.Duration, n *nonce) {
 			d.onData(p, &h, &f.Data, now)
 		case wire.TypeAck:
 			if h.RxEpoch == p.tx.epoch {
-				d.onAck(p, &f.Ack, now)
+				d.onAck(p, &f.Ack, h.TxEpoch, now)
 			}
 		case wire.TypeProbe:
 			d.commit(wire.AppendProbe(d.room(p, d.controlPath(p), wire.FrameHeaderSize+wire.ProbeSize), f.Nonce, true))
@@ -251,9 +251,6 @@ func (d *Device) onData(p *peer, h *wire.Header, f *wire.Data, now time.Duration
 		r.flip(r.cum)
 		r.cum++
 	}
-	if r.sinceAck >= ackEvery {
-		d.sendAck(p)
-	}
 	switch f.Op {
 	case wire.OpSend, wire.OpWrite:
 		d.onSegment(p, f)
@@ -273,6 +270,14 @@ func (d *Device) onData(p *peer, h *wire.Header, f *wire.Data, now time.Duration
 			delete(p.rx.in, f.MsgID)
 			d.freeIn = append(d.freeIn, in)
 		}
+	}
+	// Only now, with the frame handled, may an ACK cover it: a failed message's RESP must lie
+	// below the horizon of the ACK that covers its last segment.
+	if r.sinceAck >= ackEvery {
+		d.sendAck(p)
+	}
+	if len(p.tx.waiting) > 0 {
+		d.settle(p) // our stream may have reached a horizon
 	}
 }
 
@@ -361,8 +366,12 @@ func (d *Device) onUD(p *peer, f *wire.Data) {
 	d.respond(&m)
 }
 
-// answer sends a RESP frame with a message's status on p's stream.
+// answer sends a RESP frame with a message's status on p's stream if it failed; success needs no
+// frame of its own (the ACKs covering the message say it).
 func (d *Device) answer(p *peer, msgID uint32, st efaio.Status) {
+	if st == efaio.StatusOK {
+		return
+	}
 	o := d.newMsg(p, kindResp)
 	o.hdr = wire.Data{MsgID: msgID, Op: wire.OpResp, Status: uint8(st)}
 	o.done = true
@@ -402,14 +411,18 @@ func (d *Device) resetRx(p *peer) {
 // highest PSN seen, and the path of the newest frame.
 func (d *Device) sendAck(p *peer) {
 	r := &p.rx
-	a := wire.Ack{Cum: r.cum, Highest: r.highest, Path: r.ackPath}
+	a := wire.Ack{Cum: r.cum, Highest: r.highest, Path: r.ackPath, Horizon: p.tx.horizon()}
 	for i := range wire.SackWords * 64 {
 		if psn := r.cum + 1 + uint32(i); !psnLess(r.highest, psn) && r.test(psn) {
 			a.Sack[i/64] |= 1 << (i % 64)
 		}
 	}
 	r.ackDue, r.sinceAck = false, 0
-	d.commit(wire.AppendAck(d.room(p, d.controlPath(p), wire.FrameHeaderSize+wire.AckSize), &a))
+	path := d.controlPath(p)
+	if q := d.txq; q.cur == p && q.pkts[q.n-1].N+wire.FrameHeaderSize+wire.AckSize <= q.maxLen && d.proven(p, q.path) {
+		path = q.path // ride in the datagram going to p already (an answer, data) on a path known to work
+	}
+	d.commit(wire.AppendAck(d.room(p, path, wire.FrameHeaderSize+wire.AckSize), &a))
 }
 
 // controlPath picks the path for an ACK or PROBE_ACK: the next healthy one each time. Nothing
@@ -423,11 +436,7 @@ func (d *Device) sendAck(p *peer) {
 // without this, every ACK sent on it is lost and the peer waits for its timer.
 func (d *Device) controlPath(p *peer) int {
 	n := len(p.paths)
-	var newest time.Duration
-	for i := range p.paths {
-		newest = max(newest, p.paths[i].ackedAt)
-	}
-	recent := newest - 4*max(p.tx.srtt, minRTO)
+	newest, recent := p.provenSince()
 	for _, proven := range [2]bool{true, false} {
 		for range n {
 			p.ctrlRR = (p.ctrlRR + 1) % n
@@ -440,16 +449,32 @@ func (d *Device) controlPath(p *peer) int {
 	return p.ctrlRR
 }
 
+// provenSince returns when p's newest acknowledged packet was sent, and the time from which an
+// acknowledged packet proves its path: within a few RTTs of the newest.
+func (p *peer) provenSince() (newest, recent time.Duration) {
+	for i := range p.paths {
+		newest = max(newest, p.paths[i].ackedAt)
+	}
+	return newest, newest - 4*max(p.tx.srtt, minRTO)
+}
+
+// proven reports whether path carried recently acknowledged data to p (see controlPath).
+func (d *Device) proven(p *peer, path int) bool {
+	newest, recent := p.provenSince()
+	ps := &p.paths[path]
+	return !ps.failed && newest > 0 && ps.ackedAt >= recent
+}
+
 // onAck takes an acknowledgement of our stream: it frees acknowledged packets, samples the RTT,
 // counts as lost the packets that later ones overtook, adjusts the window and sends what it
 // allows.
-func (d *Device) onAck(p *peer, a *wire.Ack, now time.Duration) {
+func (d *Device) onAck(p *peer, a *wire.Ack, epoch uint16, now time.Duration) {
 	s := &p.tx
 	if psnLess(s.next, a.Cum) || psnLess(a.Cum, s.una-rxWindow) {
 		d.counts.BadPackets.Add(1)
 		return
 	}
-	s.newly, s.rtt = 0, -1
+	s.newly, s.rtt, s.hzn, s.hznEpoch = 0, -1, a.Horizon, epoch
 	ack := func(psn uint32) { d.ackSlot(p, s.slot(psn), now) }
 	for psn := s.una; psnLess(psn, a.Cum); psn++ {
 		ack(psn)
@@ -502,11 +527,15 @@ func (d *Device) onAck(p *peer, a *wire.Ack, now time.Duration) {
 		e.lost = true
 		s.inflight--
 		s.retx = append(s.retx, psn)
+		s.countFate(true)
 		lost++
 		d.pathLoss(p, int(e.path), now)
 	}
 	if lost > 0 {
 		s.lossAt = now
+	}
+	if len(s.waiting) > 0 {
+		d.settle(p)
 	}
 	d.congestion(s, s.newly, lost)
 	d.pump(p)
@@ -528,6 +557,7 @@ func (d *Device) ackSlot(p *peer, e *sentPkt, now time.Duration) {
 		s.reoSteps = min(s.reoSteps+1, 64)
 		s.reoClean = 0
 		d.counts.SpuriousRetrans.Add(1)
+		s.lossRate = max(s.lossRate-1.0/lossGain, 0) // take the loss back
 		// Nor was it the path's fault: take back the count, and the failure if it was the last.
 		if ps := &p.paths[e.path]; ps.losses > 0 {
 			ps.losses--
@@ -539,6 +569,9 @@ func (d *Device) ackSlot(p *peer, e *sentPkt, now time.Duration) {
 		d.pathLoss(p, int(e.suspect-1), now) // it timed out on that path and came through on this one
 	}
 	s.newly++
+	if !e.lost {
+		s.countFate(false)
+	}
 	if e.retx == 0 {
 		s.rtt = now - e.at // a copy left with the packet: its arrival times the round trip as well
 	}
@@ -548,6 +581,12 @@ func (d *Device) ackSlot(p *peer, e *sentPkt, now time.Duration) {
 	m := e.msg
 	e.msg = nil
 	m.pending--
+	if m.pending == 0 && m.sent == m.nseg && m.kind == kindRequest && m.q != nil && !m.answered && !m.faulted &&
+		(m.hdr.Op == wire.OpSend || m.hdr.Op == wire.OpWrite) {
+		// Every segment is in: it succeeded unless a RESP below the peer's horizon says not.
+		m.waits, m.horizon, m.hEpoch = true, s.hzn, s.hznEpoch
+		s.waiting = append(s.waiting, m)
+	}
 	d.release(m)
 }
 
@@ -681,6 +720,7 @@ func (d *Device) checkRTO(p *peer, now time.Duration) {
 		e.lost = true
 		s.inflight--
 		s.retx = append(s.retx, psn)
+		s.countFate(true)
 		fired = true
 	}
 	if fired {

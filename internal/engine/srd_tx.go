@@ -42,6 +42,11 @@ type outMsg struct {
 	got      uint64 // RDMA read: bytes arrived
 	answered bool   // the peer answered: it has every segment
 	faulted  bool   // the application's memory faulted under a segment: the rest go as ABORTs
+	// A SEND or WRITE whose every segment is acknowledged waits in txStream.waiting until the
+	// peer's stream reaches horizon (in the peer's epoch hEpoch): then no RESP says it failed.
+	waits   bool
+	horizon uint32
+	hEpoch  uint16
 }
 
 // sentPkt is a PSN's slot in the stream: which segment of which message it carries.
@@ -77,15 +82,24 @@ type txStream struct {
 	queue      []*outMsg     // messages with segments not yet sent, in order
 	retx       []uint32      // PSNs counted lost, to send again
 	reqs       map[uint32]*outMsg
+	waiting    []*outMsg // requests acknowledged whole, waiting for the peer's horizon (settle)
+	unsent     uint32    // segments in queue not yet sent once: next+unsent is our horizon
 	nextMsg    uint32
 	reoSteps   int           // the reordering allowance, in steps of a quarter of minRTT (reorderWindow)
 	reoClean   int           // loss episodes since the last loss that proved spurious
 	lossAt     time.Duration // when a packet was last counted lost (by acknowledgements or the timer)
+	lossRate   float64       // moving average of packets' fates, 1 lost, 0 acknowledged (lossGain)
 	burst      int           // packets sent on the current path since it was picked
 
-	newly int           // onAck's scratch: packets newly acknowledged
-	rtt   time.Duration // onAck's scratch: the latest RTT sample, or -1
+	newly    int           // onAck's scratch: packets newly acknowledged
+	rtt      time.Duration // onAck's scratch: the latest RTT sample, or -1
+	hzn      uint32        // onAck's scratch: the ACK's horizon
+	hznEpoch uint16        // and the epoch of the peer's stream it is in
 }
+
+// horizon is where our stream ends, frames queued behind the window counted: every answer we
+// have decided has a PSN below it. ACKs carry it (wire.Ack.Horizon).
+func (s *txStream) horizon() uint32 { return s.next + s.unsent }
 
 func (s *txStream) init() {
 	s.ring = make([]sentPkt, 64)
@@ -157,6 +171,7 @@ func (d *Device) enqueue(p *peer, m *outMsg) {
 		p.tx.progress = d.clock()
 	}
 	p.tx.queue = append(p.tx.queue, m)
+	p.tx.unsent += m.nseg
 	d.pump(p)
 }
 
@@ -277,12 +292,13 @@ func (d *Device) pump(p *peer) {
 		}
 		psn := s.next
 		s.next++
+		s.unsent--
 		e := s.slot(psn)
 		*e = sentPkt{msg: m, seg: m.sent}
 		m.sent++
 		m.pending++
 		d.sendSeg(p, psn, e, now, -1)
-		if s.inflight <= sparseFlight && s.lossAt > 0 && now-s.lossAt < lossMemory && !d.cfg.NoSparseCopies {
+		if s.inflight <= sparseFlight && s.lossRate >= sparseLoss && now-s.lossAt < lossMemory && !d.cfg.NoSparseCopies {
 			d.copySeg(p, psn, e)
 		}
 		if m.sent == m.nseg {
@@ -308,12 +324,25 @@ func (d *Device) sendSeg(p *peer, psn uint32, e *sentPkt, now time.Duration, avo
 }
 
 // sparseFlight is the most packets in flight at which a new packet also goes as a copy on a
-// second path, if the stream has lost a packet within lossMemory (and unless
-// config.Device.NoSparseCopies): a network that loses nothing pays nothing.
+// second path, if the stream's recent loss rate is at least sparseLoss and it lost a packet within
+// lossMemory (and unless config.Device.NoSparseCopies): a network that loses nothing pays nothing,
+// nor one that lost a packet once. lossGain is the loss rate's averaging length, in packets:
+// after a single loss the rate stays above sparseLoss for about 130 packets.
 const (
 	sparseFlight = 4
+	sparseLoss   = 0.002
+	lossGain     = 64
 	lossMemory   = time.Second
 )
+
+// countFate moves the stream's loss rate by one packet's fate.
+func (s *txStream) countFate(lost bool) {
+	if lost {
+		s.lossRate += (1 - s.lossRate) / lossGain
+	} else {
+		s.lossRate -= s.lossRate / lossGain
+	}
+}
 
 // copySeg sends slot e's frame once more, on the next healthy path after its own: while few
 // packets are in flight, a lost one has no later packets to reveal its loss and waits for the
@@ -397,6 +426,7 @@ func (d *Device) onFault(p *peer, m *outMsg) {
 		o.hdr = wire.Data{MsgID: m.hdr.MsgID, Op: wire.OpResp, Status: uint8(efaio.StatusRemoteBadAddress)}
 		o.done, o.nseg = true, 1
 		p.tx.queue = append(p.tx.queue, o)
+		p.tx.unsent++
 	}
 }
 
@@ -481,6 +511,7 @@ func (d *Device) resetTx(p *peer, st efaio.Status) {
 // again as a new message) and it leaves its QP and its stream's request table.
 func (d *Device) completeReq(m *outMsg, st efaio.Status, mayRetry bool) {
 	delete(m.p.tx.reqs, m.hdr.MsgID)
+	m.p.tx.unwait(m)
 	m.done = true
 	m.answered = true
 	if q := m.q; q != nil {
@@ -504,15 +535,48 @@ func (d *Device) completeReq(m *outMsg, st efaio.Status, mayRetry bool) {
 func (d *Device) cancel(m *outMsg) {
 	m.q.dropOut(m)
 	delete(m.p.tx.reqs, m.hdr.MsgID) // an answer, if one comes, finds nothing
+	m.p.tx.unwait(m)
 	m.done = true
 	if m.sent < m.nseg {
 		partial := m.sent > 0
+		old := m.nseg
 		m.nseg = m.sent
 		if partial {
 			m.nseg++ // the ABORT, sent as the message's next segment
 		}
+		m.p.tx.unsent -= old - m.nseg
 	}
 	d.release(m)
+}
+
+// unwait takes m out of the requests waiting for the peer's horizon.
+func (s *txStream) unwait(m *outMsg) {
+	if !m.waits {
+		return
+	}
+	m.waits = false
+	if i := slices.Index(s.waiting, m); i >= 0 {
+		s.waiting = slices.Delete(s.waiting, i, i+1)
+	}
+}
+
+// settle completes the requests waiting for the peer's horizon that have it: the peer's stream
+// has arrived up to the horizon its ACK named, and no RESP in it failed them, so they succeeded.
+// A horizon in an epoch of the peer's stream that has since been abandoned can no longer come:
+// those requests fail with REMOTE_ABORT (the answer, if there was one, was dropped with it).
+func (d *Device) settle(p *peer) {
+	s, r := &p.tx, &p.rx
+	for i := 0; i < len(s.waiting); {
+		m := s.waiting[i]
+		switch {
+		case m.horizon == 0 || r.started && r.epoch == m.hEpoch && !psnLess(r.cum, m.horizon):
+			d.completeReq(m, efaio.StatusOK, false) // takes it out of waiting
+		case r.started && int16(m.hEpoch-r.epoch) < 0:
+			d.completeReq(m, efaio.StatusRemoteAbort, false)
+		default:
+			i++
+		}
+	}
 }
 
 // dropOut removes m from q's list of requests on the network.

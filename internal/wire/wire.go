@@ -15,14 +15,14 @@ import (
 )
 
 // Version is the wire format version this package speaks.
-const Version = 1
+const Version = 2
 
 // Sizes of the fixed parts.
 const (
 	DatagramHeaderSize = 20
 	FrameHeaderSize    = 4
 	DataHeaderSize     = 44 // after the frame header
-	AckSize            = 44 // after the frame header
+	AckSize            = 48 // after the frame header
 	ProbeSize          = 4
 	CookieSize         = 8
 	SackWords          = 4 // the ACK's selective-acknowledgement bitmap, in 64-bit words
@@ -145,11 +145,17 @@ func AppendData(b []byte, d *Data) []byte {
 // Ack acknowledges a receiver's packet stream: every PSN below Cum has arrived, bit i of Sack
 // (word i/64, bit i%64) says whether Cum+1+i has, and Highest is the highest PSN seen. Path is
 // the path of the newest DATA frame the ACK answers, so that the sender credits that path.
+//
+// Horizon is the end of the acknowledger's own packet stream (of the datagram's tx epoch) when
+// it wrote the ACK: the PSN its next frame not yet sent will take, frames queued behind the
+// window counted. A message is answered with a RESP only when it fails; one whose every segment
+// an ACK covers has succeeded unless a RESP for it lies below that ACK's Horizon.
 type Ack struct {
 	Cum     uint32
 	Highest uint32
 	Sack    [SackWords]uint64
 	Path    uint8
+	Horizon uint32
 }
 
 // AppendAck appends an ACK frame.
@@ -160,7 +166,8 @@ func AppendAck(b []byte, a *Ack) []byte {
 	for _, w := range a.Sack {
 		b = binary.BigEndian.AppendUint64(b, w)
 	}
-	return append(b, a.Path, 0, 0, 0)
+	b = append(b, a.Path, 0, 0, 0)
+	return binary.BigEndian.AppendUint32(b, a.Horizon)
 }
 
 // AppendProbe appends a PROBE (or, with ack, a PROBE_ACK) frame carrying nonce.
@@ -293,6 +300,7 @@ func parseFrame(b []byte, f *Frame) error {
 			a.Sack[i] = binary.BigEndian.Uint64(body[8+8*i:])
 		}
 		a.Path = body[40]
+		a.Horizon = binary.BigEndian.Uint32(body[44:])
 	case TypeProbe, TypeProbeAck:
 		if len(body) != ProbeSize {
 			return ErrFrame

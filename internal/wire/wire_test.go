@@ -12,7 +12,7 @@ import (
 // payload, one ACK.
 var image = []byte{
 	// datagram header
-	0x01, 0x02, 0x12, 0xb7, // version 1, path 2, source port 4791
+	0x02, 0x02, 0x12, 0xb7, // version 2, path 2, source port 4791
 	0xde, 0xad, 0xbe, 0xef, // source incarnation
 	0x00, 0x00, 0x00, 0x07, // destination incarnation
 	0x00, 0x03, 0x00, 0x04, // tx epoch 3, rx epoch 4
@@ -31,13 +31,14 @@ var image = []byte{
 	0x01, 0x02, 0x03, 0x04, // rkey
 	0x00, 0x00, 0x00, 0x7f, 0x00, 0x00, 0x10, 0x00, // raddr 0x7f_0000_1000
 	0xaa, 0xbb, 0xcc, // payload
-	// ACK frame: type 2, length 48
-	0x02, 0x00, 0x00, 0x30,
+	// ACK frame: type 2, length 4+48 = 52
+	0x02, 0x00, 0x00, 0x34,
 	0x00, 0x00, 0x00, 0x09, // cum 9
 	0x00, 0x00, 0x00, 0x0c, // highest 12
 	0, 0, 0, 0, 0, 0, 0, 0x05, // sack word 0: 10 and 12 arrived
 	0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
 	0x01, 0, 0, 0, // path 1
+	0x00, 0x00, 0x00, 0x21, // horizon 33
 }
 
 // The checksum of the image, computed here with hash/crc32 over the bytes above (checksum
@@ -51,7 +52,7 @@ func TestImage(t *testing.T) {
 	h := Header{Path: 2, SrcPort: 4791, SrcInc: 0xdeadbeef, DstInc: 7, TxEpoch: 3, RxEpoch: 4}
 	d := Data{PSN: 16, MsgID: 5, Offset: 1412, Length: 4096, Op: OpWrite, Flags: FlagImm, SrcQPN: 2, DstQPN: 3,
 		QKey: 0x11111111, Imm: 0xcafebabe, RKey: 0x01020304, RAddr: 0x7f00001000, Payload: []byte{0xaa, 0xbb, 0xcc}}
-	a := Ack{Cum: 9, Highest: 12, Sack: [SackWords]uint64{5}, Path: 1}
+	a := Ack{Cum: 9, Highest: 12, Sack: [SackWords]uint64{5}, Path: 1, Horizon: 33}
 	b := AppendHeader(nil, &h)
 	b = AppendData(b, &d)
 	b = AppendAck(b, &a)
@@ -85,9 +86,9 @@ func TestRejects(t *testing.T) {
 		t.Fatalf("short header: %v", err)
 	}
 	bad := append([]byte{}, image...)
-	bad[0] = 2
+	bad[0] = 1
 	if _, _, err := ParseHeader(bad); err != ErrVersion {
-		t.Fatalf("version 2: %v", err)
+		t.Fatalf("version 1: %v", err)
 	}
 	for i := range image { // any flipped bit fails the checksum
 		for bit := range 8 {
@@ -127,7 +128,7 @@ func TestRejects(t *testing.T) {
 		}
 	}
 	ack := append([]byte{}, image[20+51:]...)
-	ack[len(ack)-1] = 1
+	ack[len(ack)-5] = 1 // the last reserved byte, before the horizon
 	var f Frame
 	if _, err := NextFrame(ack, &f); err != ErrFrame {
 		t.Fatalf("ack reserved byte: %v", err)

@@ -66,7 +66,7 @@ func TestDissector(t *testing.T) {
 		"Destination incarnation", "Tx stream epoch", "Rx stream epoch", "Checksum (CRC-32C)", "Cookie", "Frame type", "Frame flags", "Frame length",
 		"PSN", "Message id", "Offset", "Message length", "Operation", "Data flags", "Immediate", "Source QPN",
 		"Destination QPN", "Status", "QKey", "Immediate data", "RKey", "Remote address", "Payload",
-		"Cumulative PSN", "Highest PSN", "Selective bits", "Answered path",
+		"Cumulative PSN", "Highest PSN", "Selective bits", "Answered path", "Horizon PSN",
 		"Operation: SEND", "Operation: WRITE", "Operation: READ_REQ", "Operation: READ_RESP", "Operation: RESP",
 		"Frame type: DATA", "Frame type: ACK", "Frame type: CHALLENGE", "Frame type: COOKIE"}
 	missing := func(text string) []string {
@@ -99,7 +99,9 @@ func TestDissector(t *testing.T) {
 	}
 }
 
-// traffic runs SEND with immediate, RDMA write and RDMA read between two devices on loopback.
+// traffic runs SEND with immediate, RDMA write and RDMA read between two devices on loopback,
+// then a SEND that finds no receive posted (RNR, retries 0): its RESP frame is what a failure
+// looks like (success needs none).
 func traffic(t *testing.T) {
 	lo := netip.MustParseAddrPort("127.0.0.1:0")
 	var ends [2]struct {
@@ -132,13 +134,13 @@ func traffic(t *testing.T) {
 		attr := verbs.QPInitAttrEx{SendCQ: e.cq, RecvCQ: e.cq, QPType: verbs.QPTDriver, PD: e.pd,
 			Cap:          verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1},
 			CompMask:     verbs.QPInitAttrPD | verbs.QPInitAttrSendOpsFlags,
-			SendOpsFlags: verbs.SendOpsSendWithImm | verbs.SendOpsRDMAWrite | verbs.SendOpsRDMARead}
+			SendOpsFlags: verbs.SendOpsSend | verbs.SendOpsSendWithImm | verbs.SendOpsRDMAWrite | verbs.SendOpsRDMARead}
 		e.qp, err = efadv.CreateQPEx(e.ctx, &attr, &efadv.QPInitAttr{})
 		must(err)
 		must(e.qp.Modify(&verbs.QPAttr{QPState: verbs.QPSInit, PortNum: 1, QKey: 7},
 			verbs.QPAttrState|verbs.QPAttrPKeyIndex|verbs.QPAttrPort|verbs.QPAttrQKey))
 		must(e.qp.Modify(&verbs.QPAttr{QPState: verbs.QPSRTR}, verbs.QPAttrState))
-		must(e.qp.Modify(&verbs.QPAttr{QPState: verbs.QPSRTS}, verbs.QPAttrState|verbs.QPAttrSQPSN))
+		must(e.qp.Modify(&verbs.QPAttr{QPState: verbs.QPSRTS}, verbs.QPAttrState|verbs.QPAttrSQPSN|verbs.QPAttrRNRRetry)) // rnr_retry 0
 		defer func() {
 			e.ah.Destroy()
 			e.qp.Destroy()
@@ -161,10 +163,14 @@ func traffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	x := a.qp.ToQPEx()
-	for i, op := range []string{"send", "write", "read"} {
+	for i, op := range []string{"send", "write", "read", "rnr"} {
 		x.WRStart()
 		x.WRID, x.WRFlags = uint64(i), verbs.SendSignaled
+		want := verbs.WCSuccess
 		switch op {
+		case "rnr":
+			want = verbs.WCRNRRetryExcErr
+			x.WRSend()
 		case "send":
 			x.WRSendImm(0xabcd)
 		case "write":
@@ -181,7 +187,7 @@ func traffic(t *testing.T) {
 		deadline := time.Now().Add(5 * time.Second)
 		for {
 			if n, _ := a.cq.Poll(wc[:]); n == 1 {
-				if wc[0].Status != verbs.WCSuccess {
+				if wc[0].Status != want {
 					t.Fatalf("%s: %+v", op, wc[0])
 				}
 				break

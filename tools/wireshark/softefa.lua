@@ -1,4 +1,4 @@
--- Wireshark dissector for softefa's SRD-over-UDP wire format, version 1 (docs/wire.md).
+-- Wireshark dissector for softefa's SRD-over-UDP wire format, version 2 (docs/wire.md).
 --
 -- Load it with:  wireshark -X lua_script:tools/wireshark/softefa.lua
 --           or:  tshark -X lua_script:tools/wireshark/softefa.lua -r capture.pcap
@@ -55,6 +55,7 @@ local f = {
   highest   = ProtoField.uint32("softefa.ack.highest", "Highest PSN"),
   sack      = ProtoField.uint64("softefa.ack.sack", "Selective bits", base.HEX),
   ack_path  = ProtoField.uint8("softefa.ack.path", "Answered path"),
+  horizon   = ProtoField.uint32("softefa.ack.horizon", "Horizon PSN"),
   nonce     = ProtoField.uint32("softefa.probe.nonce", "Probe nonce", base.HEX),
   cookie    = ProtoField.uint64("softefa.cookie", "Cookie", base.HEX),
 }
@@ -88,11 +89,12 @@ local function dissect_frame(buf, tree, off)
     t:add(f.raddr, buf(b + 36, 8))
     if flen > 48 then t:add(f.payload, buf(b + 44, flen - 48)) end
     summary = (ops[buf(b + 16, 1):uint()] or "?") .. " psn=" .. buf(b, 4):uint()
-  elseif ftype == 2 and flen == 48 then
+  elseif ftype == 2 and flen == 52 then
     t:add(f.cum, buf(b, 4))
     t:add(f.highest, buf(b + 4, 4))
     for i = 0, 3 do t:add(f.sack, buf(b + 8 + 8 * i, 8)) end
     t:add(f.ack_path, buf(b + 40, 1))
+    t:add(f.horizon, buf(b + 44, 4))
     summary = "ACK cum=" .. buf(b, 4):uint()
   elseif (ftype == 3 or ftype == 4) and flen == 8 then
     t:add(f.nonce, buf(b, 4))
@@ -104,7 +106,7 @@ end
 
 local function dissect(buf, pinfo, tree)
   local n = buf:len()
-  if n < 24 or buf(0, 1):uint() ~= 1 then return false end
+  if n < 24 or buf(0, 1):uint() ~= 2 then return false end
   -- Every frame must fit exactly: that is what tells softefa from other UDP traffic.
   local off = 20
   while off < n do
