@@ -411,7 +411,7 @@ func (d *Device) resetRx(p *peer) {
 // highest PSN seen, and the path of the newest frame.
 func (d *Device) sendAck(p *peer) {
 	r := &p.rx
-	a := wire.Ack{Cum: r.cum, Highest: r.highest, Path: r.ackPath, Horizon: p.tx.horizon()}
+	a := wire.Ack{Cum: r.cum, Highest: r.highest, Path: r.ackPath, Horizon: p.tx.respEnd}
 	for i := range wire.SackWords * 64 {
 		if psn := r.cum + 1 + uint32(i); !psnLess(r.highest, psn) && r.test(psn) {
 			a.Sack[i/64] |= 1 << (i % 64)

@@ -83,7 +83,8 @@ type txStream struct {
 	retx       []uint32      // PSNs counted lost, to send again
 	reqs       map[uint32]*outMsg
 	waiting    []*outMsg // requests acknowledged whole, waiting for the peer's horizon (settle)
-	unsent     uint32    // segments in queue not yet sent once: next+unsent is our horizon
+	unsent     uint32    // segments in queue not yet sent once: next+unsent is where the stream ends
+	respEnd    uint32    // the PSN after our latest RESP, queued or sent: our ACKs' horizon
 	nextMsg    uint32
 	reoSteps   int           // the reordering allowance, in steps of a quarter of minRTT (reorderWindow)
 	reoClean   int           // loss episodes since the last loss that proved spurious
@@ -97,9 +98,14 @@ type txStream struct {
 	hznEpoch uint16        // and the epoch of the peer's stream it is in
 }
 
-// horizon is where our stream ends, frames queued behind the window counted: every answer we
-// have decided has a PSN below it. ACKs carry it (wire.Ack.Horizon).
-func (s *txStream) horizon() uint32 { return s.next + s.unsent }
+// queued counts m's segments into the stream; a RESP moves the horizon our ACKs carry
+// (wire.Ack.Horizon) past it, so that every failure we have answered lies below the horizon.
+func (s *txStream) queued(m *outMsg) {
+	s.unsent += m.nseg
+	if m.kind == kindResp {
+		s.respEnd = s.next + s.unsent
+	}
+}
 
 func (s *txStream) init() {
 	s.ring = make([]sentPkt, 64)
@@ -171,7 +177,7 @@ func (d *Device) enqueue(p *peer, m *outMsg) {
 		p.tx.progress = d.clock()
 	}
 	p.tx.queue = append(p.tx.queue, m)
-	p.tx.unsent += m.nseg
+	p.tx.queued(m)
 	d.pump(p)
 }
 
@@ -426,7 +432,7 @@ func (d *Device) onFault(p *peer, m *outMsg) {
 		o.hdr = wire.Data{MsgID: m.hdr.MsgID, Op: wire.OpResp, Status: uint8(efaio.StatusRemoteBadAddress)}
 		o.done, o.nseg = true, 1
 		p.tx.queue = append(p.tx.queue, o)
-		p.tx.unsent++
+		p.tx.queued(o)
 	}
 }
 

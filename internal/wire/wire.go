@@ -146,10 +146,10 @@ func AppendData(b []byte, d *Data) []byte {
 // (word i/64, bit i%64) says whether Cum+1+i has, and Highest is the highest PSN seen. Path is
 // the path of the newest DATA frame the ACK answers, so that the sender credits that path.
 //
-// Horizon is the end of the acknowledger's own packet stream (of the datagram's tx epoch) when
-// it wrote the ACK: the PSN its next frame not yet sent will take, frames queued behind the
-// window counted. A message is answered with a RESP only when it fails; one whose every segment
-// an ACK covers has succeeded unless a RESP for it lies below that ACK's Horizon.
+// Horizon is the PSN after the latest RESP the acknowledger had put in its own packet stream (of
+// the datagram's tx epoch) when it wrote the ACK, sent or still queued; 0 if none. A message is
+// answered with a RESP only when it fails; one whose every segment an ACK covers has succeeded
+// unless a RESP for it lies below that ACK's Horizon.
 type Ack struct {
 	Cum     uint32
 	Highest uint32
