@@ -470,8 +470,15 @@ func (d *Device) proven(p *peer, path int) bool {
 // allows.
 func (d *Device) onAck(p *peer, a *wire.Ack, epoch uint16, now time.Duration) {
 	s := &p.tx
-	if psnLess(s.next, a.Cum) || psnLess(a.Cum, s.una-rxWindow) {
-		d.counts.BadPackets.Add(1)
+	switch {
+	case psnLess(s.next, a.Cum):
+		d.counts.BadPackets.Add(1) // acknowledges what we never sent
+		return
+	case psnLess(a.Cum, s.una-rxWindow):
+		// Older than the window: a datagram held back, by the network or by a receiving
+		// goroutine that lost the processor for a while with its batch read (the receive loop
+		// and a busy poller read side by side).
+		d.counts.StalePackets.Add(1)
 		return
 	}
 	s.newly, s.rtt, s.hzn, s.hznEpoch = 0, -1, a.Horizon, epoch
