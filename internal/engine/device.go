@@ -61,9 +61,10 @@ type Device struct {
 	inc      uint32    // this device's incarnation
 	start    time.Time
 	peers    map[[16]byte]*peer
-	peerList []*peer // the same, in the order they came: what loops over peers follow
-	txq      *txq    // where frames go: the queue of the goroutine holding mu
-	ackList  []*peer // peers owed an ACK at the end of the receive batch
+	peerList []*peer     // the same, in the order they came: what loops over peers follow
+	txq      *txq        // where frames go: the queue of the goroutine holding mu
+	ackList  []*peer     // peers owed an ACK (flushAcks)
+	acksOwed atomic.Bool // ackList is not empty
 	freeMsgs []*outMsg
 	freeIn   []*inbound
 	secret   [32]byte // the cookie key (admit.go)
@@ -156,7 +157,17 @@ func (d *Device) Close() error {
 		return nil
 	}
 	d.closed = true
+	var owed *txq
+	if d.acksOwed.Load() && d.link != nil {
+		// What a busy poll left owed goes now: the peers are waiting for it.
+		owed = newTxq(d.maxDatagram(), 8)
+		d.useTx(owed)
+		d.flushAcks(d.clock(), 0)
+	}
 	d.mu.Unlock()
+	if owed != nil {
+		d.sendTx(owed)
+	}
 	close(d.done)
 	if d.link != nil {
 		d.link.Close()

@@ -45,6 +45,9 @@ func (d *Device) ringInline(q *QP) bool {
 	d.inlineQ[0] = q
 	worked, busy := d.step(d.inlineQ[:], false)
 	d.inlineQ[0] = nil
+	if d.acksOwed.Load() {
+		d.flushAcks(d.clock(), ackDelay)
+	}
 	more := !q.dead && uint16(atomic.LoadUint32(q.sq.db)) != q.sq.ci // a destroyed QP's doorbell page may be gone
 	d.mu.Unlock()
 	d.sendTx(d.inlineTx)
@@ -100,7 +103,7 @@ func (d *Device) Drive() (worked bool) {
 		if n == 0 || err != nil {
 			break
 		}
-		d.inputBatch(dr.rx, n)
+		d.inputBatch(dr.rx, n, false)
 		worked = true
 	}
 	dr.batch = d.pending.drain(dr.batch)
@@ -128,7 +131,7 @@ func (d *Device) run() {
 	period := d.cfg.PollMin
 	timer := time.NewTimer(period)
 	defer timer.Stop()
-	armed := true
+	armed, armedFor := true, period
 	var batch []*QP
 	q := newTxq(d.maxDatagram(), 64)
 	for {
@@ -164,9 +167,10 @@ func (d *Device) run() {
 		case idle && armed:
 			timer.Stop()
 			armed = false
-		case !idle && (!armed || worked):
+		case !idle && (!armed || worked || armedFor > period):
+			// (Armed for longer than the period now wanted: ACKs owed after a quiet spell.)
 			timer.Reset(period)
-			armed = true
+			armed, armedFor = true, period
 		}
 	}
 }
@@ -207,6 +211,15 @@ func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
 	if polled && d.transportTick(d.clock()) {
 		busy = true
 	}
+	if d.acksOwed.Load() {
+		// Owed ACKs (a busy poll's): the engine loop's tick sends them, so it must keep ticking.
+		if polled {
+			d.flushAcks(d.clock(), 0)
+		} else {
+			d.flushAcks(d.clock(), ackDelay)
+		}
+		busy = busy || d.acksOwed.Load()
+	}
 	return worked || rqMoved, busy
 }
 
@@ -223,6 +236,15 @@ func (d *Device) PollNetwork() bool {
 	rx := d.busyRx
 	n, err := rx.poller.TryReceive(rx.rx.pkts)
 	if n == 0 || err != nil {
+		if d.acksOwed.Load() && d.mu.TryLock() {
+			// Nothing came, and the ACKs the last poll left owed may be due.
+			d.useTx(rx.rx.q)
+			if !d.closed {
+				d.flushAcks(d.clock(), ackDelay)
+			}
+			d.mu.Unlock()
+			d.sendTx(rx.rx.q)
+		}
 		return false
 	}
 	d.mu.Lock()
@@ -231,7 +253,7 @@ func (d *Device) PollNetwork() bool {
 		return false
 	}
 	d.useTx(rx.rx.q)
-	d.inputBatch(rx.rx, n)
+	d.inputBatch(rx.rx, n, true)
 	d.mu.Unlock()
 	d.sendTx(rx.rx.q)
 	d.wake() // parked retries and raw doorbells get a look, as after the receive loop's batches

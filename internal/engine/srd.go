@@ -164,6 +164,12 @@ func (d *Device) room(p *peer, path, size int) []byte {
 	if p.cookie != 0 && !p.confirmed {
 		pk.Buf = wire.AppendCookie(pk.Buf, p.cookie, true)
 	}
+	if p.rx.ackDue && size > 0 && len(pk.Buf)+wire.FrameHeaderSize+wire.AckSize+size <= q.maxLen && d.proven(p, path) {
+		// An ACK owed to p rides along (a path known to work: it must get there).
+		a := p.ack()
+		p.rx.ackDue, p.rx.sinceAck = false, 0
+		pk.Buf = wire.AppendAck(pk.Buf, &a)
+	}
 	pk.N, pk.Addr, pk.Path = len(pk.Buf), p.addr, path
 	return pk.Buf[:pk.N]
 }

@@ -24,6 +24,7 @@ type rxStream struct {
 	highest  uint32   // highest PSN seen
 	seen     []uint64 // bit psn%rxWindow: psn in [cum, cum+rxWindow) arrived
 	ackDue   bool
+	ackSince time.Duration // when the ACK became due
 	ackPath  uint8
 	sinceAck int
 	in       map[uint32]*inbound // by the peer's message id
@@ -82,7 +83,7 @@ func (d *Device) rxLoop() {
 		last = time.Now()
 		d.mu.Lock()
 		d.useTx(q)
-		d.inputBatch(rx, n)
+		d.inputBatch(rx, n, false)
 		d.mu.Unlock()
 		d.sendTx(q)
 		d.wake() // parked retries and raw doorbells get a look
@@ -105,9 +106,10 @@ func (d *Device) newRxScratch() *rxScratch {
 	return rx
 }
 
-// inputBatch handles the first n datagrams of rx.pkts and acknowledges what they brought.
-// Called with d.mu held.
-func (d *Device) inputBatch(rx *rxScratch, n int) {
+// inputBatch handles the first n datagrams of rx.pkts and acknowledges what they brought; lazy
+// (a busy poll) leaves the acknowledgements owed for up to ackDelay, so that the application's
+// answer can carry them (room). Called with d.mu held.
+func (d *Device) inputBatch(rx *rxScratch, n int, lazy bool) {
 	now := d.clock()
 	for i := range rx.pkts[:n] {
 		pk := &rx.pkts[i]
@@ -124,10 +126,36 @@ func (d *Device) inputBatch(rx *rxScratch, n int) {
 		rx.opened.Buf = plain[:cap(plain)]
 		d.input(&rx.opened, now, &nonce{salt, ctr})
 	}
-	for _, p := range d.ackList {
-		d.sendAck(p)
+	if lazy {
+		d.flushAcks(now, ackDelay)
+	} else {
+		d.flushAcks(now, 0)
 	}
-	d.ackList = d.ackList[:0]
+}
+
+// ackDelay is how long a busy poll leaves an acknowledgement owed: long enough for the
+// application to answer what it received (the answer's datagram carries the ACK), short next
+// to the peer's retransmission timeout (2 ms at least).
+const ackDelay = 50 * time.Microsecond
+
+// flushAcks sends the ACKs owed for at least minAge; younger ones stay owed. Called with d.mu
+// held, by every holder of the lock: whoever comes by first after ackDelay sends them, and the
+// engine loop keeps ticking while any are owed (step).
+func (d *Device) flushAcks(now, minAge time.Duration) {
+	keep := 0
+	for _, p := range d.ackList {
+		switch r := &p.rx; {
+		case !r.ackDue: // sent already, or a second entry for the peer
+		case now-r.ackSince >= minAge:
+			d.sendAck(p)
+		default:
+			d.ackList[keep] = p
+			keep++
+		}
+	}
+	clear(d.ackList[keep:])
+	d.ackList = d.ackList[:keep]
+	d.acksOwed.Store(keep > 0)
 }
 
 // input handles one datagram from the network. Anything malformed, addressed to another
@@ -225,7 +253,7 @@ func (d *Device) onData(p *peer, h *wire.Header, f *wire.Data, now time.Duration
 		r.started, r.epoch = true, h.TxEpoch
 	}
 	if !r.ackDue {
-		r.ackDue = true
+		r.ackDue, r.ackSince = true, now
 		d.ackList = append(d.ackList, p)
 	}
 	r.ackPath = h.Path
@@ -410,6 +438,17 @@ func (d *Device) resetRx(p *peer) {
 // sendAck acknowledges p's stream: the cumulative point, the next 256 PSNs bit by bit, the
 // highest PSN seen, and the path of the newest frame.
 func (d *Device) sendAck(p *peer) {
+	a := p.ack()
+	p.rx.ackDue, p.rx.sinceAck = false, 0 // before room, which would carry the ACK itself
+	path := d.controlPath(p)
+	if q := d.txq; q.cur == p && q.pkts[q.n-1].N+wire.FrameHeaderSize+wire.AckSize <= q.maxLen && d.proven(p, q.path) {
+		path = q.path // ride in the datagram going to p already (an answer, data) on a path known to work
+	}
+	d.commit(wire.AppendAck(d.room(p, path, wire.FrameHeaderSize+wire.AckSize), &a))
+}
+
+// ack is the acknowledgement of p's stream as it stands.
+func (p *peer) ack() wire.Ack {
 	r := &p.rx
 	a := wire.Ack{Cum: r.cum, Highest: r.highest, Path: r.ackPath, Horizon: p.tx.respEnd}
 	for i := range wire.SackWords * 64 {
@@ -417,12 +456,7 @@ func (d *Device) sendAck(p *peer) {
 			a.Sack[i/64] |= 1 << (i % 64)
 		}
 	}
-	r.ackDue, r.sinceAck = false, 0
-	path := d.controlPath(p)
-	if q := d.txq; q.cur == p && q.pkts[q.n-1].N+wire.FrameHeaderSize+wire.AckSize <= q.maxLen && d.proven(p, q.path) {
-		path = q.path // ride in the datagram going to p already (an answer, data) on a path known to work
-	}
-	d.commit(wire.AppendAck(d.room(p, path, wire.FrameHeaderSize+wire.AckSize), &a))
+	return a
 }
 
 // controlPath picks the path for an ACK or PROBE_ACK: the next healthy one each time. Nothing
