@@ -634,3 +634,30 @@ func TestFailureAnswerOvertaken(t *testing.T) {
 		}
 	})
 }
+
+// A receiver that polls its CQ takes the datagrams itself and owes the ACK for a moment, so that
+// its answer can carry it. One that takes its message and then stops polling must still get the
+// ACK out before the sender's retransmission timer runs out (2 ms): the engine loop's tick sends it.
+func TestOwedAckGoesOutWhenPollingStops(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := memPair(t, memlink.New(3), 2, loopOpts{})
+		b.recv(100, 0, 64)
+		a.send(100, b, 0, 64) // the first meeting (a challenge, and the packet sent again)
+		wantWC(t, b.one(), 100, verbs.WCSuccess, verbs.WCRecv)
+		wantWC(t, a.one(), 100, verbs.WCSuccess, verbs.WCSend)
+		before := a.ctx.Counters().RetransPkts
+		for i := range 50 {
+			b.recv(uint64(i), 0, 64)
+			a.send(uint64(i), b, 0, 64)
+			wantWC(t, b.one(), uint64(i), verbs.WCSuccess, verbs.WCRecv) // and b polls no more
+			start := time.Now()
+			wantWC(t, a.one(), uint64(i), verbs.WCSuccess, verbs.WCSend)
+			if took := time.Since(start); took > 3*time.Millisecond {
+				t.Fatalf("message %d: the send completed %v (virtual) after its receive", i, took)
+			}
+		}
+		if n := a.ctx.Counters().RetransPkts - before; n != 0 {
+			t.Fatalf("%d packets sent again: an ACK was held past the timer", n)
+		}
+	})
+}
