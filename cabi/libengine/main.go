@@ -24,6 +24,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -46,6 +47,10 @@ var state struct {
 	dev   *uverbs.Device
 	files map[int32]*open
 }
+
+// polled is the process's engine device once started: what softefa_poll_net polls, without
+// the state lock.
+var polled atomic.Pointer[engine.Device]
 
 // device starts the engine on first use. Called with state locked.
 func device() (*uverbs.Device, error) {
@@ -106,6 +111,7 @@ func device() (*uverbs.Device, error) {
 	}
 	state.dev = uverbs.NewDevice(e)
 	state.files = make(map[int32]*open)
+	polled.Store(e)
 	return state.dev, nil
 }
 
@@ -187,6 +193,16 @@ func softefa_kick_qp(fd C.int, handle C.uint32_t) {
 	if o := lookup(fd); o != nil {
 		o.f.Kick(uint32(handle))
 	}
+}
+
+//export softefa_poll_net
+func softefa_poll_net() C.int {
+	// An empty ibv_poll_cq: the polling thread takes what the network holds for the device
+	// itself (engine.Device.PollNetwork), as the Go API's CQ.Poll does.
+	if e := polled.Load(); e != nil && e.PollNetwork() {
+		return 1
+	}
+	return 0
 }
 
 //export softefa_arm_cq

@@ -144,6 +144,7 @@ static long (*eng_write)(int fd, const void *buf, size_t n);
 static void (*eng_close)(int fd);
 static void (*eng_kick_qp)(int fd, uint32_t handle);
 static void (*eng_arm_cq)(int fd, uint32_t handle);
+static int (*eng_poll_net)(void);
 static void (*eng_dup)(int fd, int nfd);
 static int (*eng_sysfs)(char *buf, size_t n);
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
@@ -166,9 +167,11 @@ static void load_engine(void) {
 	eng_close = (void (*)(int))dlsym(h, "softefa_close");
 	eng_kick_qp = (void (*)(int, uint32_t))dlsym(h, "softefa_kick_qp");
 	eng_arm_cq = (void (*)(int, uint32_t))dlsym(h, "softefa_arm_cq");
+	eng_poll_net = (int (*)(void))dlsym(h, "softefa_poll_net");
 	eng_dup = (void (*)(int, int))dlsym(h, "softefa_dup");
 	eng_sysfs = (int (*)(char *, size_t))dlsym(h, "softefa_sysfs");
-	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq || !eng_dup || !eng_sysfs) {
+	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq || !eng_poll_net || !eng_dup ||
+	    !eng_sysfs) {
 		fprintf(stderr, "softefa: %s lacks the engine entry points\n", lib);
 		eng_err = ENODEV;
 		return;
@@ -622,6 +625,8 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 // its ops, and the wr_complete of each extended QP, with wrappers that call libefa's function and
 // then tell the engine at once. req_notify_cq needs it for correctness: libefa's next poll
 // rewrites the CQ doorbell without the arm bit, so an arm must be latched while it is there.
+// poll_cq is wrapped too: when libefa finds the CQ empty, the polling thread takes what the
+// network holds for the device itself (busy polling, as the Go API does) and libefa looks again.
 //
 // The layouts below are the public libibverbs ABI (verbs.h, unchanged since IBVERBS_1.1 for
 // ibv_context, ibv_cq and ibv_qp, and since 1.6 for ibv_qp_ex).
@@ -630,7 +635,7 @@ struct sx_context {
 	void *ops[32];
 	int cmd_fd;
 };
-enum { OP_REQ_NOTIFY_CQ = 12, OP_POST_SEND = 25, OP_POST_RECV = 26 };
+enum { OP_POLL_CQ = 11, OP_REQ_NOTIFY_CQ = 12, OP_POST_SEND = 25, OP_POST_RECV = 26 };
 struct sx_cq {
 	struct sx_context *context;
 	void *channel, *cq_context;
@@ -655,9 +660,11 @@ _Static_assert(offsetof(struct sx_qp_ex, fns) + QPX_WR_COMPLETE * sizeof(void *)
 
 typedef int (*post_fn)(void *qp, void *wr, void **bad);
 typedef int (*notify_fn)(void *cq, int solicited_only);
+typedef int (*poll_fn)(void *cq, int n, void *wc);
 typedef int (*complete_fn)(void *qpx);
 static post_fn orig_post_send, orig_post_recv;
 static notify_fn orig_req_notify;
+static poll_fn orig_poll_cq;
 static complete_fn orig_wr_complete;
 
 static int w_post_send(void *qp, void *wr, void **bad) {
@@ -671,6 +678,13 @@ static int w_post_recv(void *qp, void *wr, void **bad) {
 	int r = orig_post_recv(qp, wr, bad);
 	struct sx_qp *q = qp;
 	eng_kick_qp(q->context->cmd_fd, q->handle);
+	return r;
+}
+
+static int w_poll_cq(void *cq, int n, void *wc) {
+	int r = orig_poll_cq(cq, n, wc);
+	if (r == 0 && n > 0 && eng_poll_net())
+		r = orig_poll_cq(cq, n, wc);
 	return r;
 }
 
@@ -726,6 +740,7 @@ void *ibv_open_device(void *device) {
 		swap(&ctx->ops[OP_POST_SEND], (void **)&orig_post_send, (void *)w_post_send);
 		swap(&ctx->ops[OP_POST_RECV], (void **)&orig_post_recv, (void *)w_post_recv);
 		swap(&ctx->ops[OP_REQ_NOTIFY_CQ], (void **)&orig_req_notify, (void *)w_req_notify);
+		swap(&ctx->ops[OP_POLL_CQ], (void **)&orig_poll_cq, (void *)w_poll_cq);
 	}
 	return ctx;
 }
