@@ -626,7 +626,9 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 // then tell the engine at once. req_notify_cq needs it for correctness: libefa's next poll
 // rewrites the CQ doorbell without the arm bit, so an arm must be latched while it is there.
 // poll_cq is wrapped too: when libefa finds the CQ empty, the polling thread takes what the
-// network holds for the device itself (busy polling, as the Go API does) and libefa looks again.
+// network holds for the device itself (busy polling, as the Go API does) and libefa looks again;
+// so is the start_poll of each extended CQ made by efadv_create_cq (exported by libefa; what
+// libfabric's efa provider uses).
 //
 // The layouts below are the public libibverbs ABI (verbs.h, unchanged since IBVERBS_1.1 for
 // ibv_context, ibv_cq and ibv_qp, and since 1.6 for ibv_qp_ex).
@@ -653,18 +655,32 @@ struct sx_qp_ex {
 	void *fns[21];
 };
 enum { QPX_WR_COMPLETE = 18 };
+struct sx_cq_ex {
+	struct sx_context *context;
+	void *channel, *cq_context;
+	uint32_t handle, cqe;
+	pthread_mutex_t mutex;
+	pthread_cond_t cond;
+	uint32_t comp_events_completed, async_events_completed, comp_mask;
+	int status;
+	uint64_t wr_id;
+	void *start_poll;
+};
 _Static_assert(offsetof(struct sx_context, cmd_fd) == 264, "ibv_context layout");
 _Static_assert(offsetof(struct sx_cq, handle) == 24, "ibv_cq layout");
 _Static_assert(offsetof(struct sx_qp, handle) == 48, "ibv_qp layout");
 _Static_assert(offsetof(struct sx_qp_ex, fns) + QPX_WR_COMPLETE * sizeof(void *) == 328, "ibv_qp_ex layout");
+_Static_assert(offsetof(struct sx_cq_ex, start_poll) == 144, "ibv_cq_ex layout");
 
 typedef int (*post_fn)(void *qp, void *wr, void **bad);
 typedef int (*notify_fn)(void *cq, int solicited_only);
 typedef int (*poll_fn)(void *cq, int n, void *wc);
+typedef int (*start_poll_fn)(void *cq, void *attr);
 typedef int (*complete_fn)(void *qpx);
 static post_fn orig_post_send, orig_post_recv;
 static notify_fn orig_req_notify;
 static poll_fn orig_poll_cq;
+static start_poll_fn orig_start_poll;
 static complete_fn orig_wr_complete;
 
 static int w_post_send(void *qp, void *wr, void **bad) {
@@ -685,6 +701,13 @@ static int w_poll_cq(void *cq, int n, void *wc) {
 	int r = orig_poll_cq(cq, n, wc);
 	if (r == 0 && n > 0 && eng_poll_net())
 		r = orig_poll_cq(cq, n, wc);
+	return r;
+}
+
+static int w_start_poll(void *cq, void *attr) {
+	int r = orig_start_poll(cq, attr);
+	if (r == ENOENT && eng_poll_net())
+		r = orig_start_poll(cq, attr);
 	return r;
 }
 
@@ -758,4 +781,18 @@ void *ibv_qp_to_qp_ex(void *qp) {
 	if (qpx && ours(q->context->cmd_fd))
 		swap(&qpx->fns[QPX_WR_COMPLETE], (void **)&orig_wr_complete, (void *)w_wr_complete);
 	return qpx;
+}
+
+void *efadv_create_cq(void *ibvctx, void *attr_ex, void *efa_attr, uint32_t inlen) {
+	static void *(*real)(void *, void *, void *, uint32_t);
+	if (!real)
+		real = (void *(*)(void *, void *, void *, uint32_t))dlsym(RTLD_NEXT, "efadv_create_cq");
+	if (!real) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	struct sx_cq_ex *cq = real(ibvctx, attr_ex, efa_attr, inlen);
+	if (cq && ours(cq->context->cmd_fd))
+		swap(&cq->start_poll, (void **)&orig_start_poll, (void *)w_start_poll);
+	return cq;
 }
