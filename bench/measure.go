@@ -252,9 +252,10 @@ func multipathFigures(o *options) ([]figure, error) {
 // per run) and returns its front address.
 func fabricRouter(o *options, flags ...string) router {
 	seed := 0
-	return func(server netip.AddrPort) (netip.AddrPort, func() error, error) {
+	return func(server netip.AddrPort, more ...string) (netip.AddrPort, func() error, error) {
 		seed++
 		args := append([]string{"fabric", "--listen", "127.0.0.1:0", "--to", server.String(), "--seed", strconv.Itoa(seed)}, flags...)
+		args = append(args, more...)
 		cmd := exec.Command(o.fabric, args...)
 		var stats bytes.Buffer // the per-path table it prints when it stops
 		cmd.Stdout = &stats

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"sync/atomic"
@@ -207,20 +209,30 @@ func (t softefaTransport) pair(bufSize int, via router, sameDevice bool) (*sfPai
 		p.close()
 		return nil, err
 	}
-	to := p.devs[1].GID()
+	to, back := p.devs[1].GID(), p.devs[0].GID()
 	if !sameDevice {
-		ap, stop, err := via(p.devs[1].Addr())
+		// Through a fabric, the server sees the client at the fabric's address for it, and
+		// answers there, so that both directions cross the fabric (as a UDP server's replies do).
+		nat, err := freeUDPAddr()
+		if err != nil {
+			p.close()
+			return nil, err
+		}
+		ap, stop, err := via(p.devs[1].Addr(), "--client-addr", nat.String())
 		if err != nil {
 			p.close()
 			return nil, err
 		}
 		to, p.stopVia = verbs.GID(config.GIDFromAddr(ap)), stop
+		if ap != p.devs[1].Addr() {
+			back = verbs.GID(config.GIDFromAddr(nat))
+		}
 	}
 	if err := p.cl.connect(to); err != nil {
 		p.close()
 		return nil, err
 	}
-	if err := p.sv.connect(p.devs[0].GID()); err != nil {
+	if err := p.sv.connect(back); err != nil {
 		p.close()
 		return nil, err
 	}
@@ -521,3 +533,13 @@ func watchdog(ctx context.Context, cancel func(), progress *atomic.Int64) {
 // showCounters prints both devices' counters and the client's path statistics after each
 // softefa stream run (--counters).
 var showCounters bool
+
+// freeUDPAddr returns a loopback UDP address that was free a moment ago.
+func freeUDPAddr() (netip.AddrPort, error) {
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(loopback))
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).AddrPort(), nil
+}

@@ -44,10 +44,11 @@ type streamResult struct {
 }
 
 // router returns where a client should send to reach server: server itself, or a fabric's
-// front address, and a function that stops the fabric.
-type router func(server netip.AddrPort) (netip.AddrPort, func() error, error)
+// front address, and a function that stops the fabric. flags are extra `softefa fabric` flags
+// (a direct route has no use for them).
+type router func(server netip.AddrPort, flags ...string) (netip.AddrPort, func() error, error)
 
-func direct(server netip.AddrPort) (netip.AddrPort, func() error, error) {
+func direct(server netip.AddrPort, _ ...string) (netip.AddrPort, func() error, error) {
 	return server, func() error { return nil }, nil
 }
 

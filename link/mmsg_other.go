@@ -48,3 +48,11 @@ func (u *UDP) TryReceive(pkts []Packet) (int, error) {
 	}
 	return n, err
 }
+
+// NewPoller returns a receiver that finds nothing: where datagrams move one per system call, a
+// read beside the parked Receive would have to share its deadline, so there is no busy polling.
+func (u *UDP) NewPoller() Poller { return noPoller{} }
+
+type noPoller struct{}
+
+func (noPoller) TryReceive([]Packet) (int, error) { return 0, nil }

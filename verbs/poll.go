@@ -204,6 +204,9 @@ func (cq *CQ) StartPoll(attr PollCQAttr) error {
 	}
 	cq.lock()
 	err := cq.next()
+	if err == errEmpty && cq.ctx.e.PollNetwork() { // busy polling, as in Poll
+		err = cq.next()
+	}
 	if err == errEmpty {
 		cq.unlock()
 		return syscall.ENOENT

@@ -661,3 +661,107 @@ func TestOwedAckGoesOutWhenPollingStops(t *testing.T) {
 		}
 	})
 }
+
+// A QP flushed while its SENDs wait behind a full window: the waiting messages leave the stream
+// as pump passes them, and only then may their memory serve new messages. (It once went back
+// to the free list at once; the next message, to another peer, took it while the old peer's
+// queue still held it, and was sent to the old peer.)
+func TestFlushWithQueuedSends(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(9)
+		for i := range 2 {
+			f.SetPath(i, memlink.Impairment{Rate: 2 << 20, Queue: 256 << 10}) // 2 MiB/s: the window fills
+		}
+		dev := func(addr netip.AddrPort) *verbs.Device {
+			return newDevice(t, func(c *config.Device) {
+				*c = config.Device{Link: f.Listen(addr, 2), Paths: 2, TransportTimeout: time.Second}
+			})
+		}
+		simC := netip.MustParseAddrPort("10.0.0.3:4791")
+		da, db, dc := dev(simA), dev(simB), dev(simC)
+		o := loopOpts{size: 1 << 20, typ: verbs.QPTDriver, access: verbs.AccessRemoteWrite,
+			cap: verbs.QPCap{MaxSendWR: 256, MaxRecvWR: 256, MaxSendSGE: 1, MaxRecvSGE: 1}}
+		ctxA := openCtx(t, da)
+		a1, a2 := newEnd(t, ctxA, o), newEnd(t, ctxA, o)
+		b, c := newEnd(t, openCtx(t, db), o), newEnd(t, openCtx(t, dc), o)
+		a1.ah, a2.ah = a1.makeAH(db.GID()), a2.makeAH(dc.GID())
+		const n = 200
+		for i := range n {
+			b.recv(uint64(i), i*4096, 4096)
+			c.recv(uint64(i), i*4096, 4096)
+		}
+		for i := range n {
+			a1.send(uint64(i), b, 0, 4000)
+		}
+		check(t, a1.qp.Modify(&verbs.QPAttr{QPState: verbs.QPSErr}, verbs.QPAttrState))
+		flushed := 0
+		for _, wc := range waitWC(t, a1.cq, n) {
+			if wc.Status == verbs.WCWRFlushErr {
+				flushed++
+			}
+		}
+		if flushed == 0 {
+			t.Fatal("nothing was waiting when the QP was flushed: the test tests nothing")
+		}
+		for i := range n {
+			pattern(a2.buf[i*16:i*16+16], byte(i))
+			a2.send(uint64(i), c, i*16, 16)
+		}
+		for _, wc := range waitWC(t, a2.cq, n) {
+			wantWC(t, wc, wc.WRID, verbs.WCSuccess, verbs.WCSend)
+		}
+		seen := make(map[byte]bool) // SRD does not order messages: which receive took which is open
+		for _, wc := range waitWC(t, c.cq, n) {
+			wantWC(t, wc, wc.WRID, verbs.WCSuccess, verbs.WCRecv)
+			got := c.buf[wc.WRID*4096:][:16]
+			if i := got[0]; seen[i] || int(i) >= n || !bytes.Equal(got, a2.buf[int(i)*16:][:16]) {
+				t.Fatalf("receive %d holds % x: not one of the messages sent, or one twice", wc.WRID, got)
+			}
+			seen[got[0]] = true
+		}
+	})
+}
+
+// A failure's RESP queued behind messages that a flush then drops goes out earlier than it was
+// queued to: the horizon the responder's ACKs carry must come down with it, or the requester's
+// next successes wait for stream positions that never come (until the transport timeout).
+func TestHorizonAfterFlushAhead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(4)
+		for i := range 2 {
+			f.SetPath(i, memlink.Impairment{Rate: 2 << 20, Queue: 256 << 10})
+		}
+		o := loopOpts{rnrRetry: 0, cap: verbs.QPCap{MaxSendWR: 256, MaxRecvWR: 256, MaxSendSGE: 1, MaxRecvSGE: 1}}
+		a, b := memPair(t, f, 2, o)
+		b2 := newEnd(t, b.ctx, loopOpts{size: 1 << 20, typ: verbs.QPTDriver, access: verbs.AccessRemoteWrite, rnrRetry: 0, cap: o.cap})
+		const n = 150
+		for i := range n {
+			a.recv(uint64(1000+i), i*4096, 4096)
+			b.send(uint64(i), a, 0, 4000) // b's window fills; the rest wait in its stream's queue
+		}
+		a.send(1, b2, 0, 64) // no receive at b2: RNR, answered behind b's queued SENDs
+		// Virtual time (synctest): the SEND reaches b within 0.1 ms; b's queue takes 0.3 s to drain.
+		time.Sleep(time.Millisecond)
+		check(t, b.qp.Modify(&verbs.QPAttr{QPState: verbs.QPSErr}, verbs.QPAttrState))
+		waitWC(t, b.cq, n)
+		sends := func(k int) []verbs.WC { // a's CQ also has the receives of b's SENDs that got through
+			var out []verbs.WC
+			for len(out) < k {
+				if wc := a.one(); wc.Opcode == verbs.WCSend {
+					out = append(out, wc)
+				}
+			}
+			return out
+		}
+		wantWC(t, sends(1)[0], 1, verbs.WCRNRRetryExcErr, verbs.WCSend)
+		for i := range 5 {
+			b2.recv(uint64(i), i*64, 64)
+		}
+		for i := range 5 {
+			a.send(uint64(10+i), b2, 0, 64)
+		}
+		for _, wc := range sends(5) {
+			wantWC(t, wc, wc.WRID, verbs.WCSuccess, verbs.WCSend)
+		}
+	})
+}

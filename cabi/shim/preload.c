@@ -670,7 +670,9 @@ _Static_assert(offsetof(struct sx_context, cmd_fd) == 264, "ibv_context layout")
 _Static_assert(offsetof(struct sx_cq, handle) == 24, "ibv_cq layout");
 _Static_assert(offsetof(struct sx_qp, handle) == 48, "ibv_qp layout");
 _Static_assert(offsetof(struct sx_qp_ex, fns) + QPX_WR_COMPLETE * sizeof(void *) == 328, "ibv_qp_ex layout");
+#if defined(__x86_64__)
 _Static_assert(offsetof(struct sx_cq_ex, start_poll) == 144, "ibv_cq_ex layout");
+#endif
 
 typedef int (*post_fn)(void *qp, void *wr, void **bad);
 typedef int (*notify_fn)(void *cq, int solicited_only);

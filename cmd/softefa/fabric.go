@@ -36,6 +36,7 @@ import (
 
 type fabricOpts struct {
 	listen, to string
+	clientAddr string // where the first client appears to the server (empty: any free port)
 	raw        bool
 	spread     bool
 	paths      int
@@ -92,6 +93,7 @@ func parseFabric(args []string, out io.Writer) (*fabricOpts, []memlink.Impairmen
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:20000", "the address clients send to")
 	fs.StringVar(&o.to, "to", "", "the server's address")
+	fs.StringVar(&o.clientAddr, "client-addr", "", "the address the first client appears at to the server (default: a free port), so that a server can answer through the fabric")
 	fs.BoolVar(&o.raw, "raw", false, "forward any UDP payload untouched (for non-softefa peers)")
 	fs.BoolVar(&o.spread, "spread", false, "give each direction's flows paths in turn as they appear (a perfectly balanced ECMP), not by hash")
 	fs.IntVar(&o.paths, "paths", 4, "paths")
@@ -342,7 +344,15 @@ func (fb *fabric) client(endpoint netip.AddrPort) (*fabricClient, error) {
 	if c := fb.clients[endpoint]; c != nil {
 		return c, nil
 	}
-	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(fb.frontAddr().Addr(), 0)))
+	at := netip.AddrPortFrom(fb.frontAddr().Addr(), 0)
+	if fb.o.clientAddr != "" && len(fb.clients) == 0 {
+		a, err := parseAddr(fb.o.clientAddr)
+		if err != nil {
+			return nil, err
+		}
+		at = a
+	}
+	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(at))
 	if err != nil {
 		return nil, err
 	}

@@ -65,6 +65,7 @@ type Device struct {
 	txq      *txq        // where frames go: the queue of the goroutine holding mu
 	ackList  []*peer     // peers owed an ACK (flushAcks)
 	acksOwed atomic.Bool // ackList is not empty
+	ackCopy  bool        // copySeg is writing: the datagram carries an ACK (room)
 	freeMsgs []*outMsg
 	freeIn   []*inbound
 	secret   [32]byte // the cookie key (admit.go)

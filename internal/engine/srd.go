@@ -164,8 +164,10 @@ func (d *Device) room(p *peer, path, size int) []byte {
 	if p.cookie != 0 && !p.confirmed {
 		pk.Buf = wire.AppendCookie(pk.Buf, p.cookie, true)
 	}
-	if p.rx.ackDue && size > 0 && len(pk.Buf)+wire.FrameHeaderSize+wire.AckSize+size <= q.maxLen && d.proven(p, path) {
-		// An ACK owed to p rides along (a path known to work: it must get there).
+	if (p.rx.ackDue || d.ackCopy && p.rx.started) && size >= wire.FrameHeaderSize+wire.DataHeaderSize &&
+		len(pk.Buf)+wire.FrameHeaderSize+wire.AckSize+size <= q.maxLen && d.proven(p, path) {
+		// An ACK owed to p rides along with data (a path known to work: it must get there); a
+		// sparse copy carries one in any case, in case the original and its ACK were lost.
 		a := p.ack()
 		p.rx.ackDue, p.rx.sinceAck = false, 0
 		pk.Buf = wire.AppendAck(pk.Buf, &a)
@@ -224,7 +226,7 @@ func (d *Device) sendTx(q *txq) {
 // st, partly received messages from it are dropped. Used when the peer restarts (st is
 // REMOTE_ABORT) and after a transport timeout.
 func (d *Device) resetPeer(p *peer, st efaio.Status, inc uint32) {
-	d.resetTx(p, st)
+	d.resetTx(p, st, false) // the answers were for the peer's earlier life
 	d.resetRx(p)
 	p.inc = inc
 	p.rx.epoch = 0

@@ -136,17 +136,22 @@ func (d *Device) inputBatch(rx *rxScratch, n int, lazy bool) {
 // ackDelay is how long a busy poll leaves an acknowledgement owed: long enough for the
 // application to answer what it received (the answer's datagram carries the ACK), short next
 // to the peer's retransmission timeout (2 ms at least).
-const ackDelay = 50 * time.Microsecond
+const (
+	ackDelay   = 50 * time.Microsecond
+	talkWindow = 10 * time.Millisecond
+)
 
-// flushAcks sends the ACKs owed for at least minAge; younger ones stay owed. Called with d.mu
-// held, by every holder of the lock: whoever comes by first after ackDelay sends them, and the
-// engine loop keeps ticking while any are owed (step).
+// flushAcks sends the ACKs owed for at least minAge; younger ones stay owed, but only to a peer
+// we sent data to within talkWindow (an answer is likely to carry the ACK: a peer that only
+// sends to us, or that we reach by another address, as through a relay, gets it at once).
+// Called with d.mu held, by every holder of the lock: whoever comes by first after ackDelay
+// sends them, and the engine loop keeps ticking while any are owed (step).
 func (d *Device) flushAcks(now, minAge time.Duration) {
 	keep := 0
 	for _, p := range d.ackList {
 		switch r := &p.rx; {
 		case !r.ackDue: // sent already, or a second entry for the peer
-		case now-r.ackSince >= minAge:
+		case now-r.ackSince >= minAge || p.tx.sentAt == 0 || now-p.tx.sentAt > talkWindow:
 			d.sendAck(p)
 		default:
 			d.ackList[keep] = p
@@ -419,6 +424,9 @@ func (d *Device) newInbound() *inbound {
 // completes with REMOTE_ABORT.
 func (d *Device) resetRx(p *peer) {
 	r := &p.rx
+	if d.txq != nil && d.txq.cur == p {
+		d.txq.cur = nil // its header names the stream being forgotten
+	}
 	// In message-id order (not the map's), so that a replayed run completes them alike.
 	for _, id := range slices.Sorted(maps.Keys(r.in)) {
 		in := r.in[id]
@@ -593,7 +601,8 @@ func (d *Device) ackSlot(p *peer, e *sentPkt, now time.Duration) {
 	if !e.lost {
 		s.inflight--
 	}
-	if e.lost || e.retx > 0 && now-e.at < s.minRTT/2 {
+	spurious := e.lost || e.retx > 0 && now-e.at < s.minRTT/2
+	if spurious {
 		// Counted lost, but the packet (not a copy sent again) arrived: the loss was reordering.
 		s.reoSteps = min(s.reoSteps+1, 64)
 		s.reoClean = 0
@@ -610,7 +619,7 @@ func (d *Device) ackSlot(p *peer, e *sentPkt, now time.Duration) {
 		d.pathLoss(p, int(e.suspect-1), now) // it timed out on that path and came through on this one
 	}
 	s.newly++
-	if !e.lost {
+	if !spurious {
 		s.countFate(false)
 	}
 	if e.retx == 0 {
@@ -732,7 +741,7 @@ func (d *Device) transportTick(now time.Duration) bool {
 				st = efaio.StatusLocalUnrespRemote
 				d.counts.UnresponsiveRemoteEvents.Add(1)
 			}
-			d.resetTx(p, st)
+			d.resetTx(p, st, true)
 			continue
 		}
 		busy = true

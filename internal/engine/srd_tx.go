@@ -32,6 +32,8 @@ type outMsg struct {
 	sent    uint32 // segments handed to the stream at least once
 	pending int    // segments in the stream not yet acknowledged
 	done    bool   // needs nothing more but its segments' acknowledgements
+	inQueue bool   // still in txStream.queue (pump has not moved past it)
+	again   bool   // a RESP queued once more after its stream was reset (resetTx)
 
 	// Requests only.
 	q        *QP // nil once the QP flushed it
@@ -90,6 +92,7 @@ type txStream struct {
 	reoClean   int           // loss episodes since the last loss that proved spurious
 	lossAt     time.Duration // when a packet was last counted lost (by acknowledgements or the timer)
 	lossRate   float64       // moving average of packets' fates, 1 lost, 0 acknowledged (lossGain)
+	sentAt     time.Duration // when a DATA frame last went to the peer (flushAcks)
 	burst      int           // packets sent on the current path since it was picked
 
 	newly    int           // onAck's scratch: packets newly acknowledged
@@ -101,6 +104,7 @@ type txStream struct {
 // queued counts m's segments into the stream; a RESP moves the horizon our ACKs carry
 // (wire.Ack.Horizon) past it, so that every failure we have answered lies below the horizon.
 func (s *txStream) queued(m *outMsg) {
+	m.inQueue = true
 	s.unsent += m.nseg
 	if m.kind == kindResp {
 		s.respEnd = s.next + s.unsent
@@ -160,7 +164,7 @@ func (d *Device) newMsg(p *peer, kind int) *outMsg {
 
 // release returns m to the free list when nothing refers to it any more.
 func (d *Device) release(m *outMsg) {
-	if m.done && m.pending == 0 && m.sent == m.nseg && m.q == nil {
+	if m.done && m.pending == 0 && m.sent == m.nseg && m.q == nil && !m.inQueue {
 		m.p = nil
 		d.freeMsgs = append(d.freeMsgs, m)
 	}
@@ -287,7 +291,9 @@ func (d *Device) pump(p *peer) {
 	for done < len(s.queue) && float64(s.inflight) < s.cwnd {
 		m := s.queue[done]
 		if m.sent == m.nseg {
-			done++
+			done++ // cut short by cancel: it may go to the free list now that the queue lets go
+			m.inQueue = false
+			d.release(m)
 			continue
 		}
 		if s.next-s.una >= uint32(len(s.ring)) {
@@ -309,6 +315,7 @@ func (d *Device) pump(p *peer) {
 		}
 		if m.sent == m.nseg {
 			done++
+			m.inQueue = false
 		}
 	}
 	n := copy(s.queue, s.queue[done:])
@@ -321,6 +328,7 @@ func (d *Device) sendSeg(p *peer, psn uint32, e *sentPkt, now time.Duration, avo
 	path := d.pickPath(p, avoid)
 	n := d.writeSeg(p, psn, e, path)
 	e.at, e.path = now, uint8(path)
+	p.tx.sentAt = now
 	p.tx.inflight++
 	p.paths[path].sent++
 	if e.retx > 0 {
@@ -360,7 +368,9 @@ func (d *Device) copySeg(p *peer, psn uint32, e *sentPkt) {
 	for i := 1; i < n; i++ {
 		path := (int(e.path) + i) % n
 		if !p.paths[path].failed {
+			d.ackCopy = true
 			d.writeSeg(p, psn, e, path)
+			d.ackCopy = false
 			p.paths[path].sent++
 			e.copied = true
 			d.counts.SparseCopies.Add(1)
@@ -481,8 +491,13 @@ func (d *Device) pickPath(p *peer, avoid int) int {
 
 // resetTx abandons p's outgoing stream: answered-or-not, every request fails with st, and the
 // stream starts again from PSN 0 in a new epoch so that the receiver starts afresh too.
-func (d *Device) resetTx(p *peer, st efaio.Status) {
+//
+// With keepAnswers (a transport timeout, not a peer restart), the RESPs not yet acknowledged
+// are queued again in the new stream, once: the peer's requests they fail may be waiting for
+// them, and an ACK of the new stream (whose horizon starts over) must not let those succeed.
+func (d *Device) resetTx(p *peer, st efaio.Status, keepAnswers bool) {
 	s := &p.tx
+	var answers []wire.Data
 	// In the order they were sent (not the map's), so that a replayed run completes them alike.
 	reqs := slices.SortedFunc(maps.Values(s.reqs), func(a, b *outMsg) int { return cmp.Compare(a.hdr.MsgID-s.nextMsg, b.hdr.MsgID-s.nextMsg) })
 	for _, m := range reqs {
@@ -492,6 +507,9 @@ func (d *Device) resetTx(p *peer, st efaio.Status) {
 	}
 	for psn := s.una; psn != s.next; psn++ {
 		if e := s.slot(psn); e.msg != nil {
+			if keepAnswers && !e.acked && e.msg.kind == kindResp && !e.msg.again {
+				answers = append(answers, e.msg.hdr)
+			}
 			e.msg.pending = 0
 			e.msg.done = true
 			e.msg.sent = e.msg.nseg
@@ -500,7 +518,10 @@ func (d *Device) resetTx(p *peer, st efaio.Status) {
 		}
 	}
 	for _, m := range s.queue {
-		m.done, m.sent, m.pending = true, m.nseg, 0
+		if keepAnswers && m.kind == kindResp && !m.again {
+			answers = append(answers, m.hdr)
+		}
+		m.done, m.sent, m.pending, m.inQueue = true, m.nseg, 0, false
 		d.release(m)
 	}
 	epoch := s.epoch + 1
@@ -510,6 +531,15 @@ func (d *Device) resetTx(p *peer, st efaio.Status) {
 	s.epoch, s.nextMsg = epoch, nextMsg
 	for i := range p.paths {
 		p.paths[i] = pathState{}
+	}
+	if d.txq != nil && d.txq.cur == p {
+		d.txq.cur = nil // what follows is the new stream's: a datagram of its own
+	}
+	for _, h := range answers {
+		o := d.newMsg(p, kindResp)
+		o.hdr, o.done, o.again = h, true, true
+		o.hdr.PSN, o.hdr.Offset = 0, 0
+		d.enqueue(p, o)
 	}
 }
 
@@ -550,9 +580,24 @@ func (d *Device) cancel(m *outMsg) {
 		if partial {
 			m.nseg++ // the ABORT, sent as the message's next segment
 		}
-		m.p.tx.unsent -= old - m.nseg
+		s := &m.p.tx
+		s.unsent -= old - m.nseg
+		if psnLess(s.next, s.respEnd) {
+			s.recountRespEnd() // a RESP queued behind m takes an earlier PSN now
+		}
 	}
 	d.release(m)
+}
+
+// recountRespEnd finds where the latest queued RESP will go, from the queue as it stands.
+func (s *txStream) recountRespEnd() {
+	pos := s.next
+	for _, m := range s.queue {
+		pos += m.nseg - m.sent
+		if m.kind == kindResp {
+			s.respEnd = pos
+		}
+	}
 }
 
 // unwait takes m out of the requests waiting for the peer's horizon.
