@@ -475,10 +475,13 @@ func (p *peer) ack() wire.Ack {
 // Better than healthy is proven: when some of our recent data was acknowledged, the rotation keeps
 // to the paths that carried it (a packet sent within a few RTTs of the newest acknowledged one).
 // A path that swallows everything may never carry data of ours and so never be marked failed;
-// without this, every ACK sent on it is lost and the peer waits for its timer.
+// without this, every ACK sent on it is lost and the peer waits for its timer. Proof goes stale
+// as fast, though: a device that only receives (successes get no RESP) sends no data to refresh
+// it, and a proven path that has since died would take every ACK; with no recent proof, every
+// healthy path takes its turn.
 func (d *Device) controlPath(p *peer) int {
 	n := len(p.paths)
-	newest, recent := p.provenSince()
+	newest, recent := p.provenSince(d.clock())
 	for _, proven := range [2]bool{true, false} {
 		for range n {
 			p.ctrlRR = (p.ctrlRR + 1) % n
@@ -492,17 +495,22 @@ func (d *Device) controlPath(p *peer) int {
 }
 
 // provenSince returns when p's newest acknowledged packet was sent, and the time from which an
-// acknowledged packet proves its path: within a few RTTs of the newest.
-func (p *peer) provenSince() (newest, recent time.Duration) {
+// acknowledged packet proves its path: within a few RTTs of the newest; (0, 0) if even the newest
+// is older than that now.
+func (p *peer) provenSince(now time.Duration) (newest, recent time.Duration) {
 	for i := range p.paths {
 		newest = max(newest, p.paths[i].ackedAt)
 	}
-	return newest, newest - 4*max(p.tx.srtt, minRTO)
+	window := 4 * max(p.tx.srtt, minRTO)
+	if now-newest > window {
+		return 0, 0
+	}
+	return newest, newest - window
 }
 
 // proven reports whether path carried recently acknowledged data to p (see controlPath).
 func (d *Device) proven(p *peer, path int) bool {
-	newest, recent := p.provenSince()
+	newest, recent := p.provenSince(d.clock())
 	ps := &p.paths[path]
 	return !ps.failed && newest > 0 && ps.ackedAt >= recent
 }

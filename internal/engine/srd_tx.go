@@ -265,6 +265,16 @@ func (d *Device) roomLarge(p *peer, path, size int) []byte {
 func (d *Device) pump(p *peer) {
 	s := &p.tx
 	now := d.clock()
+	if len(s.retx) > 1 {
+		// Oldest first: the lowest hole holds the receiver's cumulative point, and the ACK's
+		// selective bits reach only 256 PSNs past it. Last in line behind a long list, at a
+		// small window and a backed-off timer, it could wait past the transport timeout.
+		una := s.una
+		byAge := func(a, b uint32) int { return cmp.Compare(a-una, b-una) }
+		if !slices.IsSortedFunc(s.retx, byAge) {
+			slices.SortFunc(s.retx, byAge)
+		}
+	}
 	taken := 0
 	for taken < len(s.retx) && float64(s.inflight) < max(s.cwnd, 1) {
 		psn := s.retx[taken]
