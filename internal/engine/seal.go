@@ -27,7 +27,7 @@ const (
 	sealedVersion = 0x81
 	nonceSize     = 12
 	sealOverhead  = 1 + nonceSize + 16
-	replayWindow  = 64
+	replayWindow  = 1024 // counters, a multiple of 64
 )
 
 type sealer struct {
@@ -76,12 +76,19 @@ func (s *sealer) open(dst, b []byte) (plain []byte, salt uint32, ctr uint64, ok 
 	return plain, binary.BigEndian.Uint32(b[1:]), binary.BigEndian.Uint64(b[5:]), true
 }
 
-// replayState is a peer's replay window.
+// replayState is a peer's replay window: the last replayWindow counters below the highest seen.
+// It is wide because two receivers (the receive loop and a busy poller) read side by side: one
+// may hold a batch while the other takes many newer datagrams.
 type replayState struct {
 	salt uint32
 	top  uint64
-	win  uint64 // bit i: counter top-i seen
+	win  [replayWindow / 64]uint64 // bit c%replayWindow: counter c in (top-replayWindow, top] seen
 	old  [4]uint32
+}
+
+func (r *replayState) bit(c uint64) (*uint64, uint64) {
+	i := c % replayWindow
+	return &r.win[i/64], 1 << (i % 64)
 }
 
 // fresh reports whether (salt, ctr) has not been seen from this peer, and records it.
@@ -96,26 +103,33 @@ func (r *replayState) fresh(salt uint32, ctr uint64) bool {
 			copy(r.old[1:], r.old[:])
 			r.old[0] = r.salt
 		}
-		r.salt, r.top, r.win = salt, ctr, 1
+		r.salt, r.top, r.win = salt, ctr, [replayWindow / 64]uint64{}
+		w, b := r.bit(ctr)
+		*w |= b
 		return true
 	}
 	switch {
 	case ctr > r.top:
-		if d := ctr - r.top; d < replayWindow {
-			r.win = r.win<<d | 1
+		if ctr-r.top >= replayWindow {
+			r.win = [replayWindow / 64]uint64{}
 		} else {
-			r.win = 1
+			for c := r.top + 1; c < ctr; c++ { // counters skipped: not seen yet
+				w, b := r.bit(c)
+				*w &^= b
+			}
 		}
 		r.top = ctr
+		w, b := r.bit(ctr)
+		*w |= b
 		return true
 	case r.top-ctr >= replayWindow:
 		return false
 	}
-	bit := uint64(1) << (r.top - ctr)
-	if r.win&bit != 0 {
+	w, b := r.bit(ctr)
+	if *w&b != 0 {
 		return false
 	}
-	r.win |= bit
+	*w |= b
 	return true
 }
 
