@@ -765,3 +765,37 @@ func TestHorizonAfterFlushAhead(t *testing.T) {
 		}
 	})
 }
+
+// A responder whose stream times out (the requester's side of the network is dark to it) starts
+// a new stream; a failure it had answered and not seen acknowledged is answered again there. The
+// requester must get that failure: an ACK of the new stream (whose horizon starts over) must
+// not pass the message as a success.
+func TestAnswerSurvivesStreamReset(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(6)
+		o := loopOpts{rnrRetry: 0, cfg: func(c *config.Device) {
+			if c.Link.(*memlink.Node).LocalAddr() == simB {
+				c.TransportTimeout = 100 * time.Millisecond
+			} else {
+				c.TransportTimeout = 10 * time.Second
+			}
+		}}
+		a, b := memPair(t, f, 2, o)
+		b.recv(1, 0, 64)
+		a.send(1, b, 0, 64) // meet first (cookies), so that the stream is under way
+		wantWC(t, a.one(), 1, verbs.WCSuccess, verbs.WCSend)
+		wantWC(t, b.one(), 1, verbs.WCSuccess, verbs.WCRecv)
+		for i := range 2 {
+			f.SetNodePath(simB, i, memlink.Impairment{Down: true}) // b's datagrams to a are lost
+		}
+		a.send(2, b, 0, 64) // no receive: RNR, answered into the dark
+		time.Sleep(300 * time.Millisecond) // virtual: b's stream times out and starts over
+		if b.ctx.Counters().UnresponsiveRemoteEvents == 0 {
+			t.Fatal("b's stream did not time out: the test tests nothing")
+		}
+		for i := range 2 {
+			f.SetNodePath(simB, i, memlink.Impairment{})
+		}
+		wantWC(t, a.one(), 2, verbs.WCRNRRetryExcErr, verbs.WCSend)
+	})
+}

@@ -33,7 +33,6 @@ type outMsg struct {
 	pending int    // segments in the stream not yet acknowledged
 	done    bool   // needs nothing more but its segments' acknowledgements
 	inQueue bool   // still in txStream.queue (pump has not moved past it)
-	again   bool   // a RESP queued once more after its stream was reset (resetTx)
 
 	// Requests only.
 	q        *QP // nil once the QP flushed it
@@ -505,8 +504,10 @@ func (d *Device) pickPath(p *peer, avoid int) int {
 // stream starts again from PSN 0 in a new epoch so that the receiver starts afresh too.
 //
 // With keepAnswers (a transport timeout, not a peer restart), the RESPs not yet acknowledged
-// are queued again in the new stream, once: the peer's requests they fail may be waiting for
-// them, and an ACK of the new stream (whose horizon starts over) must not let those succeed.
+// are queued again in the new stream: the peer's requests they fail may be waiting for them, and
+// an ACK of the new stream (whose horizon starts over) must not let those succeed. They go again
+// after every timeout until acknowledged (a few bytes each, to a peer that may be gone for good:
+// correctness first).
 func (d *Device) resetTx(p *peer, st efaio.Status, keepAnswers bool) {
 	s := &p.tx
 	var answers []wire.Data
@@ -519,7 +520,7 @@ func (d *Device) resetTx(p *peer, st efaio.Status, keepAnswers bool) {
 	}
 	for psn := s.una; psn != s.next; psn++ {
 		if e := s.slot(psn); e.msg != nil {
-			if keepAnswers && !e.acked && e.msg.kind == kindResp && !e.msg.again {
+			if keepAnswers && !e.acked && e.msg.kind == kindResp {
 				answers = append(answers, e.msg.hdr)
 			}
 			e.msg.pending = 0
@@ -530,7 +531,7 @@ func (d *Device) resetTx(p *peer, st efaio.Status, keepAnswers bool) {
 		}
 	}
 	for _, m := range s.queue {
-		if keepAnswers && m.kind == kindResp && !m.again {
+		if keepAnswers && m.kind == kindResp {
 			answers = append(answers, m.hdr)
 		}
 		m.done, m.sent, m.pending, m.inQueue = true, m.nseg, 0, false
@@ -549,7 +550,7 @@ func (d *Device) resetTx(p *peer, st efaio.Status, keepAnswers bool) {
 	}
 	for _, h := range answers {
 		o := d.newMsg(p, kindResp)
-		o.hdr, o.done, o.again = h, true, true
+		o.hdr, o.done = h, true
 		o.hdr.PSN, o.hdr.Offset = 0, 0
 		d.enqueue(p, o)
 	}
