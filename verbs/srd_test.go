@@ -788,7 +788,7 @@ func TestAnswerSurvivesStreamReset(t *testing.T) {
 		for i := range 2 {
 			f.SetNodePath(simB, i, memlink.Impairment{Down: true}) // b's datagrams to a are lost
 		}
-		a.send(2, b, 0, 64) // no receive: RNR, answered into the dark
+		a.send(2, b, 0, 64)                // no receive: RNR, answered into the dark
 		time.Sleep(300 * time.Millisecond) // virtual: b's stream times out and starts over
 		if b.ctx.Counters().UnresponsiveRemoteEvents == 0 {
 			t.Fatal("b's stream did not time out: the test tests nothing")
