@@ -291,19 +291,7 @@ func (n *Node) Receive(pkts []link.Packet) (int, error) {
 
 // NewPoller returns a receiver that takes what the inbox holds without waiting, beside Receive
 // (link.BusyPoller): a device busy-polls through it when its application polls an empty CQ.
-func (n *Node) NewPoller() link.Poller { return nodePoller{n} }
-
-type nodePoller struct{ n *Node }
-
-func (p nodePoller) TryReceive(pkts []link.Packet) (int, error) {
-	n := p.n
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed {
-		return 0, link.ErrClosed
-	}
-	return n.take(pkts), nil
-}
+func (n *Node) NewPoller() link.Poller { return Polled{n} }
 
 // take moves datagrams from the inbox into pkts and returns how many. Called with n.mu held.
 func (n *Node) take(pkts []link.Packet) int {
