@@ -647,9 +647,13 @@ struct sx_qp {
 	struct sx_context *context;
 	void *qp_context, *pd, *send_cq, *recv_cq, *srq;
 	uint32_t handle, qp_num;
+	int state, qp_type;
+	pthread_mutex_t mutex;
+	pthread_cond_t cond;
+	uint32_t events_completed;
 };
 struct sx_qp_ex {
-	unsigned char qp_base[160];
+	struct sx_qp qp_base; // the whole struct ibv_qp, with this architecture's pthread sizes
 	uint64_t comp_mask, wr_id;
 	unsigned int wr_flags;
 	void *fns[21];
@@ -669,8 +673,9 @@ struct sx_cq_ex {
 _Static_assert(offsetof(struct sx_context, cmd_fd) == 264, "ibv_context layout");
 _Static_assert(offsetof(struct sx_cq, handle) == 24, "ibv_cq layout");
 _Static_assert(offsetof(struct sx_qp, handle) == 48, "ibv_qp layout");
+#if defined(__x86_64__) // the offsets of the layouts above on x86-64, as verbs.h gives them
+_Static_assert(sizeof(struct sx_qp) == 160, "ibv_qp layout");
 _Static_assert(offsetof(struct sx_qp_ex, fns) + QPX_WR_COMPLETE * sizeof(void *) == 328, "ibv_qp_ex layout");
-#if defined(__x86_64__)
 _Static_assert(offsetof(struct sx_cq_ex, start_poll) == 144, "ibv_cq_ex layout");
 #endif
 
