@@ -19,14 +19,18 @@
 //
 // # The rings are the contract
 //
-// Posting does not call into the device: PostSend and the QPEx iterator write 64- or 128-byte
-// TX WQEs (package efaio) into the QP's send ring and store the producer counter into the SQ
-// doorbell; PostRecv writes 16-byte RX descriptors into the receive ring and stores the RQ
-// doorbell. After each doorbell store the provider wakes the device (engine.Ring) so that it
-// looks at once. The device writes 32-byte completions with phase bits into the CQ ring; Poll and
-// StartPoll/NextPoll/EndPoll read them by phase and report the consumer count through the CQ
-// doorbell. A program that writes the rings itself (efadv.QueryQPWQs, efadv.QueryCQ) goes through
-// exactly the same memory.
+// PostSend and the QPEx iterator write 64- or 128-byte TX WQEs (package efaio) into the QP's
+// send ring and store the producer counter into the SQ doorbell; PostRecv writes 16-byte RX
+// descriptors into the receive ring and stores the RQ doorbell. After each doorbell store the
+// provider rings the device (engine.Ring): when no other goroutine is doing the device's work,
+// the posting goroutine does it for that QP at once (its WQEs are executed and their datagrams
+// sent before the post returns); otherwise the device's goroutine is woken. The device writes
+// 32-byte completions with phase bits into the CQ ring; Poll and StartPoll/NextPoll/EndPoll read
+// them by phase and report the consumer count through the CQ doorbell. A Poll or StartPoll that
+// finds the CQ empty first lets the device take the datagrams waiting for it on the polling
+// goroutine (busy polling: no handoff from the device's receive goroutine), so an empty poll of a
+// networked device costs a system call. A program that writes the rings itself
+// (efadv.QueryQPWQs, efadv.QueryCQ) goes through exactly the same memory.
 //
 // Request ids follow libefa: a send or receive WR takes an index from its queue's pool, and the
 // WQE's 16-bit req_id is that index with the QP number's generation above it; a completion whose
@@ -45,9 +49,10 @@
 // takes both queue locks. Control calls (create, modify, destroy) may run concurrently with the
 // data path; the device serialises them with its own work.
 //
-// The device's one goroutine consumes rings and writes completions; it never takes a provider
-// lock. Completion events are queued on the CQ's CompChannel from that goroutine without
-// blocking; GetCQEvent waits for them and can be cancelled through its context.
+// The device's goroutines (its engine loop and, on a network, its receive loop) and the posting
+// and polling goroutines that do its work inline all do it under the device's own lock and never
+// take a provider lock. Completion events are queued on the CQ's CompChannel without blocking;
+// GetCQEvent waits for them and can be cancelled through its context.
 //
 // # Differences from C
 //
