@@ -16,8 +16,9 @@ import (
 // ECMP routers hash.
 //
 // On Linux, Send and Receive move batches with sendmmsg and recvmmsg, with UDP GSO and GRO
-// where the kernel has them; elsewhere one datagram per system call. Receive must be called from one goroutine at a time; Send may be called from
-// several.
+// where the kernel has them; elsewhere one datagram per system call. Receive and TryReceive
+// must be called from one goroutine at a time; each poller from NewPoller by one goroutine at a
+// time, beside them; Send may be called from several.
 type UDP struct {
 	conns  []*net.UDPConn
 	raws   []syscall.RawConn

@@ -123,7 +123,8 @@ func (d *Device) wake() {
 	}
 }
 
-// run is the engine loop: the one goroutine that consumes rings. It wakes on Ring, and on a timer
+// run is the engine loop: the goroutine that consumes rings when no poster does it inline
+// (ringInline), and runs the transport's timers. It wakes on Ring, and on a timer
 // that polls every doorbell: every PollMin while there is work, backing off to PollMax when idle,
 // and not at all while the device has no QP.
 func (d *Device) run() {
