@@ -627,7 +627,14 @@ func (d *Device) ackSlot(p *peer, e *sentPkt, now time.Duration) {
 		d.pathLoss(p, int(e.suspect-1), now) // it timed out on that path and came through on this one
 	}
 	s.newly++
-	if !spurious {
+	switch {
+	case spurious:
+	case e.copied:
+		// Either copy may be the one that came: the arrival says little about loss. Counted
+		// in full, the copies would hide the losses that turned them on and turn themselves off
+		// within a few hundred packets; not counted, they would never turn off. A quarter.
+		s.lossRate -= s.lossRate / (4 * lossGain)
+	default:
 		s.countFate(false)
 	}
 	if e.retx == 0 {
