@@ -71,6 +71,9 @@ static int orphan(int fd) {
 	       (atomic_load_explicit(&orphans[fd >> 6], memory_order_relaxed) >> (fd & 63) & 1);
 }
 
+// dev_fd reports whether fd names the device node: one of this process's, or an orphan.
+static int dev_fd(int fd) { return ours(fd) || orphan(fd); }
+
 static void atfork_child(void) {
 	if (!engine_loaded)
 		return;
@@ -417,7 +420,7 @@ int ioctl(int fd, unsigned long req, ...) {
 	va_start(ap, req);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
-	if (ours(fd) || orphan(fd)) {
+	if (dev_fd(fd)) {
 		errno = ENOTTY; // no ioctl framework: libibverbs falls back to write()
 		return -1;
 	}
@@ -434,30 +437,24 @@ int socket(int domain, int type, int protocol) {
 	return REAL(socket)(domain, type, protocol);
 }
 
-// The device node as stat(2) describes it: a character device with the sysfs dev numbers.
-static void fake_stat(struct stat *st) {
-	memset(st, 0, sizeof(*st));
-	st->st_mode = S_IFCHR | 0666;
-	st->st_nlink = 1;
-	st->st_rdev = dev_rdev;
-	st->st_blksize = 4096;
-}
-
-static void fake_stat64(struct stat64 *st) {
-	memset(st, 0, sizeof(*st));
-	st->st_mode = S_IFCHR | 0666;
-	st->st_nlink = 1;
-	st->st_rdev = dev_rdev;
-	st->st_blksize = 4096;
-}
+// The device node as stat(2) describes it: a character device with the sysfs dev numbers (for
+// struct stat and struct stat64 alike).
+#define FAKE_STAT(st)                                                                              \
+	do {                                                                                       \
+		memset((st), 0, sizeof(*(st)));                                                    \
+		(st)->st_mode = S_IFCHR | 0666;                                                    \
+		(st)->st_nlink = 1;                                                                \
+		(st)->st_rdev = dev_rdev;                                                          \
+		(st)->st_blksize = 4096;                                                           \
+	} while (0)
 
 static int at_is_dev(int dirfd, const char *path, int flags) {
-	return is_dev(path) || ((flags & AT_EMPTY_PATH) && path && !*path && ours(dirfd));
+	return is_dev(path) || ((flags & AT_EMPTY_PATH) && path && !*path && dev_fd(dirfd));
 }
 
 int stat(const char *path, struct stat *st) {
 	if (is_dev(path)) {
-		fake_stat(st);
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve_stat();
@@ -466,7 +463,7 @@ int stat(const char *path, struct stat *st) {
 
 int lstat(const char *path, struct stat *st) {
 	if (is_dev(path)) {
-		fake_stat(st);
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve_lstat();
@@ -474,8 +471,8 @@ int lstat(const char *path, struct stat *st) {
 }
 
 int fstat(int fd, struct stat *st) {
-	if (ours(fd) || orphan(fd)) {
-		fake_stat(st);
+	if (dev_fd(fd)) {
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve_fstat();
@@ -484,7 +481,7 @@ int fstat(int fd, struct stat *st) {
 
 int fstatat(int dirfd, const char *path, struct stat *st, int flags) {
 	if (at_is_dev(dirfd, path, flags)) {
-		fake_stat(st);
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve_fstatat();
@@ -493,7 +490,7 @@ int fstatat(int dirfd, const char *path, struct stat *st, int flags) {
 
 int stat64(const char *path, struct stat64 *st) {
 	if (is_dev(path)) {
-		fake_stat64(st);
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve_stat64();
@@ -502,7 +499,7 @@ int stat64(const char *path, struct stat64 *st) {
 
 int lstat64(const char *path, struct stat64 *st) {
 	if (is_dev(path)) {
-		fake_stat64(st);
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve_lstat64();
@@ -510,8 +507,8 @@ int lstat64(const char *path, struct stat64 *st) {
 }
 
 int fstat64(int fd, struct stat64 *st) {
-	if (ours(fd) || orphan(fd)) {
-		fake_stat64(st);
+	if (dev_fd(fd)) {
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve_fstat64();
@@ -520,7 +517,7 @@ int fstat64(int fd, struct stat64 *st) {
 
 int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
 	if (at_is_dev(dirfd, path, flags)) {
-		fake_stat64(st);
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve_fstatat64();
@@ -530,7 +527,7 @@ int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
 // The glibc < 2.33 entry points behind stat(2) and friends.
 int __xstat(int ver, const char *path, struct stat *st) {
 	if (is_dev(path)) {
-		fake_stat(st);
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve___xstat();
@@ -539,7 +536,7 @@ int __xstat(int ver, const char *path, struct stat *st) {
 
 int __lxstat(int ver, const char *path, struct stat *st) {
 	if (is_dev(path)) {
-		fake_stat(st);
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve___lxstat();
@@ -547,8 +544,8 @@ int __lxstat(int ver, const char *path, struct stat *st) {
 }
 
 int __fxstat(int ver, int fd, struct stat *st) {
-	if (ours(fd)) {
-		fake_stat(st);
+	if (dev_fd(fd)) {
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve___fxstat();
@@ -557,7 +554,7 @@ int __fxstat(int ver, int fd, struct stat *st) {
 
 int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags) {
 	if (at_is_dev(dirfd, path, flags)) {
-		fake_stat(st);
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve___fxstatat();
@@ -566,7 +563,7 @@ int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags)
 
 int __xstat64(int ver, const char *path, struct stat64 *st) {
 	if (is_dev(path)) {
-		fake_stat64(st);
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve___xstat64();
@@ -575,7 +572,7 @@ int __xstat64(int ver, const char *path, struct stat64 *st) {
 
 int __lxstat64(int ver, const char *path, struct stat64 *st) {
 	if (is_dev(path)) {
-		fake_stat64(st);
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve___lxstat64();
@@ -583,8 +580,8 @@ int __lxstat64(int ver, const char *path, struct stat64 *st) {
 }
 
 int __fxstat64(int ver, int fd, struct stat64 *st) {
-	if (ours(fd)) {
-		fake_stat64(st);
+	if (dev_fd(fd)) {
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve___fxstat64();
@@ -593,7 +590,7 @@ int __fxstat64(int ver, int fd, struct stat64 *st) {
 
 int __fxstatat64(int ver, int dirfd, const char *path, struct stat64 *st, int flags) {
 	if (at_is_dev(dirfd, path, flags)) {
-		fake_stat64(st);
+		FAKE_STAT(st);
 		return 0;
 	}
 	resolve___fxstatat64();
