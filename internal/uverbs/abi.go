@@ -102,9 +102,6 @@ const (
 
 	efaCreateCQRespDBOff = 1 << 0
 
-	efaCreateQPWithUnsolicitedWriteRecv = 1 << 0
-	efaCreateQPWithSQ64BitReqID         = 1 << 1
-
 	// EFA_QUERY_DEVICE_CAPS_*: v44 has the first four; later kernels add DATA_POLLING_128
 	// (1 << 4, not offered), RDMA_WRITE, UNSOLICITED_WRITE_RECV, CQ_WITH_EXT_MEM and COMP_CNTR
 	// (not offered) and SQ_64_BIT_REQ_ID.

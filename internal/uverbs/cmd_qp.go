@@ -50,16 +50,9 @@ func (f *File) createQP(c *call) error {
 	if u32(cmd, 0) != 0 || !cleared(cmd[19:24]) {
 		return syscall.EINVAL
 	}
-	if flags&^(efaCreateQPWithUnsolicitedWriteRecv|efaCreateQPWithSQ64BitReqID) != 0 ||
+	if flags&^(uapi.QPFlagUnsolicitedWriteRecv|uapi.QPFlagSQ64BitReqID) != 0 ||
 		typ == uapi.QPTypeDriver && drvType != uapi.DriverQPTypeSRD {
 		return syscall.EOPNOTSUPP
-	}
-	var eflags int
-	if flags&efaCreateQPWithUnsolicitedWriteRecv != 0 {
-		eflags |= uapi.QPFlagUnsolicitedWriteRecv
-	}
-	if flags&efaCreateQPWithSQ64BitReqID != 0 {
-		eflags |= uapi.QPFlagSQ64BitReqID
 	}
 	esz := txWQESize
 	if caps.MaxInlineData > cfg.InlineBufSize {
@@ -86,7 +79,7 @@ func (f *File) createQP(c *call) error {
 	keys = append(keys, dbKey)
 	in := engine.QPInit{
 		Type: typ, DriverType: drvType, PD: pdo.pd, SendCQ: scq.cq, RecvCQ: rcq.cq, Caps: caps,
-		SQEntries: sqSize / esz, SQEntrySize: esz, RQEntries: 1, Flags: eflags, SL: sl,
+		SQEntries: sqSize / esz, SQEntrySize: esz, RQEntries: 1, Flags: int(flags), SL: sl, // efa_ibv_create_qp flags: the engine's own bits
 		SQRing:     sqRing[:sqSize],
 		SQDoorbell: (*uint32)(unsafe.Pointer(&dbPage[dbPageQPSQOffset])),
 		RQDoorbell: (*uint32)(unsafe.Pointer(&dbPage[dbPageQPRQOffset])),

@@ -31,12 +31,7 @@ func FuzzUverbsWrite(f *testing.F) {
 	port[8] = 1
 	f.Add(cmd(cmdQueryPort, 10, port, nil))
 	f.Add(cmd(cmdAllocPD, 3, withResp(8), nil))
-	cq := withResp(createCQReq)
-	put32(cq, 16, 8)
-	put32(cq, 24, ^uint32(0))
-	cqd := make([]byte, 16)
-	put32(cqd, 4, 32)
-	put16(cqd, 8, 1)
+	cq, cqd := createCQCmd(8, 32, 0)
 	f.Add(cmd(cmdCreateCQ, 12, cq, cqd))
 	qp := withResp(createQPReq)
 	put32(qp, 20, 1)

@@ -155,15 +155,21 @@ func (h *harness) allocPD() uint32 {
 	return u32(r, 0)
 }
 
-func (h *harness) createCQ(entries int, entrySize uint32, flags byte) (handle uint32, resp []byte) {
-	core := withResp(createCQReq)
+// createCQCmd is a CREATE_CQ command's core and EFA driver data: entries, no channel, one sub-CQ.
+func createCQCmd(entries int, entrySize uint32, flags byte) (core, drv []byte) {
+	core = withResp(createCQReq)
 	put64(core, 8, 0xc0ffee)
 	put32(core, 16, uint32(entries))
 	put32(core, 24, ^uint32(0)) // no channel
-	drv := make([]byte, 16)
+	drv = make([]byte, 16)
 	put32(drv, 4, entrySize)
 	put16(drv, 8, 1)
 	drv[10] = flags
+	return core, drv
+}
+
+func (h *harness) createCQ(entries int, entrySize uint32, flags byte) (handle uint32, resp []byte) {
+	core, drv := createCQCmd(entries, entrySize, flags)
 	r := h.must(cmd(cmdCreateCQ, (8+40)/4, core, drv))
 	return u32(r, 0), append([]byte(nil), r[:48]...)
 }
@@ -367,12 +373,7 @@ func TestCQAndQP(t *testing.T) {
 	}
 	// Bad driver data: sub-CQs, entry size, flags, unknown trailing fields.
 	bad := func(mut func(core, drv []byte)) error {
-		core := withResp(createCQReq)
-		put32(core, 16, 8)
-		put32(core, 24, ^uint32(0))
-		drv := make([]byte, 16)
-		put32(drv, 4, 32)
-		put16(drv, 8, 1)
+		core, drv := createCQCmd(8, 32, 0)
 		mut(core, drv)
 		return h.do(cmd(cmdCreateCQ, 12, core, drv))
 	}
@@ -572,12 +573,7 @@ func TestCompChannel(t *testing.T) {
 	atomicStore(db, 1<<29|1<<31) // the next cmd_sn: another event, since the entry is still there
 	h.f.Arm(cqh)
 
-	d := make([]byte, 16)
-	put64(d, 0, respAddr)
-	put32(d, 8, qp)
-	h.must(cmd(cmdDestroyQP, 1, d, nil))
-	put32(d, 8, cqh)
-	r = h.must(cmd(cmdDestroyCQ, 2, d, nil))
+	r = h.destroyQPAndCQ(qp, cqh)
 	if u32(r, 0) != 1 {
 		t.Fatalf("comp_events_reported %d, want the 1 read", u32(r, 0))
 	}
@@ -616,12 +612,7 @@ func TestAsyncEventDiscard(t *testing.T) {
 			t.Fatal("no CQ_ERR event")
 		}
 	}
-	d := make([]byte, 16)
-	put64(d, 0, respAddr)
-	put32(d, 8, qp)
-	h.must(cmd(cmdDestroyQP, 1, d, nil))
-	put32(d, 8, cq)
-	r = h.must(cmd(cmdDestroyCQ, 2, d, nil))
+	r = h.destroyQPAndCQ(qp, cq)
 	if u32(r, 4) != 0 {
 		t.Fatalf("async_events_reported %d, want 0 (the event was never read)", u32(r, 4))
 	}
@@ -655,6 +646,16 @@ func TestCQ16(t *testing.T) {
 
 // flushTwoRecvs posts two receives (request ids first and first+1) on the QP's RQ, then moves
 // the QP to INIT and on to ERR, which flushes both.
+// destroyQPAndCQ destroys qp, then cq, and returns DESTROY_CQ's response (the event counts).
+func (h *harness) destroyQPAndCQ(qp, cq uint32) []byte {
+	d := make([]byte, 16)
+	put64(d, 0, respAddr)
+	put32(d, 8, qp)
+	h.must(cmd(cmdDestroyQP, 1, d, nil))
+	put32(d, 8, cq)
+	return h.must(cmd(cmdDestroyCQ, 2, d, nil))
+}
+
 func (h *harness) flushTwoRecvs(qp uint32, qr []byte, first uint16) {
 	rq := h.reg.live[u64(qr[32:], 16)]
 	for i := range 2 {
