@@ -448,9 +448,11 @@ func (d *Device) resetRx(p *peer) {
 func (d *Device) sendAck(p *peer) {
 	a := p.ack()
 	p.rx.ackDue, p.rx.sinceAck = false, 0 // before room, which would carry the ACK itself
-	path := d.controlPath(p)
+	var path int
 	if q := d.txq; q.cur == p && q.pkts[q.n-1].N+wire.FrameHeaderSize+wire.AckSize <= q.maxLen && d.proven(p, q.path) {
 		path = q.path // ride in the datagram going to p already (an answer, data) on a path known to work
+	} else {
+		path = d.controlPath(p) // (only now: it moves the rotation)
 	}
 	d.commit(wire.AppendAck(d.room(p, path, wire.FrameHeaderSize+wire.AckSize), &a))
 }
