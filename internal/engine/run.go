@@ -44,7 +44,7 @@ func (d *Device) ringInline(q *QP) bool {
 	d.useTx(d.inlineTx)
 	d.inlineQ[0] = q
 	worked, busy := d.step(d.inlineQ[:], false)
-	d.inlineQ[0] = nil // (step sent the owed ACKs that were due)
+	d.inlineQ[0] = nil                                               // (step sent the owed ACKs that were due)
 	more := !q.dead && uint16(atomic.LoadUint32(q.sq.db)) != q.sq.ci // a destroyed QP's doorbell page may be gone
 	d.mu.Unlock()
 	d.sendTx(d.inlineTx)
