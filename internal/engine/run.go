@@ -43,8 +43,8 @@ func (d *Device) ringInline(q *QP) bool {
 	}
 	d.useTx(d.inlineTx)
 	d.inlineQ[0] = q
-	worked, busy := d.step(d.inlineQ[:], false)
-	d.inlineQ[0] = nil                                               // (step sent the owed ACKs that were due)
+	worked, busy := d.step(d.inlineQ[:], false) // (and sends the owed ACKs that are due)
+	d.inlineQ[0] = nil
 	more := !q.dead && uint16(atomic.LoadUint32(q.sq.db)) != q.sq.ci // a destroyed QP's doorbell page may be gone
 	d.mu.Unlock()
 	d.sendTx(d.inlineTx)
