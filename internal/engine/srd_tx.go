@@ -177,7 +177,12 @@ func (d *Device) enqueue(p *peer, m *outMsg) {
 		m.nseg = 1
 	}
 	if !p.tx.busy() {
+		// The stream starts waiting now: the transport timeout counts from here, not from
+		// whenever it last moved (an idle stream's progress is as old as its last traffic).
 		p.tx.progress = d.clock()
+	}
+	if m.kind == kindRequest {
+		p.tx.reqs[m.hdr.MsgID] = m // after the idle check: an outstanding request makes the stream busy
 	}
 	p.tx.queue = append(p.tx.queue, m)
 	p.tx.queued(m)
@@ -209,7 +214,6 @@ func (d *Device) sendRemote(q *QP, w *efaio.TxDesc, m *message, tries int) efaio
 		o.hdr.Flags |= wire.FlagImm
 	}
 	p.tx.nextMsg++
-	p.tx.reqs[o.hdr.MsgID] = o
 	o.qIdx = len(q.out)
 	q.out = append(q.out, o)
 	d.enqueue(p, o)
