@@ -35,9 +35,13 @@ type CQ struct {
 	cc    uint16     // CQEs consumed, modulo 2^16
 	phase uint8      // expected phase of the entry at cc
 	cur   efaio.Completion
-	curQP *QP
+	curUD bool // the current entry's QP is UD
 	wrid  uint64
 	bad   atomic.Uint64 // CQEs dropped as invalid
+
+	graveMu sync.Mutex // guards graves: destroyed QPs' books, until their entries are consumed
+	graves  []grave
+	nGraves atomic.Int32
 
 	cmdSN        atomic.Uint32 // bumped by every GetCQEvent, as libefa's cq_event does
 	events, acks atomic.Uint64

@@ -152,9 +152,8 @@ type Context struct {
 	objects int
 	closed  bool
 
-	// qps maps a QP number to the context's QP for polling: libefa's qp_table. An entry stays
-	// after its QP is destroyed, so that the QP's flush completions can still be matched, until
-	// a new QP takes the number; the generation in each request id tells the two apart.
+	// qps maps a QP number to the context's live QP for polling: libefa's qp_table. A destroyed
+	// QP leaves it at once; its flush completions are matched through its CQs' graves.
 	qps []atomic.Pointer[QP]
 
 	mrMu sync.RWMutex

@@ -66,7 +66,7 @@ func (cq *CQ) poll(wc []WC) (int, error) {
 	return n, nil
 }
 
-// next consumes the entry at the consumer index into cq.cur, cq.curQP and cq.wrid. Called with
+// next consumes the entry at the consumer index into cq.cur, cq.curUD and cq.wrid. Called with
 // the CQ lock held.
 func (cq *CQ) next() error {
 	slot := cq.ring[int(uint32(cq.cc)&cq.mask)*efaio.CQESize:][:efaio.CQESize]
@@ -82,30 +82,94 @@ func (cq *CQ) next() error {
 	if err := efaio.CQE(slot).Decode(hdr, c); err != nil {
 		return cq.invalid("malformed CQE: %v", err)
 	}
-	q := cq.ctx.qps[c.QPN].Load()
-	if q == nil {
+	var q qpRef
+	if g, ok := cq.graveFor(c.QPN, cq.cc-1); ok {
+		q = g // an entry of a destroyed QP, written before it went
+	} else if qp := cq.ctx.qps[c.QPN].Load(); qp != nil {
+		q = qp.ref()
+	} else {
 		return cq.invalid("CQE for unknown QP %d", c.QPN)
 	}
-	cq.curQP = q
+	cq.curUD = q.ud
 	switch {
-	case c.QType == efaio.QTypeSend && q.sq.reqID64:
+	case c.QType == efaio.QTypeSend && q.reqID64:
 		cq.wrid = uint64(c.ReqID) | c.ReqIDEx<<16
 		q.sq.completed.Add(1)
 	case c.QType == efaio.QTypeRecv && c.Unsolicited:
 		cq.wrid = 0
 	default:
-		wq := &q.sq.wq
+		wq := q.sq
 		if c.QType == efaio.QTypeRecv {
-			wq = &q.rq.wq
+			wq = q.rq
 		}
 		idx, ok := wq.index(c.ReqID)
 		if !ok {
 			return cq.invalid("CQE req_id %#x of QP %d from another generation", c.ReqID, c.QPN)
 		}
 		cq.wrid = wq.wrid[idx]
-		wq.put(idx)
+		if !wq.put(idx) {
+			return cq.invalid("CQE req_id %#x of QP %d for no outstanding WR", c.ReqID, c.QPN)
+		}
 	}
 	return nil
+}
+
+// qpRef is what polling needs of a QP: its request-id books and its type.
+type qpRef struct {
+	sq, rq  *wq
+	reqID64 bool
+	ud      bool
+}
+
+func (qp *QP) ref() qpRef {
+	return qpRef{sq: &qp.sq.wq, rq: &qp.rq.wq, reqID64: qp.sq.reqID64, ud: qp.typ == QPTUD}
+}
+
+// grave is a destroyed QP's request-id books, kept by each of its CQs until the consumer has
+// passed fence, the CQ's producer count when the QP went: the entries before it that name the QP
+// (its flush completions) are its own, the entries after it belong to whichever QP has the number
+// since. Nothing else of the QP is kept, and the grave goes once the consumer passes the fence.
+type grave struct {
+	qpRef
+	qpn   uint16
+	fence uint16
+}
+
+// bury keeps qp's books for the entries it left in cq below fence; nothing if there are none.
+func (cq *CQ) bury(qp *QP, fence uint16) {
+	cq.graveMu.Lock()
+	defer cq.graveMu.Unlock()
+	if int16(fence-uint16(atomic.LoadUint32(cq.db))) <= 0 {
+		return // the consumer has every entry the QP left
+	}
+	cq.graves = append(cq.graves, grave{qpRef: qp.ref(), qpn: uint16(qp.qpn), fence: fence})
+	cq.nGraves.Store(int32(len(cq.graves)))
+}
+
+// graveFor returns the books of the destroyed QP qpn if the entry at position pos is one it
+// left, and lets go of the graves the consumer has passed.
+func (cq *CQ) graveFor(qpn uint16, pos uint16) (qpRef, bool) {
+	if cq.nGraves.Load() == 0 {
+		return qpRef{}, false
+	}
+	cq.graveMu.Lock()
+	defer cq.graveMu.Unlock()
+	var found qpRef
+	ok := false
+	keep := cq.graves[:0]
+	for _, g := range cq.graves { // in the order the QPs went: the oldest match first
+		if int16(g.fence-pos) <= 0 {
+			continue // passed: every entry it left is consumed
+		}
+		keep = append(keep, g)
+		if g.qpn == qpn && !ok {
+			found, ok = g.qpRef, true
+		}
+	}
+	clear(cq.graves[len(keep):])
+	cq.graves = keep
+	cq.nGraves.Store(int32(len(keep)))
+	return found, ok
 }
 
 func (cq *CQ) invalid(format string, args ...any) error {
@@ -153,7 +217,7 @@ func (cq *CQ) flags() WCFlags {
 	if cq.cur.HasImm {
 		f |= WCWithImm
 	}
-	if cq.cur.QType == efaio.QTypeRecv && cq.curQP.typ == QPTUD {
+	if cq.cur.QType == efaio.QTypeRecv && cq.curUD {
 		f |= WCGRH
 	}
 	return f

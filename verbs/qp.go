@@ -91,9 +91,10 @@ type QP struct {
 // QP that held this number before is recognised and dropped.
 type wq struct {
 	wrid       []uint64
-	poolMu     sync.Mutex // guards pool and used: posting takes indices, polling returns them
+	poolMu     sync.Mutex // guards pool, used and out: posting takes indices, polling returns them
 	pool       []uint16
 	used       int
+	out        []bool // out[i]: index i is posted and not yet completed
 	cnt        uint32 // WRs the queue holds
 	genMask    uint16
 	shiftedGen uint16
@@ -105,6 +106,7 @@ func (w *wq) init(cnt uint32, gen uint16) {
 	w.cnt = cnt
 	w.wrid = make([]uint64, cnt)
 	w.pool = make([]uint16, cnt)
+	w.out = make([]bool, cnt)
 	for i := range w.pool {
 		w.pool[i] = uint16(i)
 	}
@@ -119,25 +121,32 @@ func (w *wq) get() uint16 {
 	w.poolMu.Lock()
 	idx := w.pool[w.used]
 	w.used++
+	w.out[idx] = true
 	w.poolMu.Unlock()
 	return idx
 }
 
-// put returns idx to the pool and counts the WR completed.
-func (w *wq) put(idx uint16) {
-	w.poolMu.Lock()
-	w.used--
-	w.pool[w.used] = idx
-	w.poolMu.Unlock()
+// put returns idx to the pool and counts the WR completed. An index that is not out (a stale or
+// forged completion) changes nothing: put reports false.
+func (w *wq) put(idx uint16) bool {
+	if !w.unget(idx) {
+		return false
+	}
 	w.completed.Add(1)
+	return true
 }
 
 // unget returns an index taken by get for a WR that was never posted.
-func (w *wq) unget(idx uint16) {
+func (w *wq) unget(idx uint16) bool {
 	w.poolMu.Lock()
+	defer w.poolMu.Unlock()
+	if int(idx) >= len(w.out) || !w.out[idx] {
+		return false
+	}
+	w.out[idx] = false
 	w.used--
 	w.pool[w.used] = idx
-	w.poolMu.Unlock()
+	return true
 }
 
 func (w *wq) reqID(idx uint16) uint16 { return idx | w.shiftedGen }
@@ -150,6 +159,10 @@ func (w *wq) index(reqID uint16) (uint16, bool) {
 func (w *wq) reset() {
 	w.poolMu.Lock()
 	w.used = 0
+	for i := range w.pool {
+		w.pool[i] = uint16(i)
+	}
+	clear(w.out)
 	w.poolMu.Unlock()
 	w.posted = 0
 	w.completed.Store(0)
@@ -453,6 +466,12 @@ func (qp *QP) Destroy() error {
 	if err := qp.ctx.e.DestroyQP(qp.e); err != nil {
 		return err
 	}
+	// The flush completions the device just wrote are matched through the CQs' graves; the
+	// number is free for the next QP, and nothing of this one stays reachable from the context.
+	sendFence, recvFence := qp.e.Fences()
+	qp.sendCQ.bury(qp, sendFence)
+	qp.recvCQ.bury(qp, recvFence)
+	qp.ctx.qps[qp.qpn].CompareAndSwap(qp, nil)
 	qp.ctx.release()
 	return nil
 }

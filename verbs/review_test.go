@@ -1,9 +1,12 @@
 package verbs_test
 
 import (
+	"runtime"
 	"testing"
 	"time"
 
+	"github.com/softefa/softefa/config"
+	"github.com/softefa/softefa/efadv"
 	"github.com/softefa/softefa/efaio"
 	"github.com/softefa/softefa/link/memlink"
 	"github.com/softefa/softefa/verbs"
@@ -46,4 +49,79 @@ func TestTimeoutCountsFromPost(t *testing.T) {
 		}
 		check(t, ghost.Destroy())
 	})
+}
+
+// Completions a destroyed QP left in its CQ reach the application with their own WR ids, however
+// often the QP's number has been reused since, and never index a later QP's books: with a table
+// of 6 numbers and 4096-entry queues (4 generation bits in a request id), generations alias after
+// 16 reuses, and a stale entry used to panic in the pool or complete another QP's WR.
+func TestStaleCompletionsAfterQPNReuse(t *testing.T) {
+	f := newQPFixture(t, func(c *config.Device) { c.QPNTableSize = 8 })
+	cq := must[*verbs.CQ](t)(f.ctx.CreateCQ(4096, nil, nil, 0))
+	const n = 200
+	for i := range n {
+		a := f.srdAttr()
+		a.SendCQ, a.RecvCQ = cq, cq
+		a.Cap.MaxSendWR, a.Cap.MaxRecvWR = 4096, 4096
+		qp := must[*verbs.QP](t)(efadv.CreateQPEx(f.ctx, &a, &efadv.QPInitAttr{}))
+		check(t, qp.Modify(&verbs.QPAttr{QPState: verbs.QPSInit, PortNum: 1, QKey: qkey},
+			verbs.QPAttrState|verbs.QPAttrPKeyIndex|verbs.QPAttrPort|verbs.QPAttrQKey))
+		_, err := qp.PostRecv([]verbs.RecvWR{{WRID: uint64(1000 + i)}})
+		check(t, err)
+		check(t, qp.Destroy()) // one FLUSHED completion, left unpolled
+	}
+	a := f.srdAttr()
+	a.SendCQ, a.RecvCQ = cq, cq
+	live := must[*verbs.QP](t)(efadv.CreateQPEx(f.ctx, &a, &efadv.QPInitAttr{})) // holds a reused number, nothing posted
+	got := map[uint64]int{}
+	wc := make([]verbs.WC, 64)
+	for {
+		k, err := cq.Poll(wc)
+		check(t, err)
+		if k == 0 {
+			break
+		}
+		for _, c := range wc[:k] {
+			if c.Status != verbs.WCWRFlushErr || c.Opcode != verbs.WCRecv {
+				t.Fatalf("completion %+v, want a flushed receive", c)
+			}
+			got[c.WRID]++
+		}
+	}
+	for i := range n {
+		if got[uint64(1000+i)] != 1 {
+			t.Fatalf("WR %d completed %d times; all: %v", 1000+i, got[uint64(1000+i)], got)
+		}
+	}
+	check(t, live.Destroy())
+	check(t, cq.Destroy())
+}
+
+// A destroyed QP leaves nothing reachable: creating and destroying QPs one at a time does not
+// grow the heap, whether or not their numbers have come round again.
+func TestDestroyedQPsReleaseMemory(t *testing.T) {
+	f := newQPFixture(t, nil)
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	cycle := func() {
+		a := f.srdAttr()
+		a.Cap.MaxSendWR, a.Cap.MaxRecvWR = 1024, 1024
+		qp := must[*verbs.QP](t)(efadv.CreateQPEx(f.ctx, &a, &efadv.QPInitAttr{}))
+		check(t, qp.Destroy())
+	}
+	for range 20 {
+		cycle()
+	}
+	before := heap()
+	const n = 500 // each holds ~150 KB of rings and books
+	for range n {
+		cycle()
+	}
+	if grew := int64(heap()) - int64(before); grew > 8<<20 {
+		t.Fatalf("heap grew %d KB over %d destroyed QPs (%d B each)", grew>>10, n, grew/n)
+	}
 }

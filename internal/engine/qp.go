@@ -60,6 +60,10 @@ type QP struct {
 	dead     bool
 	owner    any
 
+	// The producer counts of the send and receive CQs when the QP was destroyed: every
+	// completion of the QP lies below them (Fences).
+	fenceSend, fenceRecv uint16
+
 	scratch efaio.TxDesc // decode buffer, so that the data path does not allocate
 	counts  QPCounters
 }
@@ -103,6 +107,15 @@ func (q *QP) Owner() any {
 		return nil
 	}
 	return q.owner
+}
+
+// Fences returns, for a destroyed QP, the producer counts of its send and receive CQs when it
+// was destroyed: the device wrote every completion of the QP below them, so a consumer can tell
+// the QP's last entries from those of a later QP given the same number.
+func (q *QP) Fences() (send, recv uint16) {
+	q.d.mu.Lock()
+	defer q.d.mu.Unlock()
+	return q.fenceSend, q.fenceRecv
 }
 
 // QPN returns the QP number.
@@ -263,6 +276,8 @@ func (d *Device) DestroyQP(q *QP) error {
 	if q.attr.State != uapi.QPSReset {
 		q.flush()
 	}
+	q.fenceSend, q.fenceRecv = q.sendCQ.pc, q.recvCQ.pc
+	q.parked, q.out = nil, nil
 	q.dead = true
 	delete(d.qps, q.qpn)
 	for i, x := range d.qpList {
