@@ -362,6 +362,7 @@ type Counters struct {
 	Unvalidated, AuthFailures, Replays                               uint64
 	SpuriousRetrans                                                  uint64 // packets counted lost that arrived after all
 	SparseCopies                                                     uint64 // second copies of packets sent while few were in flight
+	EngineWakeups                                                    uint64 // times the device's engine loop woke (none while idle)
 }
 
 // Counters returns a snapshot of the device's counters.
@@ -380,7 +381,7 @@ func (c *Context) Counters() Counters {
 		ImpairedRemoteConnEvents: e.ImpairedRemoteConnEvents.Load(), BadPackets: e.BadPackets.Load(),
 		StalePackets: e.StalePackets.Load(), Unvalidated: e.Unvalidated.Load(), AuthFailures: e.AuthFailures.Load(),
 		Replays: e.Replays.Load(), SpuriousRetrans: e.SpuriousRetrans.Load(),
-		SparseCopies: e.SparseCopies.Load(),
+		SparseCopies: e.SparseCopies.Load(), EngineWakeups: e.EngineWakeups.Load(),
 	}
 }
 

@@ -79,6 +79,7 @@ type DriverWQ struct {
 
 // DriverWQs returns the QP's send and receive queues as the device reads them (efadv_query_qp_wqs).
 func (qp *QP) DriverWQs() (sq, rq DriverWQ) {
+	qp.e.PollDoorbells() // the caller may store doorbells itself from now on
 	sq = DriverWQ{Buffer: qp.sq.ring, EntrySize: qp.sq.esz, NumEntries: int(qp.sq.mask + 1),
 		Doorbell: qp.sq.db, MaxBatch: qp.sq.maxBatch, ReqID64: qp.sq.reqID64}
 	n := int(qp.rq.mask + 1)

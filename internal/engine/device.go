@@ -42,6 +42,12 @@ type Device struct {
 	qpns   *qpn.Table
 	qps    map[uint32]*QP
 	qpList []*QP
+	// polledQPs counts the live QPs whose doorbells may be stored without Ring (PollDoorbells):
+	// while there are any, the engine loop keeps polling doorbells.
+	polledQPs int
+	// txBusy: some stream may have something outstanding. Set whenever a message enters a stream;
+	// cleared by the transport tick that finds none. While it is set the engine loop keeps ticking.
+	txBusy bool
 	nCQ    int
 	nPD    int
 	pdNext uint16
@@ -139,7 +145,7 @@ func NewDevice(cfg config.Device) (*Device, error) {
 	}
 	if d.link != nil {
 		if b, ok := d.link.(link.BusyPoller); ok {
-			d.busyRx = &busyPoll{poller: b.NewPoller(), rx: d.newRxScratch()}
+			d.busyRx = &busyPoll{poller: b.NewPoller()} // its scratch comes with the first poll
 		}
 		d.wg.Add(1)
 		go d.rxLoop()
@@ -203,6 +209,7 @@ type Counters struct {
 	AuthFailures, Replays                                            atomic.Uint64 // sealed datagrams dropped
 	SpuriousRetrans                                                  atomic.Uint64 // packets counted lost that arrived after all (softefa's own)
 	SparseCopies                                                     atomic.Uint64 // second copies of packets sent while few were in flight (softefa's own)
+	EngineWakeups                                                    atomic.Uint64 // times the engine loop woke, by a kick or its timer (softefa's own)
 }
 
 // Counters returns the device's live counters.

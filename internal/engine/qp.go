@@ -57,6 +57,7 @@ type QP struct {
 	out      []*outMsg  // sends on the network, waiting for the peer's answer
 	drainReq bool       // raise SQ_DRAINED when nothing is in flight
 	kicked   atomic.Bool
+	polled   bool // its doorbells may be stored without Ring: the engine polls them (PollDoorbells)
 	dead     bool
 	owner    any
 
@@ -107,6 +108,21 @@ func (q *QP) Owner() any {
 		return nil
 	}
 	return q.owner
+}
+
+// PollDoorbells tells the device that q's producer may store its doorbells without calling
+// Ring, as a program writing the rings itself does (efadv_query_qp_wqs): the engine loop then
+// looks at q's doorbells every PollMin to PollMax for as long as q lives. Without it, a device
+// with nothing outstanding does not wake at all.
+func (q *QP) PollDoorbells() {
+	d := q.d
+	d.mu.Lock()
+	if !q.polled && !q.dead {
+		q.polled = true
+		d.polledQPs++
+	}
+	d.mu.Unlock()
+	d.wake()
 }
 
 // Fences returns, for a destroyed QP, the producer counts of its send and receive CQs when it
@@ -277,6 +293,9 @@ func (d *Device) DestroyQP(q *QP) error {
 		q.flush()
 	}
 	q.fenceSend, q.fenceRecv = q.sendCQ.pc, q.recvCQ.pc
+	if q.polled {
+		d.polledQPs--
+	}
 	q.parked, q.out = nil, nil
 	q.dead = true
 	delete(d.qps, q.qpn)

@@ -122,8 +122,9 @@ func (d *Device) wake() {
 
 // run is the engine loop: the goroutine that consumes rings when no poster does it inline
 // (ringInline), and runs the transport's timers. It wakes on Ring, and on a timer
-// that polls every doorbell: every PollMin while there is work, backing off to PollMax when idle,
-// and not at all while the device has no QP.
+// that polls every doorbell: every PollMin while there is work, backing off to PollMax while
+// some QP's doorbells are noticed only by polling (PollDoorbells), and not at all when nothing
+// is outstanding: an idle device costs no CPU.
 func (d *Device) run() {
 	defer d.wg.Done()
 	period := d.cfg.PollMin
@@ -141,6 +142,7 @@ func (d *Device) run() {
 		case <-timer.C:
 			polled = true
 		}
+		d.counts.EngineWakeups.Add(1)
 		d.mu.Lock()
 		d.useTx(q)
 		batch = d.pending.drain(batch)
@@ -148,27 +150,37 @@ func (d *Device) run() {
 		if d.inlined.Swap(false) {
 			worked = true
 		}
-		idle := len(d.qpList) == 0 && len(d.peers) == 0
-		d.mu.Unlock()
-		d.sendTx(q)
+		// Idle: nothing to time (no stream has anything outstanding, nothing parked or owed)
+		// and no QP whose doorbells only a poll notices. An idle device sleeps until kicked.
+		idle := !worked && !busy && !d.txBusy && d.polledQPs == 0
 		switch {
 		case worked || busy:
 			period = d.cfg.PollMin
 		case polled:
 			period = min(2*period, d.cfg.PollMax)
 		}
-		d.fastPoll.Store(period == d.cfg.PollMin)
 		if polled {
 			armed = false
 		}
+		stop := idle && armed
+		// (Armed for longer than the period now wanted: ACKs owed after a quiet spell.)
+		reset := !idle && (!armed || worked || armedFor > period)
 		switch {
-		case idle && armed:
-			timer.Stop()
+		case stop:
 			armed = false
-		case !idle && (!armed || worked || armedFor > period):
-			// (Armed for longer than the period now wanted: ACKs owed after a quiet spell.)
-			timer.Reset(period)
+		case reset:
 			armed, armedFor = true, period
+		}
+		// Decided under the lock: a poster that works inline after this sees whether the timer
+		// will tick fast, and wakes the loop if not (ringInline).
+		d.fastPoll.Store(armed && armedFor == d.cfg.PollMin)
+		d.mu.Unlock()
+		d.sendTx(q)
+		switch {
+		case stop:
+			timer.Stop()
+		case reset:
+			timer.Reset(period)
 		}
 	}
 }
@@ -206,8 +218,9 @@ func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
 			busy = true
 		}
 	}
-	if polled && d.transportTick(d.clock()) {
-		busy = true
+	if polled {
+		d.txBusy = d.transportTick(d.clock())
+		busy = busy || d.txBusy
 	}
 	if d.acksOwed.Load() {
 		// Owed ACKs (a busy poll's): the engine loop's tick sends them, so it must keep ticking.
@@ -232,6 +245,9 @@ func (d *Device) PollNetwork() bool {
 	}
 	defer d.busyMu.Unlock()
 	rx := d.busyRx
+	if rx.rx == nil {
+		rx.rx = d.newRxScratch()
+	}
 	n, err := rx.poller.TryReceive(rx.rx.pkts)
 	if n == 0 || err != nil {
 		if d.acksOwed.Load() && d.mu.TryLock() {

@@ -138,11 +138,8 @@ type txq struct {
 }
 
 func newTxq(max, n int) *txq {
-	q := &txq{pkts: make([]link.Packet, n), maxLen: max}
-	for i := range q.pkts {
-		q.pkts[i].Buf = make([]byte, 0, max)
-	}
-	return q
+	// Datagram buffers come with first use (room): an idle device holds none.
+	return &txq{pkts: make([]link.Packet, n), maxLen: max}
 }
 
 // room returns the datagram to append a frame of size bytes to, for p on path, starting a new
@@ -156,6 +153,9 @@ func (d *Device) room(p *peer, path, size int) []byte {
 		d.flushTx()
 	}
 	pk := &q.pkts[q.n]
+	if pk.Buf == nil {
+		pk.Buf = make([]byte, 0, q.maxLen) // once per slot: kept for every later datagram
+	}
 	q.n++
 	q.cur, q.path = p, path
 	h := wire.Header{Path: uint8(path), SrcPort: d.link.LocalAddr().Port(), SrcInc: d.inc, DstInc: p.inc,

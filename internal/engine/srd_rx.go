@@ -759,6 +759,7 @@ func (d *Device) transportTick(now time.Duration) bool {
 				d.counts.UnresponsiveRemoteEvents.Add(1)
 			}
 			d.resetTx(p, st, true)
+			busy = busy || s.busy() // answers queued again in the new stream
 			continue
 		}
 		busy = true

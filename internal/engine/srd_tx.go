@@ -184,6 +184,7 @@ func (d *Device) enqueue(p *peer, m *outMsg) {
 	if m.kind == kindRequest {
 		p.tx.reqs[m.hdr.MsgID] = m // after the idle check: an outstanding request makes the stream busy
 	}
+	d.txBusy = true // the engine loop's timer runs until the stream is idle again
 	p.tx.queue = append(p.tx.queue, m)
 	p.tx.queued(m)
 	d.pump(p)
