@@ -305,18 +305,79 @@ func TestRemoteErrorStatuses(t *testing.T) {
 	})
 }
 
-// A peer that restarts: WRs in flight to its old incarnation fail with REMOTE_ABORT, and new
-// traffic flows without manual steps.
+// A responder whose stream times out starts a new epoch; a request of ours that its old epoch
+// acknowledged whole, and that waited only for the old epoch's horizon (no RESP below it failed
+// it), succeeds once the new epoch's horizon is reached: the responder queued its unacknowledged
+// RESPs again at the new stream's start, so the new horizon covers every failure it answered.
+func TestSuccessSurvivesResponderReset(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(8)
+		o := loopOpts{rnrRetry: 0, cfg: func(c *config.Device) {
+			if c.Link.(*memlink.Node).LocalAddr() == simB {
+				c.TransportTimeout = 100 * time.Millisecond
+			} else {
+				c.TransportTimeout = 10 * time.Second
+			}
+		}}
+		a, b := memPair(t, f, 2, o)
+		b.recv(1, 0, 64)
+		a.send(1, b, 0, 64) // meet first (cookies)
+		wantWC(t, a.one(), 1, verbs.WCSuccess, verbs.WCSend)
+		wantWC(t, b.one(), 1, verbs.WCSuccess, verbs.WCRecv)
+		f.Filter(func(from, _ netip.AddrPort, d []byte) bool { return from != simB || !carriesResp(d) })
+		a.send(2, b, 0, 64) // no receive: RNR, and the RESP that says so is lost
+		synctest.Wait()     // b has had it before the receive below is posted
+		b.recv(3, 0, 64)
+		a.send(3, b, 0, 64) // delivered and acknowledged; the ACK's horizon lies past the lost RESP
+		wantWC(t, b.one(), 3, verbs.WCSuccess, verbs.WCRecv)
+		time.Sleep(300 * time.Millisecond) // virtual: b's stream times out and starts over
+		if b.ctx.Counters().UnresponsiveRemoteEvents == 0 {
+			t.Fatal("b's stream did not time out: the test tests nothing")
+		}
+		f.Filter(nil)
+		got := map[uint64]verbs.WCStatus{}
+		for _, wc := range waitWC(t, a.cq, 2) {
+			got[wc.WRID] = wc.Status
+		}
+		if got[2] != verbs.WCRNRRetryExcErr || got[3] != verbs.WCSuccess {
+			t.Fatalf("statuses %v, want 2: RNR, 3: success", got)
+		}
+	})
+}
+
+// carriesResp reports whether datagram d has a RESP frame.
+func carriesResp(d []byte) bool {
+	_, frames, err := wire.ParseHeader(d)
+	var f wire.Frame
+	for err == nil && len(frames) > 0 {
+		if frames, err = wire.NextFrame(frames, &f); err == nil && f.Type == wire.TypeData && f.Data.Op == wire.OpResp {
+			return true
+		}
+	}
+	return false
+}
+
+// A peer that restarts (a new device at its address) is a new incarnation: a request its earlier
+// life acknowledged any of fails with REMOTE_ABORT (what became of it died with that life); a
+// request it never acknowledged goes to the new life, whole, and succeeds there; then traffic
+// flows both ways.
 func TestPeerRestart(t *testing.T) {
 	inWorlds(t, 5, func(t *testing.T, w *world) {
 		f := w.f
 		a, b := w.pair(2, loopOpts{})
 		exchange(t, a, b, 2, 1000, 1000, 1)
+		f.SetBottleneck(simB, 1e6, 1<<20) // 1 MB/s: the write below is acknowledged in part
+		const big = 400_000
+		check(t, a.post(1, b, func(x *verbs.QPEx) {
+			x.WRRDMAWrite(b.mr.RKey(), b.mr.Addr())
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), big)
+		}))
+		w.sleep(50 * time.Millisecond)
 		f.SetPath(0, memlink.Impairment{Down: true})
 		f.SetPath(1, memlink.Impairment{Down: true})
-		b.recv(1, 0, 100)
-		a.send(1, b, 0, 100) // in flight: retransmitted until the paths come back
+		a.send(2, b, 0, 100) // reaches nobody: retransmitted until the paths come back
 		w.sleep(20 * time.Millisecond)
+		a.empty()
 		// b's process dies and a new one takes its address.
 		b.close()
 		check(t, b.ctx.Close())
@@ -325,12 +386,24 @@ func TestPeerRestart(t *testing.T) {
 		nb := newEnd(t, openCtx(t, nd), loopOpts{size: 1 << 20, iova: w.iova(), access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead,
 			typ: verbs.QPTDriver, cap: verbs.QPCap{MaxSendWR: 256, MaxRecvWR: 256, MaxSendSGE: 2, MaxRecvSGE: 2}})
 		nb.ah = nb.makeAH(a.ctx.Device().GID())
+		if nb.qp.QPN() != b.qp.QPN() {
+			t.Fatalf("the new life's QP is %d, the old one's %d: the test needs the same number", nb.qp.QPN(), b.qp.QPN())
+		}
+		nb.recv(9, 0, 100)
+		f.SetBottleneck(simB, 1e12, 1<<30)
 		f.SetPath(0, memlink.Impairment{})
 		f.SetPath(1, memlink.Impairment{})
-		wc := a.one()
-		if wc.WRID != 1 || efaio.Status(wc.VendorErr) != efaio.StatusRemoteAbort {
-			t.Fatalf("WR in flight to the old incarnation: %+v, want REMOTE_ABORT", wc)
+		got := map[uint64]verbs.WC{}
+		for _, wc := range waitWC(t, a.cq, 2) {
+			got[wc.WRID] = wc
 		}
+		if wc := got[1]; efaio.Status(wc.VendorErr) != efaio.StatusRemoteAbort {
+			t.Fatalf("write the old life acknowledged in part: %+v, want REMOTE_ABORT", wc)
+		}
+		if wc := got[2]; wc.Status != verbs.WCSuccess {
+			t.Fatalf("send the old life never acknowledged: %+v, want success at the new life", wc)
+		}
+		wantWC(t, nb.one(), 9, verbs.WCSuccess, verbs.WCRecv)
 		exchange(t, a, nb, 3, 8192, 100000, 2)
 		exchange(t, nb, a, 3, 8192, 100000, 3)
 	})
@@ -387,6 +460,11 @@ func TestOneQPManyPeers(t *testing.T) {
 		})
 		// Peer contexts are made on first contact, one on the hub and one on the other device
 		// for each exchange partner: the heap grows by 2×peers contexts in the first round.
+		// A device's own receive scratch comes with its first poll: not the peers' cost.
+		hub.empty()
+		for _, e := range ends {
+			e.empty()
+		}
 		var ms0, ms1 runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&ms0)

@@ -72,6 +72,7 @@ type Device struct {
 	ackList  []*peer     // peers owed an ACK (flushAcks)
 	acksOwed atomic.Bool // ackList is not empty
 	ackCopy  bool        // copySeg is writing: the datagram carries an ACK (room)
+	ackForce bool        // writeSeg is writing a message withAck: the datagram carries an ACK (room)
 	freeMsgs []*outMsg
 	freeIn   []*inbound
 	secret   [32]byte // the cookie key (admit.go)

@@ -164,10 +164,11 @@ func (d *Device) room(p *peer, path, size int) []byte {
 	if p.cookie != 0 && !p.confirmed {
 		pk.Buf = wire.AppendCookie(pk.Buf, p.cookie, true)
 	}
-	if (p.rx.ackDue || d.ackCopy && p.rx.started) && size >= wire.FrameHeaderSize+wire.DataHeaderSize &&
-		len(pk.Buf)+wire.FrameHeaderSize+wire.AckSize+size <= q.maxLen && d.proven(p, path) {
+	fits := size >= wire.FrameHeaderSize+wire.DataHeaderSize && len(pk.Buf)+wire.FrameHeaderSize+wire.AckSize+size <= q.maxLen
+	if fits && ((p.rx.ackDue || d.ackCopy && p.rx.started) && d.proven(p, path) || d.ackForce && p.rx.started) {
 		// An ACK owed to p rides along with data (a path known to work: it must get there); a
-		// sparse copy carries one in any case, in case the original and its ACK were lost.
+		// sparse copy carries one in any case, in case the original and its ACK were lost; and
+		// a message that asks for one (outMsg.withAck) gets one on every path.
 		a := p.ack()
 		p.rx.ackDue, p.rx.sinceAck = false, 0
 		pk.Buf = wire.AppendAck(pk.Buf, &a)
@@ -222,15 +223,15 @@ func (d *Device) sendTx(q *txq) {
 	}
 }
 
-// resetPeer forgets everything about the peer's streams: outstanding requests to it fail with
-// st, partly received messages from it are dropped. Used when the peer restarts (st is
-// REMOTE_ABORT) and after a transport timeout.
+// resetPeer forgets everything about the peer's streams when it restarts as incarnation inc:
+// partly received messages from it are dropped; requests its earlier life had any of fail with
+// st (REMOTE_ABORT), the others go to the new life (resetRestart).
 func (d *Device) resetPeer(p *peer, st efaio.Status, inc uint32) {
-	d.resetTx(p, st, false) // the answers were for the peer's earlier life
 	d.resetRx(p)
-	p.inc = inc
+	p.inc = inc // before resetTx: the requests it sends again are for the new life
 	p.rx.epoch = 0
 	p.heard = false
+	d.resetTx(p, st, resetRestart) // the answers were for the peer's earlier life
 }
 
 // PathStat is one path's scoreboard towards one peer.

@@ -758,7 +758,7 @@ func (d *Device) transportTick(now time.Duration) bool {
 				st = efaio.StatusLocalUnrespRemote
 				d.counts.UnresponsiveRemoteEvents.Add(1)
 			}
-			d.resetTx(p, st, true)
+			d.resetTx(p, st, resetTimeout)
 			busy = busy || s.busy() // answers queued again in the new stream
 			continue
 		}

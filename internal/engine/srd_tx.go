@@ -33,6 +33,11 @@ type outMsg struct {
 	pending int    // segments in the stream not yet acknowledged
 	done    bool   // needs nothing more but its segments' acknowledgements
 	inQueue bool   // still in txStream.queue (pump has not moved past it)
+	// withAck: every datagram carrying the message carries an ACK of the peer's stream too. A
+	// RESP queued again after a transport timeout does: the peer's requests waiting for a
+	// horizon of our abandoned epoch need one from the new epoch (settle), and the RESPs, which
+	// go until acknowledged, bring it.
+	withAck bool
 
 	// Requests only.
 	q        *QP // nil once the QP flushed it
@@ -96,7 +101,7 @@ type txStream struct {
 
 	newly    int           // onAck's scratch: packets newly acknowledged
 	rtt      time.Duration // onAck's scratch: the latest RTT sample, or -1
-	hzn      uint32        // onAck's scratch: the ACK's horizon
+	hzn      uint32        // the horizon of the newest ACK (wire.Ack.Horizon)
 	hznEpoch uint16        // and the epoch of the peer's stream it is in
 }
 
@@ -171,6 +176,12 @@ func (d *Device) release(m *outMsg) {
 
 // enqueue adds m to p's stream: its segments go out as the window allows.
 func (d *Device) enqueue(p *peer, m *outMsg) {
+	d.queue(p, m)
+	d.pump(p)
+}
+
+// queue adds m to p's stream without sending anything yet.
+func (d *Device) queue(p *peer, m *outMsg) {
 	seg := uint64(d.segSize())
 	m.nseg = uint32(max((m.length+seg-1)/seg, 1))
 	if m.hdr.Op == wire.OpReadReq || m.hdr.Op == wire.OpResp {
@@ -187,7 +198,6 @@ func (d *Device) enqueue(p *peer, m *outMsg) {
 	d.txBusy = true // the engine loop's timer runs until the stream is idle again
 	p.tx.queue = append(p.tx.queue, m)
 	p.tx.queued(m)
-	d.pump(p)
 }
 
 // sendRemote starts a request to another device: it goes on the peer's stream, and q's WR
@@ -415,7 +425,9 @@ func (d *Device) writeSeg(p *peer, psn uint32, e *sentPkt, path int) int {
 	if m.faulted {
 		hdr.Op, n = wire.OpAbort, 0
 	}
+	d.ackForce = m.withAck
 	b := d.room(p, path, wire.FrameHeaderSize+wire.DataHeaderSize+n)
+	d.ackForce = false
 	start := len(b)
 	b = wire.AppendDataHeader(b, &hdr, n)
 	ok := true
@@ -505,27 +517,42 @@ func (d *Device) pickPath(p *peer, avoid int) int {
 	return p.pathRR
 }
 
-// resetTx abandons p's outgoing stream: answered-or-not, every request fails with st, and the
-// stream starts again from PSN 0 in a new epoch so that the receiver starts afresh too.
-//
-// With keepAnswers (a transport timeout, not a peer restart), the RESPs not yet acknowledged
-// are queued again in the new stream: the peer's requests they fail may be waiting for them, and
-// an ACK of the new stream (whose horizon starts over) must not let those succeed. They go again
-// after every timeout until acknowledged (a few bytes each, to a peer that may be gone for good:
-// correctness first).
-func (d *Device) resetTx(p *peer, st efaio.Status, keepAnswers bool) {
+// Why a stream is reset (resetTx).
+const (
+	// resetTimeout: the peer stopped acknowledging for the transport timeout. Every request
+	// fails with the given status; our RESPs not yet acknowledged are queued again in the new
+	// stream: the peer's requests they fail may be waiting for them, and an ACK of the new stream
+	// (whose horizon starts over) must not let those succeed. They go again after every timeout
+	// until acknowledged (a few bytes each, to a peer that may be gone for good: correctness
+	// first).
+	resetTimeout = iota
+	// resetRestart: the peer is a new incarnation. Requests its earlier life acknowledged in
+	// part or whole, or answered, fail with the given status (REMOTE_ABORT: what happened to
+	// them died with it); requests it never acknowledged any of go again, whole, to the new
+	// life, since nothing shows the earlier one had them (docs/wire.md, "Incarnations").
+	resetRestart
+)
+
+// resetTx abandons p's outgoing stream (why says what happens to its requests and answers) and
+// starts it again from PSN 0 in a new epoch, so that the receiver starts afresh too.
+func (d *Device) resetTx(p *peer, st efaio.Status, why int) {
 	s := &p.tx
 	var answers []wire.Data
+	var carry []*outMsg
 	// In the order they were sent (not the map's), so that a replayed run completes them alike.
 	reqs := slices.SortedFunc(maps.Values(s.reqs), func(a, b *outMsg) int { return cmp.Compare(a.hdr.MsgID-s.nextMsg, b.hdr.MsgID-s.nextMsg) })
 	for _, m := range reqs {
-		if m.q != nil {
+		switch {
+		case m.q == nil:
+		case why == resetRestart && m.untouched():
+			carry = append(carry, m)
+		default:
 			d.completeReq(m, st, false)
 		}
 	}
 	for psn := s.una; psn != s.next; psn++ {
 		if e := s.slot(psn); e.msg != nil {
-			if keepAnswers && !e.acked && e.msg.kind == kindResp {
+			if why == resetTimeout && !e.acked && e.msg.kind == kindResp {
 				answers = append(answers, e.msg.hdr)
 			}
 			e.msg.pending = 0
@@ -536,7 +563,7 @@ func (d *Device) resetTx(p *peer, st efaio.Status, keepAnswers bool) {
 		}
 	}
 	for _, m := range s.queue {
-		if keepAnswers && m.kind == kindResp {
+		if why == resetTimeout && m.kind == kindResp {
 			answers = append(answers, m.hdr)
 		}
 		m.done, m.sent, m.pending, m.inQueue = true, m.nseg, 0, false
@@ -555,10 +582,42 @@ func (d *Device) resetTx(p *peer, st efaio.Status, keepAnswers bool) {
 	}
 	for _, h := range answers {
 		o := d.newMsg(p, kindResp)
-		o.hdr, o.done = h, true
+		o.hdr, o.done, o.withAck = h, true, true
 		o.hdr.PSN, o.hdr.Offset = 0, 0
-		d.enqueue(p, o)
+		d.queue(p, o) // all of them before any goes: the horizon an ACK carries lies past them all
 	}
+	if len(answers) > 0 {
+		d.pump(p)
+	}
+	for _, m := range carry {
+		d.resend(m)
+	}
+}
+
+// untouched reports whether nothing shows that the peer had any of request m: no segment
+// acknowledged, no answer, no read data.
+func (m *outMsg) untouched() bool {
+	return !m.answered && !m.waits && m.got == 0 && m.acked() == 0
+}
+
+// acked is how many of m's segments handed to the stream were acknowledged.
+func (m *outMsg) acked() uint32 { return m.sent - uint32(m.pending) }
+
+// resend sends request m again from its start as a new message on its peer's (new) stream, in
+// m's place in its QP's list; m itself is let go.
+func (d *Device) resend(m *outMsg) {
+	p, q := m.p, m.q
+	o := d.newMsg(p, kindRequest)
+	o.q, o.w, o.tries = q, m.w, m.tries
+	o.length, o.src, o.nsrc, o.sink = m.length, m.src, m.nsrc, m.sink
+	o.hdr = m.hdr
+	o.hdr.MsgID = p.tx.nextMsg
+	p.tx.nextMsg++
+	o.qIdx = m.qIdx
+	q.out[o.qIdx] = o
+	m.q = nil
+	d.release(m)
+	d.enqueue(p, o)
 }
 
 // completeReq finishes a request with st: its WR completes (or, after RNR, waits to be tried
@@ -631,8 +690,11 @@ func (s *txStream) unwait(m *outMsg) {
 
 // settle completes the requests waiting for the peer's horizon that have it: the peer's stream
 // has arrived up to the horizon its ACK named, and no RESP in it failed them, so they succeeded.
-// A horizon in an epoch of the peer's stream that has since been abandoned can no longer come:
-// those requests fail with REMOTE_ABORT (the answer, if there was one, was dropped with it).
+//
+// A horizon in an epoch of the peer's stream that the peer has since abandoned (its stream timed
+// out) can no longer come; but the peer queued every RESP of its old stream not yet acknowledged
+// again at the start of the new one (resetTimeout), so the horizon of any ACK from the new epoch
+// lies past every failure it answered: such a request waits for that horizon instead.
 func (d *Device) settle(p *peer) {
 	s, r := &p.tx, &p.rx
 	for i := 0; i < len(s.waiting); {
@@ -640,8 +702,8 @@ func (d *Device) settle(p *peer) {
 		switch {
 		case m.horizon == 0 || r.started && r.epoch == m.hEpoch && !psnLess(r.cum, m.horizon):
 			d.completeReq(m, efaio.StatusOK, false) // takes it out of waiting
-		case r.started && int16(m.hEpoch-r.epoch) < 0:
-			d.completeReq(m, efaio.StatusRemoteAbort, false)
+		case r.started && int16(m.hEpoch-r.epoch) < 0 && s.hznEpoch == r.epoch:
+			m.horizon, m.hEpoch = s.hzn, s.hznEpoch // looked at again with the new horizon
 		default:
 			i++
 		}

@@ -46,6 +46,7 @@ type Fabric struct {
 	stats     map[int]*PathStats
 	necks     map[netip.AddrPort]*Bottleneck
 	tap       func(from, to netip.AddrPort, b []byte)
+	filter    func(from, to netip.AddrPort, b []byte) bool
 
 	sim *simState // NewSim: the virtual clock and the deliveries waiting for it; nil otherwise
 }
@@ -216,6 +217,10 @@ func (n *Node) Send(pkts []link.Packet) error {
 		if f.tap != nil {
 			f.tap(n.addr, p.Addr, p.Buf[:p.N])
 		}
+		if f.filter != nil && !f.filter(n.addr, p.Addr, p.Buf[:p.N]) {
+			st.Dropped++
+			continue
+		}
 		dst := f.nodes[p.Addr]
 		if dst == nil {
 			st.Dropped++
@@ -343,6 +348,15 @@ func (f *Fabric) Inject(from, to netip.AddrPort, b []byte) {
 func (f *Fabric) Tap(fn func(from, to netip.AddrPort, b []byte)) {
 	f.mu.Lock()
 	f.tap = fn
+	f.mu.Unlock()
+}
+
+// Filter calls fn with every datagram sent on the fabric, before impairments; a datagram for
+// which it returns false is dropped (a loss aimed at one kind of datagram, for tests). fn runs
+// with the fabric locked and must not call it; nil removes the filter.
+func (f *Fabric) Filter(fn func(from, to netip.AddrPort, b []byte) bool) {
+	f.mu.Lock()
+	f.filter = fn
 	f.mu.Unlock()
 }
 
