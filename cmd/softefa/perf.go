@@ -26,6 +26,13 @@ import (
 
 var perfTests = []string{"send_bw", "send_lat", "write_bw", "write_lat", "read_bw", "read_lat"}
 
+const (
+	maxSendSize = 8192    // a SEND's largest message: the device's MTU (max_msg_sz)
+	maxRDMASize = 1 << 30 // an RDMA operation's largest: the device's max_rdma_size
+	maxQPs      = 64
+	maxTxDepth  = 4096
+)
+
 type perfOpts struct {
 	test     string
 	server   bool
@@ -107,11 +114,11 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 		o.key = k
 	}
 	switch {
-	case o.size < 1 || o.size > 1<<30:
+	case o.size < 1 || o.size > maxRDMASize:
 		return nil, fmt.Errorf("-s %d: 1 byte to 1 GiB", o.size)
-	case strings.HasPrefix(o.test, "send") && o.size > 8192 && !o.server:
+	case strings.HasPrefix(o.test, "send") && o.size > maxSendSize && !o.server:
 		return nil, fmt.Errorf("-s %d: SEND messages are at most the 8192-byte MTU", o.size)
-	case o.iters < 1 || o.qps < 1 || o.qps > 64 || o.txDepth < 1 || o.txDepth > 4096:
+	case o.iters < 1 || o.qps < 1 || o.qps > maxQPs || o.txDepth < 1 || o.txDepth > maxTxDepth:
 		return nil, errors.New("-n, -q (≤ 64) and -t (≤ 4096) must be positive")
 	case !o.server && !o.loopback && o.connect == "":
 		return nil, errors.New("give --server, --connect ADDR or --loopback")
@@ -134,10 +141,14 @@ func perf(o *perfOpts) error {
 			return err
 		}
 		errc := make(chan error, 1)
-		go func() { errc <- perfServe(o, ln) }()
+		go func() { errc <- perfServe(o, ln, false) }()
 		o.connect = ln.Addr().String()
 		cerr := perfClient(o)
+		ln.Close() // a client that never connected leaves the server in Accept
 		serr := <-errc
+		if cerr != nil && errors.Is(serr, net.ErrClosed) {
+			serr = nil
+		}
 		return errors.Join(cerr, serr)
 	}
 	if o.server {
@@ -145,10 +156,41 @@ func perf(o *perfOpts) error {
 		if err != nil {
 			return err
 		}
-		return perfServe(o, ln)
+		return perfServe(o, ln, true)
 	}
 	return perfClient(o)
 }
+
+// dialExchange connects to a server's exchange port within timeout.
+func dialExchange(addr string, timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", addr, err)
+	}
+	return c, nil
+}
+
+// exchangeErr names what a failed read or write of the exchange was waiting for; a deadline
+// passing says which timeout it was.
+func exchangeErr(what string, timeout time.Duration, err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("%s: nothing within --timeout %v", what, timeout)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// deviceAddr is the UDP endpoint of the device on c's side of an exchange: c's local address,
+// which is concrete even when the listener's is unspecified (0.0.0.0, ::), with port.
+func deviceAddr(c net.Conn, port int) string {
+	ip := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+	return netip.AddrPortFrom(ip, uint16(port)).String()
+}
+
+// clientFault is an exchange that failed on the client's account (silence, a bad hello): a
+// server drops that client and waits for another.
+type clientFault struct{ error }
+
+func (e clientFault) Unwrap() error { return e.error }
 
 func endpointFor(o *perfOpts, addr string, h *hello) (*endpoint, error) {
 	depth := max(o.txDepth, 64)
@@ -179,21 +221,44 @@ func parseGID(s string) (verbs.GID, error) {
 	return verbs.GID(a.As16()), nil
 }
 
-// perfServe answers one client: it creates its device on the listener's address, tells the
-// client its QPs, and plays the passive side until the client is done.
-func perfServe(o *perfOpts, ln net.Listener) error {
+// perfServe answers one client: it creates its device on the address the client reached,
+// tells the client its QPs, and plays the passive side until the client is done. With retry, a
+// client that says nothing within the timeout, or not a usable hello, is dropped and the
+// server waits for another.
+func perfServe(o *perfOpts, ln net.Listener, retry bool) error {
 	defer ln.Close()
-	c, err := ln.Accept()
-	if err != nil {
-		return err
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		err = perfServeConn(o, ln, c)
+		var cf clientFault
+		if !retry || !errors.As(err, &cf) {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "softefa perf: %v; waiting for another client\n", err)
 	}
+}
+
+func perfServeConn(o *perfOpts, ln net.Listener, c net.Conn) error {
 	defer c.Close()
+	who := c.RemoteAddr().String()
+	_ = c.SetDeadline(time.Now().Add(o.timeout))
 	r, w := json.NewDecoder(bufio.NewReader(c)), json.NewEncoder(c)
 	var h hello
 	if err := r.Decode(&h); err != nil {
-		return fmt.Errorf("server: reading the client's hello: %w", err)
+		return clientFault{exchangeErr("server: reading the hello of client "+who, o.timeout, err)}
 	}
-	e, err := endpointFor(o, ln.Addr().String(), &h)
+	err := checkHello(&h)
+	if err == nil && h.Test != o.test {
+		err = fmt.Errorf("this server runs %s, not %s", o.test, h.Test)
+	}
+	if err != nil {
+		_ = w.Encode(hello{Err: err.Error()})
+		return clientFault{fmt.Errorf("server: client %s: %w", who, err)}
+	}
+	e, err := endpointFor(o, deviceAddr(c, ln.Addr().(*net.TCPAddr).Port), &h)
 	if err != nil {
 		_ = w.Encode(hello{Err: err.Error()})
 		return err
@@ -204,23 +269,41 @@ func perfServe(o *perfOpts, ln net.Listener) error {
 		err = e.connect(peer)
 	}
 	if err != nil {
-		return err
+		_ = w.Encode(hello{Err: err.Error()})
+		return clientFault{fmt.Errorf("server: client %s: GID %q: %w", who, h.GID, err)}
 	}
 	if err := w.Encode(e.hello()); err != nil {
-		return err
+		return clientFault{exchangeErr("server: sending the hello to client "+who, o.timeout, err)}
 	}
+	_ = c.SetDeadline(time.Time{}) // the test runs as long as the client says
 	done := make(chan error, 1)
 	go func() {
 		var fin hello
 		done <- r.Decode(&fin)
 	}()
-	fmt.Fprintf(os.Stderr, "softefa perf: serving %s (%d bytes, %d QPs) for %s\n", h.Test, h.Size, h.QPs, c.RemoteAddr())
+	fmt.Fprintf(os.Stderr, "softefa perf: serving %s (%d bytes, %d QPs) for %s\n", h.Test, h.Size, h.QPs, who)
 	serr := e.servePassive(&h, done, o.timeout)
+	_ = c.SetDeadline(time.Now().Add(o.timeout))
 	if serr != nil {
 		_ = w.Encode(hello{Done: true, Err: serr.Error()})
 		return fmt.Errorf("server: %w", serr)
 	}
 	return w.Encode(hello{Done: true})
+}
+
+// checkHello refuses a client's hello the server cannot serve, before making anything for it.
+func checkHello(h *hello) error {
+	switch {
+	case !slices.Contains(perfTests, h.Test):
+		return fmt.Errorf("unknown test %q", h.Test)
+	case h.Size < 1 || h.Size > maxRDMASize || strings.HasPrefix(h.Test, "send") && h.Size > maxSendSize:
+		return fmt.Errorf("size %d out of range for %s", h.Size, h.Test)
+	case h.QPs < 1 || h.QPs > maxQPs || len(h.QPNs) != h.QPs:
+		return fmt.Errorf("%d QPs with %d QP numbers (1 to %d)", h.QPs, len(h.QPNs), maxQPs)
+	case h.Depth < 1 || h.Depth > maxTxDepth:
+		return fmt.Errorf("tx depth %d (1 to %d)", h.Depth, maxTxDepth)
+	}
+	return nil
 }
 
 // servePassive does the server's part of h.Test until the client says it is done.
@@ -293,11 +376,14 @@ func (e *endpoint) servePassive(h *hello, done <-chan error, timeout time.Durati
 }
 
 func perfClient(o *perfOpts) error {
-	c, err := net.Dial("tcp", o.connect)
+	c, err := dialExchange(o.connect, o.timeout)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	// The exchange before and after the test is bounded by the timeout, the test itself by the
+	// timeout per completion.
+	_ = c.SetDeadline(time.Now().Add(o.timeout))
 	local := "127.0.0.1:0"
 	if la, ok := c.LocalAddr().(*net.TCPAddr); ok {
 		local = net.JoinHostPort(la.IP.String(), "0")
@@ -311,25 +397,30 @@ func perfClient(o *perfOpts) error {
 	h := e.hello()
 	h.Test, h.Size, h.Iters, h.QPs, h.Depth = o.test, o.size, o.iters, o.qps, max(o.txDepth, 64)
 	if err := w.Encode(h); err != nil {
-		return err
+		return exchangeErr("client: sending the hello to "+o.connect, o.timeout, err)
 	}
 	var sh hello
 	if err := r.Decode(&sh); err != nil {
-		return fmt.Errorf("client: reading the server's hello: %w", err)
+		return exchangeErr("client: reading the server's hello from "+o.connect, o.timeout, err)
 	}
 	if sh.Err != "" {
 		return fmt.Errorf("server: %s", sh.Err)
 	}
+	if len(sh.QPNs) != o.qps {
+		return fmt.Errorf("server %s: %d QP numbers for %d QPs", o.connect, len(sh.QPNs), o.qps)
+	}
 	peer, err := parseGID(sh.GID)
 	if err != nil {
-		return err
+		return fmt.Errorf("server %s: GID %q: %w", o.connect, sh.GID, err)
 	}
 	if err := e.connect(peer); err != nil {
 		return err
 	}
+	_ = c.SetDeadline(time.Time{})
 	stopMetrics := serveMetrics(o.metrics, e)
 	defer stopMetrics()
 	res, runErr := e.runClient(o, &sh)
+	_ = c.SetDeadline(time.Now().Add(o.timeout))
 	_ = w.Encode(hello{Done: true})
 	var fin hello
 	if err := r.Decode(&fin); err == nil && fin.Err != "" && runErr == nil {
