@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -26,12 +27,12 @@ func TestParsePerf(t *testing.T) {
 			t.Errorf("perf %q parsed", bad)
 		}
 	}
-	o, err := parsePerf([]string{"write_bw", "--connect", "h:1", "-s", "1048576", "-n", "7", "-q", "2", "-t", "3", "-D", "2s",
+	o, err := parsePerf([]string{"write_bw", "--connect", "h:1", "-s", "1048576", "-q", "2", "-t", "3", "-D", "2s",
 		"--mtu", "9000", "--paths", "8", "--json", "--stats"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.size != 1<<20 || o.iters != 7 || o.qps != 2 || o.txDepth != 3 || o.duration != 2*time.Second || o.mtu != 9000 ||
+	if o.size != 1<<20 || o.qps != 2 || o.txDepth != 3 || o.duration != 2*time.Second || o.mtu != 9000 ||
 		o.paths != 8 || !o.json || !o.stats || o.connect != "h:1" {
 		t.Fatalf("parsed %+v", o)
 	}
@@ -45,7 +46,11 @@ func TestPerfLoopback(t *testing.T) {
 	for _, test := range perfTests {
 		t.Run(test, func(t *testing.T) {
 			var out bytes.Buffer
-			o, err := parsePerf([]string{test, "--loopback", "-n", "50", "-s", "4096", "-q", "2", "--json"}, &out)
+			args := []string{test, "--loopback", "-n", "50", "-s", "4096", "--json"}
+			if strings.HasSuffix(test, "_bw") {
+				args = append(args, "-q", "2")
+			}
+			o, err := parsePerf(args, &out)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -199,10 +204,22 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.close()
-	stop := serveMetrics("127.0.0.1:0", e)
-	defer stop()
+	m, err := listenMetrics("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.serve(e)
+	defer m.stop()
+	resp, err := http.Get("http://" + m.ln.Addr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var out bytes.Buffer
-	writeMetrics(&out, e)
+	_, err = out.ReadFrom(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, want := range []string{"# TYPE softefa_tx_pkts counter", `softefa_send_wrs{device="efa_0"} 0`,
 		`softefa_qp_wr_errors{device="efa_0",qpn="2"} 0`} {
 		if !strings.Contains(out.String(), want) {

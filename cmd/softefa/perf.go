@@ -53,6 +53,8 @@ type perfOpts struct {
 	keyFile  string
 	key      []byte
 	out      io.Writer
+
+	metricsSrv *metricsServer // --metrics, listening from the start
 }
 
 // hello is what the two sides tell each other before a test.
@@ -72,38 +74,100 @@ type hello struct {
 
 func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 	o := &perfOpts{out: out}
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return nil, fmt.Errorf("usage: softefa perf TEST [flags]; TEST is one of %s", strings.Join(perfTests, ", "))
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") && !isHelp(args[0]) {
+		return nil, fmt.Errorf("usage: softefa perf TEST [flags]; TEST is one of %s (softefa perf -h: the flags)",
+			strings.Join(perfTests, ", "))
 	}
 	o.test = args[0]
-	if !slices.Contains(perfTests, o.test) {
+	if isHelp(o.test) {
+		o.test = "TEST"
+	} else if !slices.Contains(perfTests, o.test) {
 		return nil, fmt.Errorf("unknown test %q; one of %s", o.test, strings.Join(perfTests, ", "))
 	}
 	fs := flag.NewFlagSet("perf "+o.test, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.BoolVar(&o.server, "server", false, "wait for a client (on --listen)")
+	fs.BoolVar(&o.server, "server", false, "wait for a client (on --listen); it takes -s, -n, -D, -q and -t from the client")
 	fs.BoolVar(&o.loopback, "loopback", false, "run server and client in this process over UDP on 127.0.0.1")
-	fs.StringVar(&o.listen, "listen", "127.0.0.1:18515", "server: the device's UDP address and the TCP address for the exchange")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:18515", "server: the TCP address for the exchange and the device's UDP port; with an\n"+
+		"unspecified host (0.0.0.0, ::, none) the device binds the address each client reached, a\n"+
+		"concrete UDP endpoint for its GID")
 	fs.StringVar(&o.connect, "connect", "", "client: the server's address")
-	fs.IntVar(&o.size, "s", 65536, "message size in bytes")
+	fs.IntVar(&o.size, "s", 0, "message size in bytes; default, as perftest: 2 for the latency tests and 65536 for write_bw\n"+
+		"and read_bw, but 8192 for send_bw, as a SEND carries at most the device's 8192-byte MTU\n"+
+		"(max_msg_sz); RDMA up to 1 GiB")
 	fs.IntVar(&o.iters, "n", 1000, "iterations")
-	fs.DurationVar(&o.duration, "D", 0, "run for this long instead of -n iterations (bandwidth tests)")
-	fs.IntVar(&o.qps, "q", 1, "number of QPs")
-	fs.IntVar(&o.txDepth, "t", 128, "tx depth: WRs outstanding per QP (bandwidth tests)")
-	fs.IntVar(&o.mtu, "mtu", 0, "path MTU (0: 9001 on loopback, else 1500)")
-	fs.IntVar(&o.paths, "paths", 4, "paths (UDP source ports) per device")
-	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of the table")
+	fs.Var((*secondsFlag)(&o.duration), "D", "run for this long instead of -n iterations: seconds as perftest (2), or a Go duration (1m30s)")
+	fs.IntVar(&o.qps, "q", 1, "number of QPs, 1 to 64 (bandwidth tests)")
+	fs.IntVar(&o.txDepth, "t", 128, "tx depth: WRs outstanding per QP, 1 to 4096 (bandwidth tests)")
+	fs.IntVar(&o.mtu, "mtu", 0, "path MTU, 576 to 65535 (0: 9001 on loopback, else 1500)")
+	fs.IntVar(&o.paths, "paths", 4, "paths (UDP source ports) per device, 1 to 255")
+	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of the table (the client prints the result)")
 	fs.BoolVar(&o.stats, "stats", false, "print the device, QP and path counters at the end")
-	fs.StringVar(&o.metrics, "metrics", "", "serve counters for Prometheus on this address while running")
-	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up when a completion takes longer")
+	fs.StringVar(&o.metrics, "metrics", "", "serve counters for Prometheus on this address (HOST:PORT) while running")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up when a completion, or the exchange before or after the test, takes longer")
 	fs.StringVar(&o.keyFile, "key-file", "", "encrypt with the 32-byte key in this file (or set SOFTEFA_KEY to 64 hex digits)")
-	if err := fs.Parse(args[1:]); err != nil {
+	rest := args[1:]
+	if isHelp(args[0]) {
+		rest = []string{"-h"}
+	}
+	if err := parseFlags(fs, "softefa perf "+strings.Join(perfTests, "|")+" [flags]", rest); err != nil {
 		return nil, err
+	}
+	set := setFlags(fs)
+	lat := strings.HasSuffix(o.test, "_lat")
+	send := strings.HasPrefix(o.test, "send")
+	if !set["s"] {
+		switch {
+		case lat:
+			o.size = 2
+		case send:
+			o.size = maxSendSize
+		default:
+			o.size = 65536
+		}
+	}
+	if err := checkMode(set, o.server, o.loopback, o.connect); err != nil {
+		return nil, err
+	}
+	switch {
+	case o.size < 1 || o.size > maxRDMASize:
+		return nil, fmt.Errorf("-s %d: 1 byte to 1 GiB", o.size)
+	case send && o.size > maxSendSize:
+		return nil, fmt.Errorf("-s %d: SEND messages are at most the 8192-byte MTU", o.size)
+	case o.iters < 1:
+		return nil, fmt.Errorf("-n %d: iterations must be positive", o.iters)
+	case set["D"] && o.duration <= 0:
+		return nil, fmt.Errorf("-D %v: the duration must be positive", o.duration)
+	case set["D"] && set["n"]:
+		return nil, errors.New("-D and -n: a test runs for a time or for a count, give one")
+	case o.qps < 1 || o.qps > maxQPs:
+		return nil, fmt.Errorf("-q %d: 1 to %d QPs", o.qps, maxQPs)
+	case lat && o.qps > 1:
+		return nil, fmt.Errorf("-q %d: the latency tests use one QP", o.qps)
+	case o.txDepth < 1 || o.txDepth > maxTxDepth:
+		return nil, fmt.Errorf("-t %d: tx depth 1 to %d", o.txDepth, maxTxDepth)
+	case lat && set["t"]:
+		return nil, errors.New("-t: the latency tests keep one WR outstanding")
+	case o.mtu != 0 && (o.mtu < 576 || o.mtu > 65535):
+		return nil, fmt.Errorf("--mtu %d: a path MTU is 576 to 65535 (0: the default)", o.mtu)
+	case o.paths < 1 || o.paths > 255:
+		return nil, fmt.Errorf("--paths %d: 1 to 255 paths", o.paths)
+	case o.timeout <= 0:
+		return nil, fmt.Errorf("--timeout %v: must be positive", o.timeout)
+	case o.server && o.json:
+		return nil, errors.New("--json: the client prints the result; a server prints none")
+	}
+	for _, a := range []struct{ flag, addr string }{{"--listen", o.listen}, {"--connect", o.connect}, {"--metrics", o.metrics}} {
+		if a.addr == "" && a.flag != "--listen" {
+			continue
+		}
+		if err := checkHostPort(a.flag, a.addr); err != nil {
+			return nil, err
+		}
 	}
 	if o.keyFile != "" {
 		k, err := config.KeyFromFile(o.keyFile)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--key-file: %w", err)
 		}
 		o.key = k
 	} else if _, ok := os.LookupEnv("SOFTEFA_KEY"); ok {
@@ -113,18 +177,10 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 		}
 		o.key = k
 	}
-	switch {
-	case o.size < 1 || o.size > maxRDMASize:
-		return nil, fmt.Errorf("-s %d: 1 byte to 1 GiB", o.size)
-	case strings.HasPrefix(o.test, "send") && o.size > maxSendSize && !o.server:
-		return nil, fmt.Errorf("-s %d: SEND messages are at most the 8192-byte MTU", o.size)
-	case o.iters < 1 || o.qps < 1 || o.qps > maxQPs || o.txDepth < 1 || o.txDepth > maxTxDepth:
-		return nil, errors.New("-n, -q (≤ 64) and -t (≤ 4096) must be positive")
-	case !o.server && !o.loopback && o.connect == "":
-		return nil, errors.New("give --server, --connect ADDR or --loopback")
-	}
 	return o, nil
 }
+
+func isHelp(s string) bool { return s == "-h" || s == "-help" || s == "--help" || s == "--h" }
 
 func runPerf(args []string) error {
 	o, err := parsePerf(args, os.Stdout)
@@ -135,13 +191,21 @@ func runPerf(args []string) error {
 }
 
 func perf(o *perfOpts) error {
+	m, err := listenMetrics(o.metrics) // at once: a busy port is refused before anything starts
+	if err != nil {
+		return err
+	}
+	defer m.stop()
+	o.metricsSrv = m
 	if o.loopback {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return err
 		}
 		errc := make(chan error, 1)
-		go func() { errc <- perfServe(o, ln, false) }()
+		so := *o
+		so.metricsSrv = nil // the client's device is the one measured
+		go func() { errc <- perfServe(&so, ln, false) }()
 		o.connect = ln.Addr().String()
 		cerr := perfClient(o)
 		ln.Close() // a client that never connected leaves the server in Accept
@@ -156,6 +220,7 @@ func perf(o *perfOpts) error {
 		if err != nil {
 			return err
 		}
+		fmt.Fprintf(os.Stderr, "softefa perf: %s server waiting for a client on %s\n", o.test, ln.Addr())
 		return perfServe(o, ln, true)
 	}
 	return perfClient(o)
@@ -282,7 +347,12 @@ func perfServeConn(o *perfOpts, ln net.Listener, c net.Conn) error {
 		done <- r.Decode(&fin)
 	}()
 	fmt.Fprintf(os.Stderr, "softefa perf: serving %s (%d bytes, %d QPs) for %s\n", h.Test, h.Size, h.QPs, who)
+	o.metricsSrv.serve(e)
+	defer o.metricsSrv.stop()
 	serr := e.servePassive(&h, done, o.timeout)
+	if o.stats {
+		printStats(o.out, e)
+	}
 	_ = c.SetDeadline(time.Now().Add(o.timeout))
 	if serr != nil {
 		_ = w.Encode(hello{Done: true, Err: serr.Error()})
@@ -417,8 +487,8 @@ func perfClient(o *perfOpts) error {
 		return err
 	}
 	_ = c.SetDeadline(time.Time{})
-	stopMetrics := serveMetrics(o.metrics, e)
-	defer stopMetrics()
+	o.metricsSrv.serve(e)
+	defer o.metricsSrv.stop()
 	res, runErr := e.runClient(o, &sh)
 	_ = c.SetDeadline(time.Now().Add(o.timeout))
 	_ = w.Encode(hello{Done: true})
@@ -547,7 +617,13 @@ func (e *endpoint) latency(o *perfOpts, sh *hello) (*result, error) {
 		}
 	}
 	start := time.Now()
-	for i := range o.iters {
+	more := func(i int) bool {
+		if o.duration > 0 {
+			return time.Since(start) < o.duration
+		}
+		return i < o.iters
+	}
+	for i := 0; more(i); i++ {
 		t0 := time.Now()
 		err := e.post(qp, uint64(i), sh.QPNs[0], func(x *verbs.QPEx) {
 			switch o.test {

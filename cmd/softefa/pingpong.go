@@ -29,25 +29,36 @@ type pingOpts struct {
 func parsePingpong(args []string, out io.Writer) (*pingOpts, error) {
 	o := &pingOpts{out: out}
 	fs := flag.NewFlagSet("pingpong", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
 	fs.BoolVar(&o.server, "server", false, "wait for a client (on --listen)")
 	fs.BoolVar(&o.loopback, "loopback", false, "run both sides in this process over UDP on 127.0.0.1")
 	fs.BoolVar(&o.ud, "ud", false, "UD QPs instead of SRD (a server takes the client's choice)")
-	fs.StringVar(&o.listen, "listen", "127.0.0.1:18516", "server: device UDP address and exchange TCP address")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:18516", "server: the TCP address for the exchange and the device's UDP port (an unspecified\n"+
+		"host, 0.0.0.0 or ::, binds the device on the address each client reached)")
 	fs.StringVar(&o.connect, "connect", "", "client: the server's address")
-	fs.IntVar(&o.size, "s", 4096, "message size (a server takes the client's)")
+	fs.IntVar(&o.size, "s", 4096, "message size, 1 to 8192 bytes (a server takes the client's)")
 	fs.IntVar(&o.iters, "n", 1000, "iterations (a server takes the client's)")
-	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up when a message takes longer")
-	if err := fs.Parse(args); err != nil {
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up when a message, or the exchange before the first, takes longer")
+	if err := parseFlags(fs, "softefa pingpong --server|--connect ADDR|--loopback [flags]", args); err != nil {
+		return nil, err
+	}
+	if err := checkMode(setFlags(fs), o.server, o.loopback, o.connect); err != nil {
 		return nil, err
 	}
 	switch {
-	case o.size < 1 || o.size > 8192:
+	case o.size < 1 || o.size > maxSendSize:
 		return nil, fmt.Errorf("-s %d: 1 to 8192 bytes", o.size)
 	case o.iters < 1:
-		return nil, errors.New("-n must be positive")
-	case !o.server && !o.loopback && o.connect == "":
-		return nil, errors.New("give --server, --connect ADDR or --loopback")
+		return nil, fmt.Errorf("-n %d: iterations must be positive", o.iters)
+	case o.timeout <= 0:
+		return nil, fmt.Errorf("--timeout %v: must be positive", o.timeout)
+	}
+	if err := checkHostPort("--listen", o.listen); err != nil {
+		return nil, err
+	}
+	if o.connect != "" {
+		if err := checkHostPort("--connect", o.connect); err != nil {
+			return nil, err
+		}
 	}
 	return o, nil
 }
@@ -81,6 +92,7 @@ func pingpong(o *pingOpts) error {
 		if err != nil {
 			return err
 		}
+		fmt.Fprintf(os.Stderr, "softefa pingpong: server waiting for a client on %s\n", ln.Addr())
 		return pingServe(o, ln, true)
 	}
 	return pingClient(o, o.connect)

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Bad flag sets are refused at once: a non-zero exit, and the reason on stderr naming the flag.
+func TestBadFlags(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0") // --metrics on a port in use
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { busy.Close() }) // after the parallel subtests
+	dir := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		want string // in stderr
+	}{
+		// perf
+		{[]string{"perf"}, "TEST"},
+		{[]string{"perf", "bogus_bw", "--loopback"}, `"bogus_bw"`},
+		{[]string{"perf", "send_lat"}, "--loopback"},
+		{[]string{"perf", "send_lat", "--loopback", "--server"}, "--server and --loopback"},
+		{[]string{"perf", "send_lat", "--server", "--connect=h:1"}, "--server and --connect"},
+		{[]string{"perf", "send_lat", "--loopback", "--connect=h:1"}, "--connect and --loopback"},
+		{[]string{"perf", "send_lat", "--connect=h:1", "--listen=127.0.0.1:1"}, "--listen"},
+		{[]string{"perf", "send_lat", "--loopback", "extra"}, `"extra"`},
+		{[]string{"perf", "send_lat", "--loopback", "-x"}, "-x"},
+		{[]string{"perf", "send_lat", "--loopback", "-D", "-1s"}, "-D"},
+		{[]string{"perf", "send_lat", "--loopback", "-D", "0"}, "-D"},
+		{[]string{"perf", "send_lat", "--loopback", "-D", "soon"}, "-D"},
+		{[]string{"perf", "write_bw", "--loopback", "-D", "2", "-n", "10"}, "-D and -n"},
+		{[]string{"perf", "send_lat", "--loopback", "--paths", "0"}, "--paths"},
+		{[]string{"perf", "send_lat", "--loopback", "--paths", "-1"}, "--paths"},
+		{[]string{"perf", "send_lat", "--loopback", "--paths", "256"}, "--paths"},
+		{[]string{"perf", "send_lat", "--loopback", "--mtu", "100"}, "--mtu"},
+		{[]string{"perf", "send_lat", "--loopback", "--mtu", "70000"}, "--mtu"},
+		{[]string{"perf", "send_lat", "--loopback", "-s", "0"}, "-s"},
+		{[]string{"perf", "write_lat", "--loopback", "-s", "-5"}, "-s"},
+		{[]string{"perf", "send_bw", "--loopback", "-s", "9000"}, "-s"},
+		{[]string{"perf", "send_bw", "--server", "-s", "65536"}, "-s"},
+		{[]string{"perf", "write_bw", "--loopback", "-s", "2147483648"}, "-s"},
+		{[]string{"perf", "write_bw", "--loopback", "-n", "0"}, "-n"},
+		{[]string{"perf", "write_bw", "--loopback", "-n", "-1"}, "-n"},
+		{[]string{"perf", "write_bw", "--loopback", "-q", "0"}, "-q"},
+		{[]string{"perf", "write_bw", "--loopback", "-q", "65"}, "-q"},
+		{[]string{"perf", "send_lat", "--loopback", "-q", "2"}, "-q"},
+		{[]string{"perf", "write_bw", "--loopback", "-t", "0"}, "-t"},
+		{[]string{"perf", "write_bw", "--loopback", "-t", "5000"}, "-t"},
+		{[]string{"perf", "write_lat", "--loopback", "-t", "8"}, "-t"},
+		{[]string{"perf", "write_bw", "--loopback", "--timeout", "0s"}, "--timeout"},
+		{[]string{"perf", "write_bw", "--loopback", "--timeout", "-1s"}, "--timeout"},
+		{[]string{"perf", "write_bw", "--loopback", "--metrics", busy.Addr().String()}, "--metrics"},
+		{[]string{"perf", "write_bw", "--loopback", "--metrics", "nowhere"}, "--metrics"},
+		{[]string{"perf", "write_bw", "--connect", "nohostport"}, "--connect"},
+		{[]string{"perf", "write_bw", "--connect", "h:99999"}, "--connect"},
+		{[]string{"perf", "write_bw", "--server", "--listen", "noport"}, "--listen"},
+		{[]string{"perf", "write_bw", "--server", "--json"}, "--json"},
+		{[]string{"perf", "write_bw", "--loopback", "--key-file", filepath.Join(dir, "none")}, "--key-file"},
+		// pingpong
+		{[]string{"pingpong"}, "--loopback"},
+		{[]string{"pingpong", "--loopback", "--server"}, "--server and --loopback"},
+		{[]string{"pingpong", "--connect=h:1", "--listen=127.0.0.1:1"}, "--listen"},
+		{[]string{"pingpong", "--loopback", "-s", "0"}, "-s"},
+		{[]string{"pingpong", "--loopback", "-s", "9000"}, "-s"},
+		{[]string{"pingpong", "--loopback", "-n", "0"}, "-n"},
+		{[]string{"pingpong", "--loopback", "--timeout", "-1s"}, "--timeout"},
+		{[]string{"pingpong", "--connect", "nohostport"}, "--connect"},
+		{[]string{"pingpong", "--loopback", "extra"}, `"extra"`},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			t.Parallel()
+			code, stderr := runMain(t, c.args...)
+			if code == 0 || !strings.Contains(stderr, c.want) {
+				t.Errorf("exit %d, stderr %q; want a failure naming %s", code, stderr, c.want)
+			}
+		})
+	}
+}
+
+// -h prints the flags and succeeds.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"perf", "-h"}, {"perf", "send_lat", "-h"}, {"pingpong", "-h"}} {
+		code, stderr := runMain(t, args...)
+		if code != 0 || !strings.Contains(stderr, "usage: softefa "+args[0]) || !strings.Contains(stderr, "-") {
+			t.Errorf("%q: exit %d, stderr %q", args, code, stderr)
+		}
+	}
+}
+
+// Every perf test runs with its default size, as perftest's (a SEND's capped at the MTU).
+func TestPerfDefaultSizes(t *testing.T) {
+	want := map[string]float64{"send_bw": 8192, "send_lat": 2, "write_bw": 65536, "write_lat": 2, "read_bw": 65536, "read_lat": 2}
+	for _, test := range perfTests {
+		var out bytes.Buffer
+		o, err := parsePerf([]string{test, "--loopback", "-n", "20", "--json"}, &out)
+		if err != nil {
+			t.Fatalf("%s: %v", test, err)
+		}
+		if err := perf(o); err != nil {
+			t.Fatalf("%s: %v", test, err)
+		}
+		var res map[string]any
+		if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+			t.Fatalf("%s: %v: %s", test, err, out.Bytes())
+		}
+		if res["size"] != want[test] || res["iterations"] != 20.0 || res["errors"] != 0.0 {
+			t.Errorf("%s: %v", test, res)
+		}
+	}
+}
+
+// -D takes perftest's seconds as well as Go durations.
+func TestPerfDuration(t *testing.T) {
+	for arg, want := range map[string]time.Duration{"2": 2 * time.Second, "0.5": 500 * time.Millisecond,
+		"1m30s": 90 * time.Second, "300ms": 300 * time.Millisecond} {
+		o, err := parsePerf([]string{"write_bw", "--loopback", "-D", arg}, nil)
+		if err != nil || o.duration != want {
+			t.Errorf("-D %s: %v, %v; want %v", arg, o, err, want)
+		}
+	}
+}
+
+// A latency test with -D runs for that long rather than -n round trips: with -D 1ns the clock
+// has passed the end after the first round trip at the latest.
+func TestPerfLatencyDuration(t *testing.T) {
+	var out bytes.Buffer
+	o, err := parsePerf([]string{"send_lat", "--loopback", "-s", "64", "-D", "1ns", "--json"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := perf(o); err != nil {
+		t.Fatal(err)
+	}
+	var res map[string]any
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("%v: %s", err, out.Bytes())
+	}
+	if n, _ := res["iterations"].(float64); n > 1 || res["errors"] != 0.0 {
+		t.Fatalf("-D 1ns: %v", res)
+	}
+}
+
+// A server listening on an unspecified address gives its device the concrete address the
+// client reached it at, and the test runs.
+func TestPerfListenUnspecified(t *testing.T) {
+	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	so, err := parsePerf([]string{"send_lat", "--server", "--listen", ln.Addr().String(), "-s", "64"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serr := make(chan error, 1)
+	go func() { serr <- perfServe(so, ln, false) }()
+	var out bytes.Buffer
+	co, err := parsePerf([]string{"send_lat", "--connect", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), "-s", "64", "-n", "20", "--json"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := within(t, func() error { return perf(co) }); err != nil {
+		t.Fatalf("client: %v", err)
+	}
+	if err := within(t, func() error { return <-serr }); err != nil {
+		t.Fatalf("server: %v", err)
+	}
+	if !strings.Contains(out.String(), `"iterations":20`) {
+		t.Fatalf("client: %s", out.String())
+	}
+}
+
+// A server refuses a client asking for another test, and the client says why.
+func TestPerfServerOtherTest(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	so, err := parsePerf([]string{"read_bw", "--server"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serr := make(chan error, 1)
+	go func() { serr <- perfServe(so, ln, false) }()
+	co, err := parsePerf([]string{"send_lat", "--connect", ln.Addr().String(), "-s", "64", "-n", "5"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = within(t, func() error { return perf(co) })
+	if err == nil || !strings.Contains(err.Error(), "runs read_bw, not send_lat") {
+		t.Fatalf("client: %v", err)
+	}
+	if err := within(t, func() error { return <-serr }); err == nil {
+		t.Fatal("server: no error")
+	}
+}
