@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -19,6 +20,19 @@ func TestBadFlags(t *testing.T) {
 	}
 	t.Cleanup(func() { busy.Close() }) // after the parallel subtests
 	dir := t.TempDir()
+	conf := func(name, text string) string {
+		f := filepath.Join(dir, name)
+		if err := os.WriteFile(f, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	badLoss := conf("loss.json", `{"default": {"loss": 2}}`)
+	badKey := conf("key.json", `{"default": {"los": 0.1}}`)
+	badPath := conf("path.json", `{"paths": 2, "path": {"5": {"down": true}}}`)
+	noQueue := conf("queue.json", `{"default": {"rate": 1000}}`)
+	negDelay := conf("delay.json", `{"path": {"1": {"delay": "-1ms"}}}`)
+	to := "--to=127.0.0.1:9"
 	for _, c := range []struct {
 		args []string
 		want string // in stderr
@@ -74,6 +88,53 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"pingpong", "--loopback", "--timeout", "-1s"}, "--timeout"},
 		{[]string{"pingpong", "--connect", "nohostport"}, "--connect"},
 		{[]string{"pingpong", "--loopback", "extra"}, `"extra"`},
+		// fabric
+		{[]string{"fabric"}, "--to"},
+		{[]string{"fabric", "--to", "nohostport"}, "--to"},
+		{[]string{"fabric", to, "--listen", "noport"}, "--listen"},
+		{[]string{"fabric", to, "--client-addr", "x"}, "--client-addr"},
+		{[]string{"fabric", to, "--paths", "0"}, "--paths"},
+		{[]string{"fabric", to, "--paths", "-1"}, "--paths"},
+		{[]string{"fabric", to, "--paths", "65"}, "--paths"},
+		{[]string{"fabric", to, "--loss", "1.5"}, "--loss"},
+		{[]string{"fabric", to, "--loss", "-0.1"}, "--loss"},
+		{[]string{"fabric", to, "--dup", "2"}, "--dup"},
+		{[]string{"fabric", to, "--corrupt", "-1"}, "--corrupt"},
+		{[]string{"fabric", to, "--delay", "-1ms"}, "--delay"},
+		{[]string{"fabric", to, "--jitter", "-1ms"}, "--jitter"},
+		{[]string{"fabric", to, "--rate", "-5"}, "--rate"},
+		{[]string{"fabric", to, "--rate", "1000", "--queue", "0"}, "--queue"},
+		{[]string{"fabric", to, "--queue", "-1"}, "--queue"},
+		{[]string{"fabric", to, "--duration", "-1s"}, "--duration"},
+		{[]string{"fabric", to, "--stats", "-1s"}, "--stats"},
+		{[]string{"fabric", to, "--down", "1", "--down-after", "-1s"}, "--down-after"},
+		{[]string{"fabric", to, "--down-after", "1s"}, "--down-after"},
+		{[]string{"fabric", to, "--down", "7"}, "--down"},
+		{[]string{"fabric", to, "extra"}, `"extra"`},
+		{[]string{"fabric", to, "--config", badLoss}, "--config"},
+		{[]string{"fabric", to, "--config", badKey}, "--config"},
+		{[]string{"fabric", to, "--config", badPath}, "--config"},
+		{[]string{"fabric", to, "--config", noQueue}, "--config"},
+		{[]string{"fabric", to, "--config", negDelay}, "--config"},
+		{[]string{"fabric", to, "--config", badPath, "--loss", "0.1"}, "--loss"},
+		{[]string{"fabric", to, "--config", badPath, "--paths", "3"}, "--paths"},
+		// demo
+		{[]string{"demo", "-n", "0"}, "-n"},
+		{[]string{"demo", "-s", "2"}, "-s"},
+		{[]string{"demo", "-s", "9000"}, "-s"},
+		{[]string{"demo", "--rdma", "0"}, "--rdma"},
+		{[]string{"demo", "--rdma", "2147483648"}, "--rdma"},
+		{[]string{"demo", "--paths", "0"}, "--paths"},
+		{[]string{"demo", "--mtu", "100"}, "--mtu"},
+		{[]string{"demo", "--addr", "nohostport"}, "--addr"},
+		{[]string{"demo", "--addr", "127.0.0.1:18999"}, "--addr"},
+		{[]string{"demo", "--same-device", "--addr", "127.0.0.1:0"}, "--addr"},
+		{[]string{"demo", "--same-device", "--paths", "2"}, "--paths"},
+		{[]string{"demo", "extra"}, `"extra"`},
+		// devinfo
+		{[]string{"devinfo", "--mtu", "10"}, "--mtu"},
+		{[]string{"devinfo", "--addr", "nohostport"}, "--addr"},
+		{[]string{"devinfo", "extra"}, `"extra"`},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
 			t.Parallel()
@@ -87,7 +148,8 @@ func TestBadFlags(t *testing.T) {
 
 // -h prints the flags and succeeds.
 func TestHelp(t *testing.T) {
-	for _, args := range [][]string{{"perf", "-h"}, {"perf", "send_lat", "-h"}, {"pingpong", "-h"}} {
+	for _, args := range [][]string{{"perf", "-h"}, {"perf", "send_lat", "-h"}, {"pingpong", "-h"}, {"fabric", "-h"},
+		{"demo", "-h"}, {"devinfo", "-h"}} {
 		code, stderr := runMain(t, args...)
 		if code != 0 || !strings.Contains(stderr, "usage: softefa "+args[0]) || !strings.Contains(stderr, "-") {
 			t.Errorf("%q: exit %d, stderr %q", args, code, stderr)
