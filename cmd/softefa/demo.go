@@ -27,7 +27,7 @@ func runDemo(args []string) error {
 	size := fs.Int("s", 4096, "message size in bytes, 4 to 8192 (SEND ≤ the 8 KiB MTU)")
 	rdma := fs.Int("rdma", 1<<20, "RDMA transfer size in bytes, 4 bytes to 1 GiB")
 	same := fs.Bool("same-device", false, "run both ends on one device (no network)")
-	addr := fs.String("addr", "127.0.0.1:0", "UDP address each device binds (port 0: any; a fixed port fits one device only)")
+	addr := fs.String("addr", "127.0.0.1:0", "UDP address the two devices bind, each on a free port: give port 0")
 	paths := fs.Int("paths", 4, "paths (UDP source ports) per device, 1 to 255")
 	pathMTU := fs.Int("mtu", 0, "path MTU: SRD segments fit it, 576 to 65535 (0: 9001 on loopback, else 1500)")
 	if err := parseFlags(fs, "softefa demo [flags]", args); err != nil {

@@ -87,6 +87,8 @@ func checkMode(set map[string]bool, server, loopback bool, connect string) error
 		modes = append(modes, "--loopback")
 	}
 	switch {
+	case set["connect"] && connect == "":
+		return errors.New("--connect: give the server's HOST:PORT")
 	case len(modes) == 0:
 		return errors.New("give --server, --connect ADDR or --loopback")
 	case len(modes) > 1:

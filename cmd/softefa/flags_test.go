@@ -74,6 +74,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"perf", "write_bw", "--loopback", "--metrics", busy.Addr().String()}, "--metrics"},
 		{[]string{"perf", "write_bw", "--loopback", "--metrics", "nowhere"}, "--metrics"},
 		{[]string{"perf", "write_bw", "--connect", "nohostport"}, "--connect"},
+		{[]string{"perf", "write_bw", "--connect="}, "--connect"},
 		{[]string{"perf", "write_bw", "--connect", "h:99999"}, "--connect"},
 		{[]string{"perf", "write_bw", "--server", "--listen", "noport"}, "--listen"},
 		{[]string{"perf", "write_bw", "--server", "--json"}, "--json"},

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -161,24 +163,42 @@ func TestPerfTwoProcesses(t *testing.T) {
 		t.Skip()
 	}
 	srv := exec.Command(os.Args[0], "-test.run=^TestMainHelper$")
-	srv.Env = append(os.Environ(), "SOFTEFA_MAIN=perf read_bw --server --listen 127.0.0.1:18777")
-	var errBuf bytes.Buffer
-	srv.Stderr = &errBuf
+	srv.Env = append(os.Environ(), "SOFTEFA_MAIN=perf read_bw --server --listen 127.0.0.1:0")
+	stderr, err := srv.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Process.Kill()
-	var out bytes.Buffer
-	o, _ := parsePerf([]string{"read_bw", "--connect", "127.0.0.1:18777", "-n", "200", "-s", "65536", "--json"}, &out)
-	var err error
-	for range 100 { // until the server listens
-		if err = perf(o); err == nil || !strings.Contains(err.Error(), "refused") {
-			break
+	// The server says where it listens once it does.
+	lines := bufio.NewScanner(stderr)
+	var addr string
+	var errBuf bytes.Buffer
+	for addr == "" && lines.Scan() {
+		errBuf.WriteString(lines.Text() + "\n")
+		if _, a, ok := strings.Cut(lines.Text(), "waiting for a client on "); ok {
+			addr = a
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
+	if addr == "" {
+		t.Fatalf("the server did not say where it listens: %s", errBuf.String())
+	}
+	rest := make(chan struct{})
+	go func() { io.Copy(&errBuf, stderr); close(rest) }()
+	var out bytes.Buffer
+	o, err := parsePerf([]string{"read_bw", "--connect", addr, "-n", "200", "-s", "65536", "--json"}, &out)
 	if err != nil {
-		t.Fatalf("%v (server: %s)", err, errBuf.String())
+		t.Fatal(err)
+	}
+	cerr := perf(o)
+	if cerr != nil {
+		srv.Process.Kill() // a server whose client failed waits for another
+	}
+	<-rest
+	if cerr != nil {
+		t.Fatalf("%v (server: %s)", cerr, errBuf.String())
 	}
 	if err := srv.Wait(); err != nil {
 		t.Fatalf("server: %v: %s", err, errBuf.String())
