@@ -265,3 +265,37 @@ func TestPerfServerOtherTest(t *testing.T) {
 		t.Fatal("server: no error")
 	}
 }
+
+// A client and a server of which one encrypts and the other does not are refused at the
+// exchange, saying so, instead of timing out when the traffic goes unread.
+func TestPerfKeyMismatch(t *testing.T) {
+	for _, serverKey := range []bool{true, false} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		so, err := parsePerf([]string{"write_bw", "--server"}, &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		co, err := parsePerf([]string{"write_bw", "--connect", ln.Addr().String(), "-n", "5"}, &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := bytes.Repeat([]byte{7}, 32)
+		if serverKey {
+			so.key = key
+		} else {
+			co.key = key
+		}
+		serr := make(chan error, 1)
+		go func() { serr <- perfServe(so, ln, false) }()
+		err = within(t, func() error { return perf(co) })
+		if err == nil || !strings.Contains(err.Error(), "give both the key") {
+			t.Errorf("server key %v: client: %v", serverKey, err)
+		}
+		if err := within(t, func() error { return <-serr }); err == nil {
+			t.Errorf("server key %v: server: no error", serverKey)
+		}
+	}
+}

@@ -68,6 +68,7 @@ type hello struct {
 	QPNs  []uint32 `json:"qpns"`
 	RKey  uint32   `json:"rkey"`
 	Addr  uint64   `json:"addr"`
+	Key   bool     `json:"key,omitempty"` // the sender encrypts (--key-file, SOFTEFA_KEY)
 	Done  bool     `json:"done,omitempty"`
 	Err   string   `json:"err,omitempty"`
 }
@@ -319,6 +320,9 @@ func perfServeConn(o *perfOpts, ln net.Listener, c net.Conn) error {
 	if err == nil && h.Test != o.test {
 		err = fmt.Errorf("this server runs %s, not %s", o.test, h.Test)
 	}
+	if err == nil && h.Key != (o.key != nil) {
+		err = keyMismatch(o.key != nil)
+	}
 	if err != nil {
 		_ = w.Encode(hello{Err: err.Error()})
 		return clientFault{fmt.Errorf("server: client %s: %w", who, err)}
@@ -359,6 +363,14 @@ func perfServeConn(o *perfOpts, ln net.Listener, c net.Conn) error {
 		return fmt.Errorf("server: %w", serr)
 	}
 	return w.Encode(hello{Done: true})
+}
+
+// keyMismatch says which side of an exchange encrypts and which does not.
+func keyMismatch(serverEncrypts bool) error {
+	if serverEncrypts {
+		return errors.New("the server encrypts (--key-file or SOFTEFA_KEY) and the client does not: give both the key")
+	}
+	return errors.New("the client encrypts (--key-file or SOFTEFA_KEY) and the server does not: give both the key")
 }
 
 // checkHello refuses a client's hello the server cannot serve, before making anything for it.
@@ -465,7 +477,7 @@ func perfClient(o *perfOpts) error {
 	defer e.close()
 	r, w := json.NewDecoder(bufio.NewReader(c)), json.NewEncoder(c)
 	h := e.hello()
-	h.Test, h.Size, h.Iters, h.QPs, h.Depth = o.test, o.size, o.iters, o.qps, max(o.txDepth, 64)
+	h.Test, h.Size, h.Iters, h.QPs, h.Depth, h.Key = o.test, o.size, o.iters, o.qps, max(o.txDepth, 64), o.key != nil
 	if err := w.Encode(h); err != nil {
 		return exchangeErr("client: sending the hello to "+o.connect, o.timeout, err)
 	}
