@@ -23,18 +23,41 @@ const demoTimeout = 10 * time.Second
 
 func runDemo(args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	iters := fs.Int("n", 1000, "work requests per operation")
-	size := fs.Int("s", 4096, "message size in bytes (SEND ≤ the 8 KiB MTU)")
-	rdma := fs.Int("rdma", 1<<20, "RDMA transfer size in bytes")
+	iters := fs.Int("n", 1000, "work requests per operation (the large RDMA ones: a hundredth, at least 1)")
+	size := fs.Int("s", 4096, "message size in bytes, 4 to 8192 (SEND ≤ the 8 KiB MTU)")
+	rdma := fs.Int("rdma", 1<<20, "RDMA transfer size in bytes, 4 bytes to 1 GiB")
 	same := fs.Bool("same-device", false, "run both ends on one device (no network)")
-	addr := fs.String("addr", "127.0.0.1:0", "UDP address each device binds (port 0: any)")
-	paths := fs.Int("paths", 4, "paths (UDP source ports) per device")
-	pathMTU := fs.Int("mtu", 0, "path MTU: SRD segments fit it (0: 9001 on loopback, else 1500)")
-	if err := fs.Parse(args); err != nil {
+	addr := fs.String("addr", "127.0.0.1:0", "UDP address the two devices bind, each on a free port: give port 0")
+	paths := fs.Int("paths", 4, "paths (UDP source ports) per device, 1 to 255")
+	pathMTU := fs.Int("mtu", 0, "path MTU: SRD segments fit it, 576 to 65535 (0: 9001 on loopback, else 1500)")
+	if err := parseFlags(fs, "softefa demo [flags]", args); err != nil {
 		return err
 	}
-	if *size > 8192 || *size < 4 {
+	set := setFlags(fs)
+	switch {
+	case *size > maxSendSize || *size < 4:
 		return fmt.Errorf("-s %d: SEND messages are 4 to 8192 bytes", *size)
+	case *iters < 1:
+		return fmt.Errorf("-n %d: must be positive", *iters)
+	case *rdma < 4 || *rdma > maxRDMASize:
+		return fmt.Errorf("--rdma %d: 4 bytes to 1 GiB", *rdma)
+	case *paths < 1 || *paths > 255:
+		return fmt.Errorf("--paths %d: 1 to 255 paths", *paths)
+	case *pathMTU != 0 && (*pathMTU < 576 || *pathMTU > 65535):
+		return fmt.Errorf("--mtu %d: a path MTU is 576 to 65535 (0: the default)", *pathMTU)
+	case *same && set["addr"]:
+		return errors.New("--addr with --same-device: one device with no network has no address")
+	case *same && (set["paths"] || set["mtu"]):
+		return errors.New("--paths and --mtu with --same-device: one device with no network has no paths")
+	}
+	if !*same {
+		ap, err := parseAddr(*addr)
+		if err != nil {
+			return fmt.Errorf("--addr %q: %w", *addr, err)
+		}
+		if ap.Port() != 0 {
+			return fmt.Errorf("--addr %s: the demo's two devices need a port each; give port 0", *addr)
+		}
 	}
 	// Two devices on UDP sockets, or one device with two contexts (-same-device).
 	var a, b *endpoint

@@ -46,15 +46,18 @@ func devinfo(args []string, w io.Writer) error {
 	verbose := fs.Bool("v", false, "every attribute, as ibv_devinfo -v")
 	asJSON := fs.Bool("json", false, "one JSON object")
 	addr := fs.String("addr", "", "bind the device to this UDP address (default: none, loopback only)")
-	mtu := fs.Int("mtu", 0, "device MTU (max_msg_sz); default 8192")
-	if err := fs.Parse(args); err != nil {
+	mtu := fs.Int("mtu", 0, "device MTU (max_msg_sz), 64 to 65536; default 8192")
+	if err := parseFlags(fs, "softefa devinfo [flags]", args); err != nil {
 		return err
+	}
+	if *mtu != 0 && (*mtu < 64 || *mtu > 1<<16) {
+		return fmt.Errorf("--mtu %d: 64 to 65536 bytes (0: the default)", *mtu)
 	}
 	cfg := config.Device{MTU: *mtu}
 	if *addr != "" {
 		ap, err := parseAddr(*addr)
 		if err != nil {
-			return err
+			return fmt.Errorf("--addr %q: %w", *addr, err)
 		}
 		cfg.Addr = ap
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -96,7 +98,7 @@ func parseFabric(args []string, out io.Writer) (*fabricOpts, []memlink.Impairmen
 	fs.StringVar(&o.clientAddr, "client-addr", "", "the address the first client appears at to the server (default: a free port), so that a server can answer through the fabric")
 	fs.BoolVar(&o.raw, "raw", false, "forward any UDP payload untouched (for non-softefa peers)")
 	fs.BoolVar(&o.spread, "spread", false, "give each direction's flows paths in turn as they appear (a perfectly balanced ECMP), not by hash")
-	fs.IntVar(&o.paths, "paths", 4, "paths")
+	fs.IntVar(&o.paths, "paths", 4, "paths, 1 to 64")
 	fs.Float64Var(&o.imp.Loss, "loss", 0, "drop probability on every path")
 	fs.Float64Var(&o.imp.Duplicate, "dup", 0, "duplication probability")
 	fs.Float64Var(&o.imp.Corrupt, "corrupt", 0, "probability of one flipped bit")
@@ -106,40 +108,86 @@ func parseFabric(args []string, out io.Writer) (*fabricOpts, []memlink.Impairmen
 	fs.IntVar(&o.imp.Queue, "queue", 256<<10, "queue bytes per path with --rate")
 	fs.StringVar(&o.down, "down", "", "paths that drop everything, e.g. 1,3; or busiest: the one that carried most so far (with --down-after)")
 	fs.DurationVar(&o.downAfter, "down-after", 0, "take the --down paths down this long after start, not at once")
-	fs.StringVar(&o.configFile, "config", "", "a JSON file with paths, default and per-path impairments")
+	fs.StringVar(&o.configFile, "config", "", "a JSON file with paths, default and per-path impairments (instead of the impairment flags)")
 	fs.DurationVar(&o.statsEvery, "stats", 0, "print per-path counters this often to stderr")
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (0: until interrupted)")
 	fs.Uint64Var(&o.seed, "seed", 1, "random seed")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, "softefa fabric --to SERVER [flags]", args); err != nil {
 		return nil, nil, err
 	}
+	set := setFlags(fs)
 	if o.to == "" {
 		return nil, nil, errors.New("--to ADDR is required")
+	}
+	for _, a := range []struct{ flag, addr string }{{"--to", o.to}, {"--listen", o.listen}, {"--client-addr", o.clientAddr}} {
+		if a.addr == "" && a.flag == "--client-addr" {
+			continue
+		}
+		if err := checkHostPort(a.flag, a.addr); err != nil {
+			return nil, nil, err
+		}
+	}
+	switch {
+	case o.statsEvery < 0:
+		return nil, nil, fmt.Errorf("--stats %v: must not be negative", o.statsEvery)
+	case o.duration < 0:
+		return nil, nil, fmt.Errorf("--duration %v: must not be negative (0: until interrupted)", o.duration)
+	case o.downAfter < 0:
+		return nil, nil, fmt.Errorf("--down-after %v: must not be negative", o.downAfter)
+	case set["down-after"] && o.down == "":
+		return nil, nil, errors.New("--down-after: which paths? give --down too")
+	}
+	if o.configFile == "" {
+		if err := checkImpairment(o.imp, "--"); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		for _, f := range []string{"loss", "dup", "corrupt", "delay", "jitter", "rate", "queue"} {
+			if set[f] {
+				return nil, nil, fmt.Errorf("--%s with --config: give the impairments in the file or as flags, not both", f)
+			}
+		}
+	}
+	if o.paths < 1 || o.paths > 64 {
+		return nil, nil, fmt.Errorf("--paths %d: 1 to 64", o.paths)
 	}
 	imps := make([]memlink.Impairment, o.paths)
 	if o.configFile != "" {
 		b, err := os.ReadFile(o.configFile)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("--config: %w", err)
 		}
 		var c fabricConfig
-		if err := json.Unmarshal(b, &c); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", o.configFile, err)
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&c); err != nil {
+			return nil, nil, fmt.Errorf("--config %s: %w", o.configFile, err)
 		}
 		if c.Paths > 0 {
+			if set["paths"] && c.Paths != o.paths {
+				return nil, nil, fmt.Errorf("--paths %d with --config: the file says %d paths", o.paths, c.Paths)
+			}
 			o.paths = c.Paths
 			imps = make([]memlink.Impairment, o.paths)
 		}
+		if c.Paths < 0 {
+			return nil, nil, fmt.Errorf("--config %s: %d paths: 1 to 64", o.configFile, c.Paths)
+		}
+		for k := range c.Path {
+			if i, err := strconv.Atoi(k); err != nil || i < 0 || i >= o.paths {
+				return nil, nil, fmt.Errorf("--config %s: path %q: path numbers are 0 to %d", o.configFile, k, o.paths-1)
+			}
+		}
 		def, err := c.Default.impairment()
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("--config %s: default: %w", o.configFile, err)
 		}
 		o.imp = def
 		for i := range imps {
 			imps[i] = def
 			if pj, ok := c.Path[strconv.Itoa(i)]; ok {
 				if imps[i], err = pj.impairment(); err != nil {
-					return nil, nil, err
+					return nil, nil, fmt.Errorf("--config %s: path %d: %w", o.configFile, i, err)
 				}
 			}
 		}
@@ -149,7 +197,14 @@ func parseFabric(args []string, out io.Writer) (*fabricOpts, []memlink.Impairmen
 		}
 	}
 	if o.paths < 1 || o.paths > 64 {
-		return nil, nil, fmt.Errorf("%d paths: 1 to 64", o.paths)
+		return nil, nil, fmt.Errorf("--config %s: %d paths: 1 to 64", o.configFile, o.paths)
+	}
+	if o.configFile != "" {
+		for i, imp := range imps {
+			if err := checkImpairment(imp, fmt.Sprintf("--config %s: path %d: ", o.configFile, i)); err != nil {
+				return nil, nil, err
+			}
+		}
 	}
 	if o.down == "busiest" {
 		if o.downAfter == 0 {
@@ -169,6 +224,37 @@ func parseFabric(args []string, out io.Writer) (*fabricOpts, []memlink.Impairmen
 		o.downPaths = append(o.downPaths, i)
 	}
 	return o, imps, nil
+}
+
+// checkImpairment refuses an impairment the paths cannot apply; prefix names where it came
+// from ("--" for the flags, whose names it then gives).
+func checkImpairment(imp memlink.Impairment, prefix string) error {
+	name := func(flagName, field string) string {
+		if prefix == "--" {
+			return "--" + flagName
+		}
+		return prefix + field
+	}
+	for _, p := range []struct {
+		flag, field string
+		v           float64
+	}{{"loss", "loss", imp.Loss}, {"dup", "duplicate", imp.Duplicate}, {"corrupt", "corrupt", imp.Corrupt},
+		{"", "to_bad", imp.ToBad}, {"", "to_good", imp.ToGood}, {"", "bad_loss", imp.BadLoss}} {
+		if !(p.v >= 0 && p.v <= 1) {
+			return fmt.Errorf("%s %v: a probability is 0 to 1", name(p.flag, p.field), p.v)
+		}
+	}
+	switch {
+	case imp.Delay < 0:
+		return fmt.Errorf("%s %v: must not be negative", name("delay", "delay"), imp.Delay)
+	case imp.Jitter < 0:
+		return fmt.Errorf("%s %v: must not be negative", name("jitter", "jitter"), imp.Jitter)
+	case !(imp.Rate >= 0) || math.IsInf(imp.Rate, 0):
+		return fmt.Errorf("%s %v: bytes per second, 0 for unlimited", name("rate", "rate"), imp.Rate)
+	case imp.Queue < 0 || imp.Rate > 0 && imp.Queue == 0:
+		return fmt.Errorf("%s %d: a rate-limited path needs a positive queue (bytes)", name("queue", "queue"), imp.Queue)
+	}
+	return nil
 }
 
 func runFabric(args []string) error {

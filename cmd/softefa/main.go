@@ -11,6 +11,8 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"maps"
 	"os"
@@ -40,7 +42,7 @@ func main() {
 		usage()
 		os.Exit(2)
 	}
-	if err := cmd.run(os.Args[2:]); err != nil {
+	if err := cmd.run(os.Args[2:]); err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintf(os.Stderr, "softefa %s: %v\n", os.Args[1], err)
 		os.Exit(1)
 	}

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -26,12 +29,12 @@ func TestParsePerf(t *testing.T) {
 			t.Errorf("perf %q parsed", bad)
 		}
 	}
-	o, err := parsePerf([]string{"write_bw", "--connect", "h:1", "-s", "1048576", "-n", "7", "-q", "2", "-t", "3", "-D", "2s",
+	o, err := parsePerf([]string{"write_bw", "--connect", "h:1", "-s", "1048576", "-q", "2", "-t", "3", "-D", "2s",
 		"--mtu", "9000", "--paths", "8", "--json", "--stats"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.size != 1<<20 || o.iters != 7 || o.qps != 2 || o.txDepth != 3 || o.duration != 2*time.Second || o.mtu != 9000 ||
+	if o.size != 1<<20 || o.qps != 2 || o.txDepth != 3 || o.duration != 2*time.Second || o.mtu != 9000 ||
 		o.paths != 8 || !o.json || !o.stats || o.connect != "h:1" {
 		t.Fatalf("parsed %+v", o)
 	}
@@ -45,7 +48,11 @@ func TestPerfLoopback(t *testing.T) {
 	for _, test := range perfTests {
 		t.Run(test, func(t *testing.T) {
 			var out bytes.Buffer
-			o, err := parsePerf([]string{test, "--loopback", "-n", "50", "-s", "4096", "-q", "2", "--json"}, &out)
+			args := []string{test, "--loopback", "-n", "50", "-s", "4096", "--json"}
+			if strings.HasSuffix(test, "_bw") {
+				args = append(args, "-q", "2")
+			}
+			o, err := parsePerf(args, &out)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -156,24 +163,42 @@ func TestPerfTwoProcesses(t *testing.T) {
 		t.Skip()
 	}
 	srv := exec.Command(os.Args[0], "-test.run=^TestMainHelper$")
-	srv.Env = append(os.Environ(), "SOFTEFA_MAIN=perf read_bw --server --listen 127.0.0.1:18777")
-	var errBuf bytes.Buffer
-	srv.Stderr = &errBuf
+	srv.Env = append(os.Environ(), "SOFTEFA_MAIN=perf read_bw --server --listen 127.0.0.1:0")
+	stderr, err := srv.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Process.Kill()
-	var out bytes.Buffer
-	o, _ := parsePerf([]string{"read_bw", "--connect", "127.0.0.1:18777", "-n", "200", "-s", "65536", "--json"}, &out)
-	var err error
-	for range 100 { // until the server listens
-		if err = perf(o); err == nil || !strings.Contains(err.Error(), "refused") {
-			break
+	// The server says where it listens once it does.
+	lines := bufio.NewScanner(stderr)
+	var addr string
+	var errBuf bytes.Buffer
+	for addr == "" && lines.Scan() {
+		errBuf.WriteString(lines.Text() + "\n")
+		if _, a, ok := strings.Cut(lines.Text(), "waiting for a client on "); ok {
+			addr = a
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
+	if addr == "" {
+		t.Fatalf("the server did not say where it listens: %s", errBuf.String())
+	}
+	rest := make(chan struct{})
+	go func() { io.Copy(&errBuf, stderr); close(rest) }()
+	var out bytes.Buffer
+	o, err := parsePerf([]string{"read_bw", "--connect", addr, "-n", "200", "-s", "65536", "--json"}, &out)
 	if err != nil {
-		t.Fatalf("%v (server: %s)", err, errBuf.String())
+		t.Fatal(err)
+	}
+	cerr := perf(o)
+	if cerr != nil {
+		srv.Process.Kill() // a server whose client failed waits for another
+	}
+	<-rest
+	if cerr != nil {
+		t.Fatalf("%v (server: %s)", cerr, errBuf.String())
 	}
 	if err := srv.Wait(); err != nil {
 		t.Fatalf("server: %v: %s", err, errBuf.String())
@@ -199,10 +224,22 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.close()
-	stop := serveMetrics("127.0.0.1:0", e)
-	defer stop()
+	m, err := listenMetrics("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.serve(e)
+	defer m.stop()
+	resp, err := http.Get("http://" + m.ln.Addr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var out bytes.Buffer
-	writeMetrics(&out, e)
+	_, err = out.ReadFrom(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, want := range []string{"# TYPE softefa_tx_pkts counter", `softefa_send_wrs{device="efa_0"} 0`,
 		`softefa_qp_wr_errors{device="efa_0",qpn="2"} 0`} {
 		if !strings.Contains(out.String(), want) {

@@ -26,6 +26,13 @@ import (
 
 var perfTests = []string{"send_bw", "send_lat", "write_bw", "write_lat", "read_bw", "read_lat"}
 
+const (
+	maxSendSize = 8192    // a SEND's largest message: the device's MTU (max_msg_sz)
+	maxRDMASize = 1 << 30 // an RDMA operation's largest: the device's max_rdma_size
+	maxQPs      = 64
+	maxTxDepth  = 4096
+)
+
 type perfOpts struct {
 	test     string
 	server   bool
@@ -46,6 +53,8 @@ type perfOpts struct {
 	keyFile  string
 	key      []byte
 	out      io.Writer
+
+	metricsSrv *metricsServer // --metrics, listening from the start
 }
 
 // hello is what the two sides tell each other before a test.
@@ -59,44 +68,107 @@ type hello struct {
 	QPNs  []uint32 `json:"qpns"`
 	RKey  uint32   `json:"rkey"`
 	Addr  uint64   `json:"addr"`
+	Key   bool     `json:"key,omitempty"` // the sender encrypts (--key-file, SOFTEFA_KEY)
 	Done  bool     `json:"done,omitempty"`
 	Err   string   `json:"err,omitempty"`
 }
 
 func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 	o := &perfOpts{out: out}
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return nil, fmt.Errorf("usage: softefa perf TEST [flags]; TEST is one of %s", strings.Join(perfTests, ", "))
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") && !isHelp(args[0]) {
+		return nil, fmt.Errorf("usage: softefa perf TEST [flags]; TEST is one of %s (softefa perf -h: the flags)",
+			strings.Join(perfTests, ", "))
 	}
 	o.test = args[0]
-	if !slices.Contains(perfTests, o.test) {
+	if isHelp(o.test) {
+		o.test = "TEST"
+	} else if !slices.Contains(perfTests, o.test) {
 		return nil, fmt.Errorf("unknown test %q; one of %s", o.test, strings.Join(perfTests, ", "))
 	}
 	fs := flag.NewFlagSet("perf "+o.test, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.BoolVar(&o.server, "server", false, "wait for a client (on --listen)")
+	fs.BoolVar(&o.server, "server", false, "wait for a client (on --listen); it takes -s, -n, -D, -q and -t from the client")
 	fs.BoolVar(&o.loopback, "loopback", false, "run server and client in this process over UDP on 127.0.0.1")
-	fs.StringVar(&o.listen, "listen", "127.0.0.1:18515", "server: the device's UDP address and the TCP address for the exchange")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:18515", "server: the TCP address for the exchange and the device's UDP port; with an\n"+
+		"unspecified host (0.0.0.0, ::, none) the device binds the address each client reached, a\n"+
+		"concrete UDP endpoint for its GID")
 	fs.StringVar(&o.connect, "connect", "", "client: the server's address")
-	fs.IntVar(&o.size, "s", 65536, "message size in bytes")
+	fs.IntVar(&o.size, "s", 0, "message size in bytes; default, as perftest: 2 for the latency tests and 65536 for write_bw\n"+
+		"and read_bw, but 8192 for send_bw, as a SEND carries at most the device's 8192-byte MTU\n"+
+		"(max_msg_sz); RDMA up to 1 GiB")
 	fs.IntVar(&o.iters, "n", 1000, "iterations")
-	fs.DurationVar(&o.duration, "D", 0, "run for this long instead of -n iterations (bandwidth tests)")
-	fs.IntVar(&o.qps, "q", 1, "number of QPs")
-	fs.IntVar(&o.txDepth, "t", 128, "tx depth: WRs outstanding per QP (bandwidth tests)")
-	fs.IntVar(&o.mtu, "mtu", 0, "path MTU (0: 9001 on loopback, else 1500)")
-	fs.IntVar(&o.paths, "paths", 4, "paths (UDP source ports) per device")
-	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of the table")
+	fs.Var((*secondsFlag)(&o.duration), "D", "run for this long instead of -n iterations: seconds as perftest (2), or a Go duration (1m30s)")
+	fs.IntVar(&o.qps, "q", 1, "number of QPs, 1 to 64 (bandwidth tests)")
+	fs.IntVar(&o.txDepth, "t", 128, "tx depth: WRs outstanding per QP, 1 to 4096 (bandwidth tests)")
+	fs.IntVar(&o.mtu, "mtu", 0, "path MTU, 576 to 65535 (0: 9001 on loopback, else 1500)")
+	fs.IntVar(&o.paths, "paths", 4, "paths (UDP source ports) per device, 1 to 255")
+	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of the table (the client prints the result)")
 	fs.BoolVar(&o.stats, "stats", false, "print the device, QP and path counters at the end")
-	fs.StringVar(&o.metrics, "metrics", "", "serve counters for Prometheus on this address while running")
-	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up when a completion takes longer")
+	fs.StringVar(&o.metrics, "metrics", "", "serve counters for Prometheus on this address (HOST:PORT) while running")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up when a completion, or the exchange before or after the test, takes longer")
 	fs.StringVar(&o.keyFile, "key-file", "", "encrypt with the 32-byte key in this file (or set SOFTEFA_KEY to 64 hex digits)")
-	if err := fs.Parse(args[1:]); err != nil {
+	rest := args[1:]
+	if isHelp(args[0]) {
+		rest = []string{"-h"}
+	}
+	if err := parseFlags(fs, "softefa perf "+strings.Join(perfTests, "|")+" [flags]", rest); err != nil {
 		return nil, err
+	}
+	set := setFlags(fs)
+	lat := strings.HasSuffix(o.test, "_lat")
+	send := strings.HasPrefix(o.test, "send")
+	if !set["s"] {
+		switch {
+		case lat:
+			o.size = 2
+		case send:
+			o.size = maxSendSize
+		default:
+			o.size = 65536
+		}
+	}
+	if err := checkMode(set, o.server, o.loopback, o.connect); err != nil {
+		return nil, err
+	}
+	switch {
+	case o.size < 1 || o.size > maxRDMASize:
+		return nil, fmt.Errorf("-s %d: 1 byte to 1 GiB", o.size)
+	case send && o.size > maxSendSize:
+		return nil, fmt.Errorf("-s %d: SEND messages are at most the 8192-byte MTU", o.size)
+	case o.iters < 1:
+		return nil, fmt.Errorf("-n %d: iterations must be positive", o.iters)
+	case set["D"] && o.duration <= 0:
+		return nil, fmt.Errorf("-D %v: the duration must be positive", o.duration)
+	case set["D"] && set["n"]:
+		return nil, errors.New("-D and -n: a test runs for a time or for a count, give one")
+	case o.qps < 1 || o.qps > maxQPs:
+		return nil, fmt.Errorf("-q %d: 1 to %d QPs", o.qps, maxQPs)
+	case lat && o.qps > 1:
+		return nil, fmt.Errorf("-q %d: the latency tests use one QP", o.qps)
+	case o.txDepth < 1 || o.txDepth > maxTxDepth:
+		return nil, fmt.Errorf("-t %d: tx depth 1 to %d", o.txDepth, maxTxDepth)
+	case lat && set["t"]:
+		return nil, errors.New("-t: the latency tests keep one WR outstanding")
+	case o.mtu != 0 && (o.mtu < 576 || o.mtu > 65535):
+		return nil, fmt.Errorf("--mtu %d: a path MTU is 576 to 65535 (0: the default)", o.mtu)
+	case o.paths < 1 || o.paths > 255:
+		return nil, fmt.Errorf("--paths %d: 1 to 255 paths", o.paths)
+	case o.timeout <= 0:
+		return nil, fmt.Errorf("--timeout %v: must be positive", o.timeout)
+	case o.server && o.json:
+		return nil, errors.New("--json: the client prints the result; a server prints none")
+	}
+	for _, a := range []struct{ flag, addr string }{{"--listen", o.listen}, {"--connect", o.connect}, {"--metrics", o.metrics}} {
+		if a.addr == "" && a.flag != "--listen" {
+			continue
+		}
+		if err := checkHostPort(a.flag, a.addr); err != nil {
+			return nil, err
+		}
 	}
 	if o.keyFile != "" {
 		k, err := config.KeyFromFile(o.keyFile)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--key-file: %w", err)
 		}
 		o.key = k
 	} else if _, ok := os.LookupEnv("SOFTEFA_KEY"); ok {
@@ -106,18 +178,10 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 		}
 		o.key = k
 	}
-	switch {
-	case o.size < 1 || o.size > 1<<30:
-		return nil, fmt.Errorf("-s %d: 1 byte to 1 GiB", o.size)
-	case strings.HasPrefix(o.test, "send") && o.size > 8192 && !o.server:
-		return nil, fmt.Errorf("-s %d: SEND messages are at most the 8192-byte MTU", o.size)
-	case o.iters < 1 || o.qps < 1 || o.qps > 64 || o.txDepth < 1 || o.txDepth > 4096:
-		return nil, errors.New("-n, -q (≤ 64) and -t (≤ 4096) must be positive")
-	case !o.server && !o.loopback && o.connect == "":
-		return nil, errors.New("give --server, --connect ADDR or --loopback")
-	}
 	return o, nil
 }
+
+func isHelp(s string) bool { return s == "-h" || s == "-help" || s == "--help" || s == "--h" }
 
 func runPerf(args []string) error {
 	o, err := parsePerf(args, os.Stdout)
@@ -128,16 +192,28 @@ func runPerf(args []string) error {
 }
 
 func perf(o *perfOpts) error {
+	m, err := listenMetrics(o.metrics) // at once: a busy port is refused before anything starts
+	if err != nil {
+		return err
+	}
+	defer m.stop()
+	o.metricsSrv = m
 	if o.loopback {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return err
 		}
 		errc := make(chan error, 1)
-		go func() { errc <- perfServe(o, ln) }()
+		so := *o
+		so.metricsSrv = nil // the client's device is the one measured
+		go func() { errc <- perfServe(&so, ln, false) }()
 		o.connect = ln.Addr().String()
 		cerr := perfClient(o)
+		ln.Close() // a client that never connected leaves the server in Accept
 		serr := <-errc
+		if cerr != nil && errors.Is(serr, net.ErrClosed) {
+			serr = nil
+		}
 		return errors.Join(cerr, serr)
 	}
 	if o.server {
@@ -145,10 +221,42 @@ func perf(o *perfOpts) error {
 		if err != nil {
 			return err
 		}
-		return perfServe(o, ln)
+		fmt.Fprintf(os.Stderr, "softefa perf: %s server waiting for a client on %s\n", o.test, ln.Addr())
+		return perfServe(o, ln, true)
 	}
 	return perfClient(o)
 }
+
+// dialExchange connects to a server's exchange port within timeout.
+func dialExchange(addr string, timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", addr, err)
+	}
+	return c, nil
+}
+
+// exchangeErr names what a failed read or write of the exchange was waiting for; a deadline
+// passing says which timeout it was.
+func exchangeErr(what string, timeout time.Duration, err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("%s: nothing within --timeout %v", what, timeout)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// deviceAddr is the UDP endpoint of the device on c's side of an exchange: c's local address,
+// which is concrete even when the listener's is unspecified (0.0.0.0, ::), with port.
+func deviceAddr(c net.Conn, port int) string {
+	ip := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+	return netip.AddrPortFrom(ip, uint16(port)).String()
+}
+
+// clientFault is an exchange that failed on the client's account (silence, a bad hello): a
+// server drops that client and waits for another.
+type clientFault struct{ error }
+
+func (e clientFault) Unwrap() error { return e.error }
 
 func endpointFor(o *perfOpts, addr string, h *hello) (*endpoint, error) {
 	depth := max(o.txDepth, 64)
@@ -179,21 +287,47 @@ func parseGID(s string) (verbs.GID, error) {
 	return verbs.GID(a.As16()), nil
 }
 
-// perfServe answers one client: it creates its device on the listener's address, tells the
-// client its QPs, and plays the passive side until the client is done.
-func perfServe(o *perfOpts, ln net.Listener) error {
+// perfServe answers one client: it creates its device on the address the client reached,
+// tells the client its QPs, and plays the passive side until the client is done. With retry, a
+// client that says nothing within the timeout, or not a usable hello, is dropped and the
+// server waits for another.
+func perfServe(o *perfOpts, ln net.Listener, retry bool) error {
 	defer ln.Close()
-	c, err := ln.Accept()
-	if err != nil {
-		return err
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		err = perfServeConn(o, ln, c)
+		var cf clientFault
+		if !retry || !errors.As(err, &cf) {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "softefa perf: %v; waiting for another client\n", err)
 	}
+}
+
+func perfServeConn(o *perfOpts, ln net.Listener, c net.Conn) error {
 	defer c.Close()
+	who := c.RemoteAddr().String()
+	_ = c.SetDeadline(time.Now().Add(o.timeout))
 	r, w := json.NewDecoder(bufio.NewReader(c)), json.NewEncoder(c)
 	var h hello
 	if err := r.Decode(&h); err != nil {
-		return fmt.Errorf("server: reading the client's hello: %w", err)
+		return clientFault{exchangeErr("server: reading the hello of client "+who, o.timeout, err)}
 	}
-	e, err := endpointFor(o, ln.Addr().String(), &h)
+	err := checkHello(&h)
+	if err == nil && h.Test != o.test {
+		err = fmt.Errorf("this server runs %s, not %s", o.test, h.Test)
+	}
+	if err == nil && h.Key != (o.key != nil) {
+		err = keyMismatch(o.key != nil)
+	}
+	if err != nil {
+		_ = w.Encode(hello{Err: err.Error()})
+		return clientFault{fmt.Errorf("server: client %s: %w", who, err)}
+	}
+	e, err := endpointFor(o, deviceAddr(c, ln.Addr().(*net.TCPAddr).Port), &h)
 	if err != nil {
 		_ = w.Encode(hello{Err: err.Error()})
 		return err
@@ -204,23 +338,54 @@ func perfServe(o *perfOpts, ln net.Listener) error {
 		err = e.connect(peer)
 	}
 	if err != nil {
-		return err
+		_ = w.Encode(hello{Err: err.Error()})
+		return clientFault{fmt.Errorf("server: client %s: GID %q: %w", who, h.GID, err)}
 	}
 	if err := w.Encode(e.hello()); err != nil {
-		return err
+		return clientFault{exchangeErr("server: sending the hello to client "+who, o.timeout, err)}
 	}
+	_ = c.SetDeadline(time.Time{}) // the test runs as long as the client says
 	done := make(chan error, 1)
 	go func() {
 		var fin hello
 		done <- r.Decode(&fin)
 	}()
-	fmt.Fprintf(os.Stderr, "softefa perf: serving %s (%d bytes, %d QPs) for %s\n", h.Test, h.Size, h.QPs, c.RemoteAddr())
+	fmt.Fprintf(os.Stderr, "softefa perf: serving %s (%d bytes, %d QPs) for %s\n", h.Test, h.Size, h.QPs, who)
+	o.metricsSrv.serve(e)
+	defer o.metricsSrv.stop()
 	serr := e.servePassive(&h, done, o.timeout)
+	if o.stats {
+		printStats(o.out, e)
+	}
+	_ = c.SetDeadline(time.Now().Add(o.timeout))
 	if serr != nil {
 		_ = w.Encode(hello{Done: true, Err: serr.Error()})
 		return fmt.Errorf("server: %w", serr)
 	}
 	return w.Encode(hello{Done: true})
+}
+
+// keyMismatch says which side of an exchange encrypts and which does not.
+func keyMismatch(serverEncrypts bool) error {
+	if serverEncrypts {
+		return errors.New("the server encrypts (--key-file or SOFTEFA_KEY) and the client does not: give both the key")
+	}
+	return errors.New("the client encrypts (--key-file or SOFTEFA_KEY) and the server does not: give both the key")
+}
+
+// checkHello refuses a client's hello the server cannot serve, before making anything for it.
+func checkHello(h *hello) error {
+	switch {
+	case !slices.Contains(perfTests, h.Test):
+		return fmt.Errorf("unknown test %q", h.Test)
+	case h.Size < 1 || h.Size > maxRDMASize || strings.HasPrefix(h.Test, "send") && h.Size > maxSendSize:
+		return fmt.Errorf("size %d out of range for %s", h.Size, h.Test)
+	case h.QPs < 1 || h.QPs > maxQPs || len(h.QPNs) != h.QPs:
+		return fmt.Errorf("%d QPs with %d QP numbers (1 to %d)", h.QPs, len(h.QPNs), maxQPs)
+	case h.Depth < 1 || h.Depth > maxTxDepth:
+		return fmt.Errorf("tx depth %d (1 to %d)", h.Depth, maxTxDepth)
+	}
+	return nil
 }
 
 // servePassive does the server's part of h.Test until the client says it is done.
@@ -293,11 +458,14 @@ func (e *endpoint) servePassive(h *hello, done <-chan error, timeout time.Durati
 }
 
 func perfClient(o *perfOpts) error {
-	c, err := net.Dial("tcp", o.connect)
+	c, err := dialExchange(o.connect, o.timeout)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	// The exchange before and after the test is bounded by the timeout, the test itself by the
+	// timeout per completion.
+	_ = c.SetDeadline(time.Now().Add(o.timeout))
 	local := "127.0.0.1:0"
 	if la, ok := c.LocalAddr().(*net.TCPAddr); ok {
 		local = net.JoinHostPort(la.IP.String(), "0")
@@ -309,27 +477,32 @@ func perfClient(o *perfOpts) error {
 	defer e.close()
 	r, w := json.NewDecoder(bufio.NewReader(c)), json.NewEncoder(c)
 	h := e.hello()
-	h.Test, h.Size, h.Iters, h.QPs, h.Depth = o.test, o.size, o.iters, o.qps, max(o.txDepth, 64)
+	h.Test, h.Size, h.Iters, h.QPs, h.Depth, h.Key = o.test, o.size, o.iters, o.qps, max(o.txDepth, 64), o.key != nil
 	if err := w.Encode(h); err != nil {
-		return err
+		return exchangeErr("client: sending the hello to "+o.connect, o.timeout, err)
 	}
 	var sh hello
 	if err := r.Decode(&sh); err != nil {
-		return fmt.Errorf("client: reading the server's hello: %w", err)
+		return exchangeErr("client: reading the server's hello from "+o.connect, o.timeout, err)
 	}
 	if sh.Err != "" {
 		return fmt.Errorf("server: %s", sh.Err)
 	}
+	if len(sh.QPNs) != o.qps {
+		return fmt.Errorf("server %s: %d QP numbers for %d QPs", o.connect, len(sh.QPNs), o.qps)
+	}
 	peer, err := parseGID(sh.GID)
 	if err != nil {
-		return err
+		return fmt.Errorf("server %s: GID %q: %w", o.connect, sh.GID, err)
 	}
 	if err := e.connect(peer); err != nil {
 		return err
 	}
-	stopMetrics := serveMetrics(o.metrics, e)
-	defer stopMetrics()
+	_ = c.SetDeadline(time.Time{})
+	o.metricsSrv.serve(e)
+	defer o.metricsSrv.stop()
 	res, runErr := e.runClient(o, &sh)
+	_ = c.SetDeadline(time.Now().Add(o.timeout))
 	_ = w.Encode(hello{Done: true})
 	var fin hello
 	if err := r.Decode(&fin); err == nil && fin.Err != "" && runErr == nil {
@@ -456,7 +629,13 @@ func (e *endpoint) latency(o *perfOpts, sh *hello) (*result, error) {
 		}
 	}
 	start := time.Now()
-	for i := range o.iters {
+	more := func(i int) bool {
+		if o.duration > 0 {
+			return time.Since(start) < o.duration
+		}
+		return i < o.iters
+	}
+	for i := 0; more(i); i++ {
 		t0 := time.Now()
 		err := e.post(qp, uint64(i), sh.QPNs[0], func(x *verbs.QPEx) {
 			switch o.test {

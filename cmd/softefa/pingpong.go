@@ -29,25 +29,36 @@ type pingOpts struct {
 func parsePingpong(args []string, out io.Writer) (*pingOpts, error) {
 	o := &pingOpts{out: out}
 	fs := flag.NewFlagSet("pingpong", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
 	fs.BoolVar(&o.server, "server", false, "wait for a client (on --listen)")
 	fs.BoolVar(&o.loopback, "loopback", false, "run both sides in this process over UDP on 127.0.0.1")
-	fs.BoolVar(&o.ud, "ud", false, "UD QPs instead of SRD")
-	fs.StringVar(&o.listen, "listen", "127.0.0.1:18516", "server: device UDP address and exchange TCP address")
+	fs.BoolVar(&o.ud, "ud", false, "UD QPs instead of SRD (a server takes the client's choice)")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:18516", "server: the TCP address for the exchange and the device's UDP port (an unspecified\n"+
+		"host, 0.0.0.0 or ::, binds the device on the address each client reached)")
 	fs.StringVar(&o.connect, "connect", "", "client: the server's address")
-	fs.IntVar(&o.size, "s", 4096, "message size")
-	fs.IntVar(&o.iters, "n", 1000, "iterations")
-	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up when a message takes longer")
-	if err := fs.Parse(args); err != nil {
+	fs.IntVar(&o.size, "s", 4096, "message size, 1 to 8192 bytes (a server takes the client's)")
+	fs.IntVar(&o.iters, "n", 1000, "iterations (a server takes the client's)")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up when a message, or the exchange before the first, takes longer")
+	if err := parseFlags(fs, "softefa pingpong --server|--connect ADDR|--loopback [flags]", args); err != nil {
+		return nil, err
+	}
+	if err := checkMode(setFlags(fs), o.server, o.loopback, o.connect); err != nil {
 		return nil, err
 	}
 	switch {
-	case o.size < 1 || o.size > 8192:
+	case o.size < 1 || o.size > maxSendSize:
 		return nil, fmt.Errorf("-s %d: 1 to 8192 bytes", o.size)
 	case o.iters < 1:
-		return nil, errors.New("-n must be positive")
-	case !o.server && !o.loopback && o.connect == "":
-		return nil, errors.New("give --server, --connect ADDR or --loopback")
+		return nil, fmt.Errorf("-n %d: iterations must be positive", o.iters)
+	case o.timeout <= 0:
+		return nil, fmt.Errorf("--timeout %v: must be positive", o.timeout)
+	}
+	if err := checkHostPort("--listen", o.listen); err != nil {
+		return nil, err
+	}
+	if o.connect != "" {
+		if err := checkHostPort("--connect", o.connect); err != nil {
+			return nil, err
+		}
 	}
 	return o, nil
 }
@@ -67,39 +78,84 @@ func pingpong(o *pingOpts) error {
 			return err
 		}
 		errc := make(chan error, 1)
-		go func() { errc <- pingSide(o, ln, "") }()
-		cerr := pingSide(o, nil, ln.Addr().String())
-		return errors.Join(cerr, <-errc)
+		go func() { errc <- pingServe(o, ln, false) }()
+		cerr := pingClient(o, ln.Addr().String())
+		ln.Close() // a client that never connected leaves the server in Accept
+		serr := <-errc
+		if cerr != nil && errors.Is(serr, net.ErrClosed) {
+			serr = nil
+		}
+		return errors.Join(cerr, serr)
 	}
 	if o.server {
 		ln, err := net.Listen("tcp", o.listen)
 		if err != nil {
 			return err
 		}
-		return pingSide(o, ln, "")
+		fmt.Fprintf(os.Stderr, "softefa pingpong: server waiting for a client on %s\n", ln.Addr())
+		return pingServe(o, ln, true)
 	}
-	return pingSide(o, nil, o.connect)
+	return pingClient(o, o.connect)
 }
 
-// pingSide runs the server (ln set) or the client (connect set).
-func pingSide(o *pingOpts, ln net.Listener, connect string) error {
-	var c net.Conn
-	var err error
-	local := "127.0.0.1:0"
-	if ln != nil {
-		defer ln.Close()
-		local = ln.Addr().String()
-		c, err = ln.Accept()
-	} else {
-		c, err = net.Dial("tcp", connect)
-		if la, ok := c.(*net.TCPConn); ok && err == nil {
-			local = net.JoinHostPort(la.LocalAddr().(*net.TCPAddr).IP.String(), "0")
+// pingServe answers one client; with retry, a client that fails the exchange (silent past the
+// timeout, or not a pingpong client) is dropped and the server waits for another.
+func pingServe(o *pingOpts, ln net.Listener, retry bool) error {
+	defer ln.Close()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
 		}
+		err = pingSide(o, c, deviceAddr(c, ln.Addr().(*net.TCPAddr).Port), false)
+		var cf clientFault
+		if !retry || !errors.As(err, &cf) {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "softefa pingpong: %v; waiting for another client\n", err)
 	}
+}
+
+func pingClient(o *pingOpts, addr string) error {
+	c, err := dialExchange(addr, o.timeout)
 	if err != nil {
 		return err
 	}
+	return pingSide(o, c, deviceAddr(c, 0), true)
+}
+
+// pingSide runs the client or the server over the exchange connection c, with the device on
+// local; it closes c.
+func pingSide(o *pingOpts, c net.Conn, local string, client bool) error {
 	defer c.Close()
+	peerName := "server " + c.RemoteAddr().String()
+	if !client {
+		peerName = "client " + c.RemoteAddr().String()
+	}
+	fault := func(what string, err error) error {
+		err = exchangeErr(what+" "+peerName, o.timeout, err)
+		if client {
+			return err
+		}
+		return clientFault{err}
+	}
+	_ = c.SetDeadline(time.Now().Add(o.timeout)) // the exchange; each message then has the timeout
+	enc, dec := json.NewEncoder(c), json.NewDecoder(bufio.NewReader(c))
+	var peer hello
+	if !client { // the server takes the client's size, count and QP type
+		if err := dec.Decode(&peer); err != nil {
+			return fault("reading the hello of", err)
+		}
+		so := *o
+		o = &so
+		o.size, o.iters, o.ud = peer.Size, peer.Iters, peer.Test == "ud"
+		if peer.Test != "srd" && peer.Test != "ud" || o.size < 1 || o.size > maxSendSize || o.iters < 1 || len(peer.QPNs) != 1 {
+			err := fmt.Errorf("not a pingpong client's hello (%q, %d bytes, %d iterations, %d QPs)",
+				peer.Test, peer.Size, peer.Iters, len(peer.QPNs))
+			_ = enc.Encode(hello{Err: err.Error()})
+			return fault("the hello of", err)
+		}
+	}
 	typ := verbs.QPTDriver
 	grh := 0
 	if o.ud {
@@ -107,23 +163,39 @@ func pingSide(o *pingOpts, ln net.Listener, connect string) error {
 	}
 	e, err := newEndpoint(endpointConfig{addr: local, typ: typ, qps: 1, bufSize: 2*o.size + grh, depth: 16, paths: 4, pathMTU: 1500})
 	if err != nil {
+		if !client {
+			_ = enc.Encode(hello{Err: err.Error()})
+		}
 		return err
 	}
 	defer e.close()
-	enc, dec := json.NewEncoder(c), json.NewDecoder(bufio.NewReader(c))
-	if err := enc.Encode(e.hello()); err != nil {
-		return err
+	h := e.hello()
+	if client {
+		h.Test, h.Size, h.Iters = "srd", o.size, o.iters
+		if o.ud {
+			h.Test = "ud"
+		}
 	}
-	var peer hello
-	if err := dec.Decode(&peer); err != nil {
-		return err
+	if err := enc.Encode(h); err != nil {
+		return fault("sending the hello to", err)
+	}
+	if client {
+		if err := dec.Decode(&peer); err != nil {
+			return fault("reading the hello of", err)
+		}
+		if peer.Err != "" {
+			return fmt.Errorf("server: %s", peer.Err)
+		}
+		if len(peer.QPNs) != 1 {
+			return fault("the hello of", fmt.Errorf("%d QP numbers, not 1", len(peer.QPNs)))
+		}
 	}
 	gid, err := parseGID(peer.GID)
-	if err != nil {
-		return err
+	if err == nil {
+		err = e.connect(gid)
 	}
-	if err := e.connect(gid); err != nil {
-		return err
+	if err != nil {
+		return fault("the GID of", err)
 	}
 	qp, qpn := e.qps[0], peer.QPNs[0]
 	// The receive buffer is the upper half (with room for a UD GRH in front); sends come from the
@@ -134,12 +206,12 @@ func pingSide(o *pingOpts, ln net.Listener, connect string) error {
 	}
 	// Both sides have their receive posted before either sends.
 	if err := enc.Encode(hello{Done: true}); err != nil {
-		return err
+		return fault("sending ready to", err)
 	}
 	if err := dec.Decode(&peer); err != nil {
-		return err
+		return fault("waiting for ready from", err)
 	}
-	client := ln == nil
+	_ = c.SetDeadline(time.Time{})
 	start := time.Now()
 	for i := range o.iters {
 		if client {

@@ -82,23 +82,48 @@ func writeMetrics(w io.Writer, e *endpoint) {
 	}
 }
 
-// serveMetrics serves /metrics on addr while the returned function is not called.
-func serveMetrics(addr string, e *endpoint) func() {
+// metricsServer serves an endpoint's counters on /metrics. Its listener opens at the start,
+// so that a busy address is refused at once; it serves once the endpoint exists.
+type metricsServer struct {
+	ln  net.Listener
+	srv *http.Server
+}
+
+// listenMetrics opens addr for metrics; no address, no server (a nil *metricsServer does nothing).
+func listenMetrics(addr string) (*metricsServer, error) {
 	if addr == "" {
-		return func() {}
+		return nil, nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "softefa: metrics:", err)
-		return func() {}
+		return nil, fmt.Errorf("--metrics: %w", err)
+	}
+	return &metricsServer{ln: ln}, nil
+}
+
+// serve serves e's counters until stop.
+func (m *metricsServer) serve(e *endpoint) {
+	if m == nil || m.srv != nil {
+		return
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		writeMetrics(w, e)
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	fmt.Fprintf(os.Stderr, "softefa: metrics on http://%s/metrics\n", ln.Addr())
-	return func() { _ = srv.Shutdown(context.Background()) }
+	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go m.srv.Serve(m.ln)
+	fmt.Fprintf(os.Stderr, "softefa: metrics on http://%s/metrics\n", m.ln.Addr())
+}
+
+// stop ends serving, waiting for requests under way (they read the endpoint), and closes the
+// listener.
+func (m *metricsServer) stop() {
+	if m == nil {
+		return
+	}
+	if m.srv != nil {
+		_ = m.srv.Shutdown(context.Background())
+	}
+	_ = m.ln.Close()
 }

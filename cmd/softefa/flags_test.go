@@ -1,0 +1,301 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Bad flag sets are refused at once: a non-zero exit, and the reason on stderr naming the flag.
+func TestBadFlags(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0") // --metrics on a port in use
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { busy.Close() }) // after the parallel subtests
+	dir := t.TempDir()
+	conf := func(name, text string) string {
+		f := filepath.Join(dir, name)
+		if err := os.WriteFile(f, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	badLoss := conf("loss.json", `{"default": {"loss": 2}}`)
+	badKey := conf("key.json", `{"default": {"los": 0.1}}`)
+	badPath := conf("path.json", `{"paths": 2, "path": {"5": {"down": true}}}`)
+	noQueue := conf("queue.json", `{"default": {"rate": 1000}}`)
+	negDelay := conf("delay.json", `{"path": {"1": {"delay": "-1ms"}}}`)
+	to := "--to=127.0.0.1:9"
+	for _, c := range []struct {
+		args []string
+		want string // in stderr
+	}{
+		// perf
+		{[]string{"perf"}, "TEST"},
+		{[]string{"perf", "bogus_bw", "--loopback"}, `"bogus_bw"`},
+		{[]string{"perf", "send_lat"}, "--loopback"},
+		{[]string{"perf", "send_lat", "--loopback", "--server"}, "--server and --loopback"},
+		{[]string{"perf", "send_lat", "--server", "--connect=h:1"}, "--server and --connect"},
+		{[]string{"perf", "send_lat", "--loopback", "--connect=h:1"}, "--connect and --loopback"},
+		{[]string{"perf", "send_lat", "--connect=h:1", "--listen=127.0.0.1:1"}, "--listen"},
+		{[]string{"perf", "send_lat", "--loopback", "extra"}, `"extra"`},
+		{[]string{"perf", "send_lat", "--loopback", "-x"}, "-x"},
+		{[]string{"perf", "send_lat", "--loopback", "-D", "-1s"}, "-D"},
+		{[]string{"perf", "send_lat", "--loopback", "-D", "0"}, "-D"},
+		{[]string{"perf", "send_lat", "--loopback", "-D", "soon"}, "-D"},
+		{[]string{"perf", "write_bw", "--loopback", "-D", "2", "-n", "10"}, "-D and -n"},
+		{[]string{"perf", "send_lat", "--loopback", "--paths", "0"}, "--paths"},
+		{[]string{"perf", "send_lat", "--loopback", "--paths", "-1"}, "--paths"},
+		{[]string{"perf", "send_lat", "--loopback", "--paths", "256"}, "--paths"},
+		{[]string{"perf", "send_lat", "--loopback", "--mtu", "100"}, "--mtu"},
+		{[]string{"perf", "send_lat", "--loopback", "--mtu", "70000"}, "--mtu"},
+		{[]string{"perf", "send_lat", "--loopback", "-s", "0"}, "-s"},
+		{[]string{"perf", "write_lat", "--loopback", "-s", "-5"}, "-s"},
+		{[]string{"perf", "send_bw", "--loopback", "-s", "9000"}, "-s"},
+		{[]string{"perf", "send_bw", "--server", "-s", "65536"}, "-s"},
+		{[]string{"perf", "write_bw", "--loopback", "-s", "2147483648"}, "-s"},
+		{[]string{"perf", "write_bw", "--loopback", "-n", "0"}, "-n"},
+		{[]string{"perf", "write_bw", "--loopback", "-n", "-1"}, "-n"},
+		{[]string{"perf", "write_bw", "--loopback", "-q", "0"}, "-q"},
+		{[]string{"perf", "write_bw", "--loopback", "-q", "65"}, "-q"},
+		{[]string{"perf", "send_lat", "--loopback", "-q", "2"}, "-q"},
+		{[]string{"perf", "write_bw", "--loopback", "-t", "0"}, "-t"},
+		{[]string{"perf", "write_bw", "--loopback", "-t", "5000"}, "-t"},
+		{[]string{"perf", "write_lat", "--loopback", "-t", "8"}, "-t"},
+		{[]string{"perf", "write_bw", "--loopback", "--timeout", "0s"}, "--timeout"},
+		{[]string{"perf", "write_bw", "--loopback", "--timeout", "-1s"}, "--timeout"},
+		{[]string{"perf", "write_bw", "--loopback", "--metrics", busy.Addr().String()}, "--metrics"},
+		{[]string{"perf", "write_bw", "--loopback", "--metrics", "nowhere"}, "--metrics"},
+		{[]string{"perf", "write_bw", "--connect", "nohostport"}, "--connect"},
+		{[]string{"perf", "write_bw", "--connect="}, "--connect"},
+		{[]string{"perf", "write_bw", "--connect", "h:99999"}, "--connect"},
+		{[]string{"perf", "write_bw", "--server", "--listen", "noport"}, "--listen"},
+		{[]string{"perf", "write_bw", "--server", "--json"}, "--json"},
+		{[]string{"perf", "write_bw", "--loopback", "--key-file", filepath.Join(dir, "none")}, "--key-file"},
+		// pingpong
+		{[]string{"pingpong"}, "--loopback"},
+		{[]string{"pingpong", "--loopback", "--server"}, "--server and --loopback"},
+		{[]string{"pingpong", "--connect=h:1", "--listen=127.0.0.1:1"}, "--listen"},
+		{[]string{"pingpong", "--loopback", "-s", "0"}, "-s"},
+		{[]string{"pingpong", "--loopback", "-s", "9000"}, "-s"},
+		{[]string{"pingpong", "--loopback", "-n", "0"}, "-n"},
+		{[]string{"pingpong", "--loopback", "--timeout", "-1s"}, "--timeout"},
+		{[]string{"pingpong", "--connect", "nohostport"}, "--connect"},
+		{[]string{"pingpong", "--loopback", "extra"}, `"extra"`},
+		// fabric
+		{[]string{"fabric"}, "--to"},
+		{[]string{"fabric", "--to", "nohostport"}, "--to"},
+		{[]string{"fabric", to, "--listen", "noport"}, "--listen"},
+		{[]string{"fabric", to, "--client-addr", "x"}, "--client-addr"},
+		{[]string{"fabric", to, "--paths", "0"}, "--paths"},
+		{[]string{"fabric", to, "--paths", "-1"}, "--paths"},
+		{[]string{"fabric", to, "--paths", "65"}, "--paths"},
+		{[]string{"fabric", to, "--loss", "1.5"}, "--loss"},
+		{[]string{"fabric", to, "--loss", "-0.1"}, "--loss"},
+		{[]string{"fabric", to, "--dup", "2"}, "--dup"},
+		{[]string{"fabric", to, "--corrupt", "-1"}, "--corrupt"},
+		{[]string{"fabric", to, "--delay", "-1ms"}, "--delay"},
+		{[]string{"fabric", to, "--jitter", "-1ms"}, "--jitter"},
+		{[]string{"fabric", to, "--rate", "-5"}, "--rate"},
+		{[]string{"fabric", to, "--rate", "1000", "--queue", "0"}, "--queue"},
+		{[]string{"fabric", to, "--queue", "-1"}, "--queue"},
+		{[]string{"fabric", to, "--duration", "-1s"}, "--duration"},
+		{[]string{"fabric", to, "--stats", "-1s"}, "--stats"},
+		{[]string{"fabric", to, "--down", "1", "--down-after", "-1s"}, "--down-after"},
+		{[]string{"fabric", to, "--down-after", "1s"}, "--down-after"},
+		{[]string{"fabric", to, "--down", "7"}, "--down"},
+		{[]string{"fabric", to, "extra"}, `"extra"`},
+		{[]string{"fabric", to, "--config", badLoss}, "--config"},
+		{[]string{"fabric", to, "--config", badKey}, "--config"},
+		{[]string{"fabric", to, "--config", badPath}, "--config"},
+		{[]string{"fabric", to, "--config", noQueue}, "--config"},
+		{[]string{"fabric", to, "--config", negDelay}, "--config"},
+		{[]string{"fabric", to, "--config", badPath, "--loss", "0.1"}, "--loss"},
+		{[]string{"fabric", to, "--config", badPath, "--paths", "3"}, "--paths"},
+		// demo
+		{[]string{"demo", "-n", "0"}, "-n"},
+		{[]string{"demo", "-s", "2"}, "-s"},
+		{[]string{"demo", "-s", "9000"}, "-s"},
+		{[]string{"demo", "--rdma", "0"}, "--rdma"},
+		{[]string{"demo", "--rdma", "2147483648"}, "--rdma"},
+		{[]string{"demo", "--paths", "0"}, "--paths"},
+		{[]string{"demo", "--mtu", "100"}, "--mtu"},
+		{[]string{"demo", "--addr", "nohostport"}, "--addr"},
+		{[]string{"demo", "--addr", "127.0.0.1:18999"}, "--addr"},
+		{[]string{"demo", "--same-device", "--addr", "127.0.0.1:0"}, "--addr"},
+		{[]string{"demo", "--same-device", "--paths", "2"}, "--paths"},
+		{[]string{"demo", "extra"}, `"extra"`},
+		// devinfo
+		{[]string{"devinfo", "--mtu", "10"}, "--mtu"},
+		{[]string{"devinfo", "--addr", "nohostport"}, "--addr"},
+		{[]string{"devinfo", "extra"}, `"extra"`},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			t.Parallel()
+			code, stderr := runMain(t, c.args...)
+			if code == 0 || !strings.Contains(stderr, c.want) {
+				t.Errorf("exit %d, stderr %q; want a failure naming %s", code, stderr, c.want)
+			}
+		})
+	}
+}
+
+// -h prints the flags and succeeds.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"perf", "-h"}, {"perf", "send_lat", "-h"}, {"pingpong", "-h"}, {"fabric", "-h"},
+		{"demo", "-h"}, {"devinfo", "-h"}} {
+		code, stderr := runMain(t, args...)
+		if code != 0 || !strings.Contains(stderr, "usage: softefa "+args[0]) || !strings.Contains(stderr, "-") {
+			t.Errorf("%q: exit %d, stderr %q", args, code, stderr)
+		}
+	}
+}
+
+// Every perf test runs with its default size, as perftest's (a SEND's capped at the MTU).
+func TestPerfDefaultSizes(t *testing.T) {
+	want := map[string]float64{"send_bw": 8192, "send_lat": 2, "write_bw": 65536, "write_lat": 2, "read_bw": 65536, "read_lat": 2}
+	for _, test := range perfTests {
+		var out bytes.Buffer
+		o, err := parsePerf([]string{test, "--loopback", "-n", "20", "--json"}, &out)
+		if err != nil {
+			t.Fatalf("%s: %v", test, err)
+		}
+		if err := perf(o); err != nil {
+			t.Fatalf("%s: %v", test, err)
+		}
+		var res map[string]any
+		if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+			t.Fatalf("%s: %v: %s", test, err, out.Bytes())
+		}
+		if res["size"] != want[test] || res["iterations"] != 20.0 || res["errors"] != 0.0 {
+			t.Errorf("%s: %v", test, res)
+		}
+	}
+}
+
+// -D takes perftest's seconds as well as Go durations.
+func TestPerfDuration(t *testing.T) {
+	for arg, want := range map[string]time.Duration{"2": 2 * time.Second, "0.5": 500 * time.Millisecond,
+		"1m30s": 90 * time.Second, "300ms": 300 * time.Millisecond} {
+		o, err := parsePerf([]string{"write_bw", "--loopback", "-D", arg}, nil)
+		if err != nil || o.duration != want {
+			t.Errorf("-D %s: %v, %v; want %v", arg, o, err, want)
+		}
+	}
+}
+
+// A latency test with -D runs for that long rather than -n round trips: with -D 1ns the clock
+// has passed the end after the first round trip at the latest.
+func TestPerfLatencyDuration(t *testing.T) {
+	var out bytes.Buffer
+	o, err := parsePerf([]string{"send_lat", "--loopback", "-s", "64", "-D", "1ns", "--json"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := perf(o); err != nil {
+		t.Fatal(err)
+	}
+	var res map[string]any
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("%v: %s", err, out.Bytes())
+	}
+	if n, _ := res["iterations"].(float64); n > 1 || res["errors"] != 0.0 {
+		t.Fatalf("-D 1ns: %v", res)
+	}
+}
+
+// A server listening on an unspecified address gives its device the concrete address the
+// client reached it at, and the test runs.
+func TestPerfListenUnspecified(t *testing.T) {
+	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	so, err := parsePerf([]string{"send_lat", "--server", "--listen", ln.Addr().String(), "-s", "64"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serr := make(chan error, 1)
+	go func() { serr <- perfServe(so, ln, false) }()
+	var out bytes.Buffer
+	co, err := parsePerf([]string{"send_lat", "--connect", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), "-s", "64", "-n", "20", "--json"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := within(t, func() error { return perf(co) }); err != nil {
+		t.Fatalf("client: %v", err)
+	}
+	if err := within(t, func() error { return <-serr }); err != nil {
+		t.Fatalf("server: %v", err)
+	}
+	if !strings.Contains(out.String(), `"iterations":20`) {
+		t.Fatalf("client: %s", out.String())
+	}
+}
+
+// A server refuses a client asking for another test, and the client says why.
+func TestPerfServerOtherTest(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	so, err := parsePerf([]string{"read_bw", "--server"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serr := make(chan error, 1)
+	go func() { serr <- perfServe(so, ln, false) }()
+	co, err := parsePerf([]string{"send_lat", "--connect", ln.Addr().String(), "-s", "64", "-n", "5"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = within(t, func() error { return perf(co) })
+	if err == nil || !strings.Contains(err.Error(), "runs read_bw, not send_lat") {
+		t.Fatalf("client: %v", err)
+	}
+	if err := within(t, func() error { return <-serr }); err == nil {
+		t.Fatal("server: no error")
+	}
+}
+
+// A client and a server of which one encrypts and the other does not are refused at the
+// exchange, saying so, instead of timing out when the traffic goes unread.
+func TestPerfKeyMismatch(t *testing.T) {
+	for _, serverKey := range []bool{true, false} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		so, err := parsePerf([]string{"write_bw", "--server"}, &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		co, err := parsePerf([]string{"write_bw", "--connect", ln.Addr().String(), "-n", "5"}, &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := bytes.Repeat([]byte{7}, 32)
+		if serverKey {
+			so.key = key
+		} else {
+			co.key = key
+		}
+		serr := make(chan error, 1)
+		go func() { serr <- perfServe(so, ln, false) }()
+		err = within(t, func() error { return perf(co) })
+		if err == nil || !strings.Contains(err.Error(), "give both the key") {
+			t.Errorf("server key %v: client: %v", serverKey, err)
+		}
+		if err := within(t, func() error { return <-serr }); err == nil {
+			t.Errorf("server key %v: server: no error", serverKey)
+		}
+	}
+}
