@@ -74,8 +74,15 @@ type Device struct {
 	// (unresponsive or unreachable). A peer still streaming read data or answers behind a long
 	// transfer is making progress. Default 5 s.
 	TransportTimeout time.Duration
-	// MaxPeers bounds the peer contexts a device keeps; default 65536.
+	// MaxPeers bounds the peer contexts a device keeps; default 65536. When they are all in use,
+	// a new validated peer takes the place of the one idle longest; peers with anything
+	// outstanding are never given up for a newcomer.
 	MaxPeers int
+	// PeerIdleTimeout is how long a peer context with nothing outstanding is kept after its last
+	// traffic; then it is forgotten, keeping only the few bytes that let the two devices resume
+	// their streams where they were (docs/wire.md, "Forgotten peers"). Default 2 minutes;
+	// negative: kept until MaxPeers needs the room.
+	PeerIdleTimeout time.Duration
 	// Key, when set, turns on authenticated encryption of every datagram (AES-256-GCM): 32
 	// bytes, the same on every device that is to talk. Read it with KeyFromFile or KeyFromEnv;
 	// never take it from a command-line flag, which other users of the machine can read.
@@ -129,7 +136,7 @@ func Default() Device {
 		Caps: uapi.CapRDMARead | uapi.CapRNRRetry | uapi.CapCQWithSGID | uapi.CapRDMAWrite |
 			uapi.CapUnsolicitedWriteRecv,
 		VendorPartID: 0xefa2, LinkSpeedGbps: 100,
-		Paths: 4, PathMTU: 1500, TransportTimeout: 5 * time.Second, MaxPeers: 1 << 16, RxSpin: 200 * time.Microsecond,
+		Paths: 4, PathMTU: 1500, TransportTimeout: 5 * time.Second, MaxPeers: 1 << 16, PeerIdleTimeout: 2 * time.Minute, RxSpin: 200 * time.Microsecond,
 		PollMin: time.Millisecond, PollMax: 16 * time.Millisecond, RNRInterval: time.Millisecond,
 	}
 }
@@ -173,6 +180,9 @@ func (c *Device) Fill() error {
 	setInt(&c.MaxPeers, def.MaxPeers)
 	if c.TransportTimeout == 0 {
 		c.TransportTimeout = def.TransportTimeout
+	}
+	if c.PeerIdleTimeout == 0 {
+		c.PeerIdleTimeout = def.PeerIdleTimeout
 	}
 	if c.RxSpin == 0 {
 		c.RxSpin = def.RxSpin

@@ -51,5 +51,13 @@ type BusyPoller interface {
 	NewPoller() Poller
 }
 
+// PathPorter is a Link whose paths send from UDP ports of their own (a UDP link's sockets):
+// PathPorts returns them, path 0's first (LocalAddr's port). A Link without it sends every path
+// from LocalAddr's port. Peers learn these ports to tell the device's own datagrams from others
+// sent from its IP (docs/security.md).
+type PathPorter interface {
+	PathPorts() []uint16
+}
+
 // ErrClosed is returned by Receive and Send after Close.
 var ErrClosed = errors.New("link: closed")

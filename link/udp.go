@@ -76,6 +76,15 @@ func ListenUDP(addr netip.AddrPort, paths int) (*UDP, error) {
 // LocalAddr is the address of socket 0.
 func (u *UDP) LocalAddr() netip.AddrPort { return u.local }
 
+// PathPorts returns each socket's port, path 0's (LocalAddr's) first.
+func (u *UDP) PathPorts() []uint16 {
+	ports := make([]uint16, len(u.conns))
+	for i, c := range u.conns {
+		ports[i] = uint16(c.LocalAddr().(*net.UDPAddr).Port)
+	}
+	return ports
+}
+
 // Paths is the number of sockets.
 func (u *UDP) Paths() int { return len(u.conns) }
 

@@ -363,6 +363,7 @@ type Counters struct {
 	SpuriousRetrans                                                  uint64 // packets counted lost that arrived after all
 	SparseCopies                                                     uint64 // second copies of packets sent while few were in flight
 	EngineWakeups                                                    uint64 // times the device's engine loop woke (none while idle)
+	PeersForgotten                                                   uint64 // peer contexts dropped idle, by age or to make room
 }
 
 // Counters returns a snapshot of the device's counters.
@@ -382,6 +383,7 @@ func (c *Context) Counters() Counters {
 		StalePackets: e.StalePackets.Load(), Unvalidated: e.Unvalidated.Load(), AuthFailures: e.AuthFailures.Load(),
 		Replays: e.Replays.Load(), SpuriousRetrans: e.SpuriousRetrans.Load(),
 		SparseCopies: e.SparseCopies.Load(), EngineWakeups: e.EngineWakeups.Load(),
+		PeersForgotten: e.PeersForgotten.Load(),
 	}
 }
 

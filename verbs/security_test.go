@@ -27,7 +27,7 @@ func TestEncryptedExchange(t *testing.T) {
 		f := memlink.New(31)
 		var plain []byte
 		f.Tap(func(_, _ netip.AddrPort, b []byte) {
-			if plain == nil && (b[0] != 0x81 || bytes.Contains(b, []byte{7, 14, 21, 28, 35, 42, 49, 56})) {
+			if plain == nil && (b[0] != 0x83 || bytes.Contains(b, []byte{7, 14, 21, 28, 35, 42, 49, 56})) {
 				plain = append([]byte{}, b...)
 			}
 		})
@@ -70,13 +70,17 @@ func TestReplayAndForgery(t *testing.T) {
 		f := memlink.New(33)
 		var captured [][]byte
 		var from, to netip.AddrPort
+		a, b := memPair(t, f, 2, loopOpts{cfg: func(c *config.Device) { c.Key = testKey }})
+		b.recv(0, 0, 1000)
+		a.send(0, b, 0, 10) // meet (cookies) first: what is captured below, b took
+		wantWC(t, a.one(), 0, verbs.WCSuccess, verbs.WCSend)
+		wantWC(t, b.one(), 0, verbs.WCSuccess, verbs.WCRecv)
 		f.Tap(func(s, d netip.AddrPort, b []byte) {
 			if s.Addr() == netip.MustParseAddr("10.0.0.1") && len(b) > 200 {
 				captured = append(captured, append([]byte{}, b...))
 				from, to = s, d
 			}
 		})
-		a, b := memPair(t, f, 2, loopOpts{cfg: func(c *config.Device) { c.Key = testKey }})
 		b.recv(1, 0, 1000)
 		a.send(2, b, 0, 500)
 		wantWC(t, a.one(), 2, verbs.WCSuccess, verbs.WCSend)
@@ -85,6 +89,7 @@ func TestReplayAndForgery(t *testing.T) {
 			t.Fatal("captured nothing to replay")
 		}
 		b.recv(3, 0, 1000)
+		before := b.ctx.Counters()
 		for _, d := range captured {
 			f.Inject(from, to, d)
 		}
@@ -94,8 +99,8 @@ func TestReplayAndForgery(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 		b.empty() // nothing delivered again
 		c := b.ctx.Counters()
-		if c.Replays < uint64(len(captured)) || c.AuthFailures != 1 {
-			t.Fatalf("replays %d (want %d), authentication failures %d (want 1)", c.Replays, len(captured), c.AuthFailures)
+		if refused := c.Replays - before.Replays; refused < uint64(len(captured)) || c.AuthFailures != 1 {
+			t.Fatalf("%d replays refused (want %d), authentication failures %d (want 1)", refused, len(captured), c.AuthFailures)
 		}
 		a.send(4, b, 0, 10) // and the two still talk: this lands in the receive the replays did not take
 		wantWC(t, a.one(), 4, verbs.WCSuccess, verbs.WCSend)
@@ -198,4 +203,244 @@ func TestKeyFromFileAndEnv(t *testing.T) {
 	if _, err := verbs.NewDevice(config.Device{Key: []byte("short")}); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("device with a 5-byte key: %v", err)
 	}
+}
+
+// A datagram that names a validated peer in its header but comes from another UDP port of the
+// peer's IP (any local process can bind one) gets nothing but a CHALLENGE sent to the named
+// endpoint, whatever it says: a captured READ_REQ moved ahead in the stream (and again with a
+// new source incarnation) neither executes a read nor resets the real peer's state.
+func TestInjectionFromAnotherPort(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(40)
+		var reads [][]byte
+		f.Tap(func(s, _ netip.AddrPort, d []byte) {
+			if s == simA && carriesOp(d, wire.OpReadReq) {
+				reads = append(reads, append([]byte(nil), d...))
+			}
+		})
+		a, b := memPair(t, f, 2, loopOpts{})
+		exchange(t, a, b, 2, 1000, 1000, 1)
+		check(t, a.post(1, b, func(x *verbs.QPEx) {
+			x.WRRDMARead(b.mr.RKey(), b.mr.Addr())
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 64<<10)
+		}))
+		wantWC(t, a.one(), 1, verbs.WCSuccess, verbs.WCSend)
+		if len(reads) == 0 {
+			t.Fatal("captured no READ_REQ")
+		}
+		f.Tap(nil)
+		before := b.ctx.Counters()
+		var answers [][]byte
+		f.Tap(func(s, _ netip.AddrPort, d []byte) {
+			if s == simB {
+				answers = append(answers, append([]byte(nil), d...))
+			}
+		})
+		attacker := netip.AddrPortFrom(simA.Addr(), 9999)
+		var forged []byte
+		for i, newInc := range []bool{false, true} {
+			forged = rewriteData(t, reads[0], func(h *wire.Header, d *wire.Data) {
+				d.PSN += 50 + uint32(i)
+				d.MsgID += 1000 + uint32(i)
+				if newInc {
+					h.SrcInc ^= 0x5a5a
+				}
+			})
+			f.Inject(attacker, simB, forged)
+		}
+		time.Sleep(10 * time.Millisecond)
+		c := b.ctx.Counters()
+		if c.RDMAReadRespBytes != before.RDMAReadRespBytes || c.Unvalidated-before.Unvalidated != 2 {
+			t.Fatalf("read data sent %d bytes; %d datagrams challenged (want 0 and 2)",
+				c.RDMAReadRespBytes-before.RDMAReadRespBytes, c.Unvalidated-before.Unvalidated)
+		}
+		for _, d := range answers {
+			if len(d) > len(forged) || !onlyFrames(d, wire.TypeChallenge) {
+				t.Fatalf("answered the forgery with % x", d)
+			}
+		}
+		exchange(t, a, b, 2, 1000, 1000, 2) // the real peer's state is untouched
+	})
+}
+
+// Sealed datagrams replayed from another address fail authentication (the sender's IP and the
+// receiver's GID are authenticated with them), and from another port of the sender's IP they are
+// replays: either way nothing executes.
+func TestSealedReplayFromElsewhere(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(41)
+		a, b := memPair(t, f, 2, loopOpts{cfg: func(c *config.Device) { c.Key = testKey }})
+		exchange(t, a, b, 2, 1000, 1000, 1)
+		var captured [][]byte
+		f.Tap(func(s, _ netip.AddrPort, d []byte) {
+			if s == simA {
+				captured = append(captured, append([]byte(nil), d...))
+			}
+		})
+		check(t, a.post(1, b, func(x *verbs.QPEx) {
+			x.WRRDMARead(b.mr.RKey(), b.mr.Addr())
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 64<<10)
+		}))
+		wantWC(t, a.one(), 1, verbs.WCSuccess, verbs.WCSend)
+		f.Tap(nil)
+		before := b.ctx.Counters()
+		otherIP := netip.AddrPortFrom(netip.MustParseAddr("10.0.0.9"), simA.Port())
+		otherPort := netip.AddrPortFrom(simA.Addr(), 9999)
+		for _, d := range captured {
+			f.Inject(otherIP, simB, d)
+			f.Inject(otherPort, simB, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+		c := b.ctx.Counters()
+		n := uint64(len(captured))
+		if c.RDMAReadRespBytes != before.RDMAReadRespBytes || c.AuthFailures-before.AuthFailures != n ||
+			c.Replays+c.Unvalidated-before.Replays-before.Unvalidated != n {
+			t.Fatalf("%d datagrams replayed twice: read bytes %d, auth failures %d, replays %d, challenged %d",
+				n, c.RDMAReadRespBytes-before.RDMAReadRespBytes, c.AuthFailures-before.AuthFailures,
+				c.Replays-before.Replays, c.Unvalidated-before.Unvalidated)
+		}
+		exchange(t, a, b, 2, 1000, 1000, 2)
+	})
+}
+
+// carriesOp reports whether datagram d has a DATA frame with operation op.
+func carriesOp(d []byte, op uint8) bool {
+	_, frames, err := wire.ParseHeader(d)
+	var f wire.Frame
+	for err == nil && len(frames) > 0 {
+		if frames, err = wire.NextFrame(frames, &f); err == nil && f.Type == wire.TypeData && f.Data.Op == op {
+			return true
+		}
+	}
+	return false
+}
+
+// onlyFrames reports whether every frame of datagram d is of type typ.
+func onlyFrames(d []byte, typ uint8) bool {
+	_, frames, err := wire.ParseHeader(d)
+	var f wire.Frame
+	for err == nil && len(frames) > 0 {
+		if frames, err = wire.NextFrame(frames, &f); err != nil || f.Type != typ {
+			return false
+		}
+	}
+	return err == nil
+}
+
+// rewriteData rebuilds datagram d with only its DATA frames, changed by mod, as a forger would.
+func rewriteData(t *testing.T, d []byte, mod func(*wire.Header, *wire.Data)) []byte {
+	t.Helper()
+	h, frames, err := wire.ParseHeader(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body []byte
+	var f wire.Frame
+	for len(frames) > 0 {
+		if frames, err = wire.NextFrame(frames, &f); err != nil {
+			t.Fatal(err)
+		}
+		if f.Type == wire.TypeData {
+			mod(&h, &f.Data)
+			body = wire.AppendData(body, &f.Data)
+		}
+	}
+	out := append(wire.AppendHeader(nil, &h), body...)
+	wire.PutChecksum(out)
+	return out
+}
+
+// Peer contexts are bounded: with MaxPeers in use, a new validated peer takes the place of the
+// one idle longest, which (forgotten to a memo) comes back later and carries on where its
+// streams were; peers with traffic in flight are never given up for a newcomer, which then gets
+// nothing; and peers idle past PeerIdleTimeout are forgotten.
+func TestPeerStateBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(42)
+		hubDev := newDevice(t, func(c *config.Device) {
+			*c = config.Device{Link: f.Listen(netip.MustParseAddrPort("10.2.0.1:4791"), 2), Paths: 2, MaxPeers: 4,
+				PeerIdleTimeout: time.Second, TransportTimeout: 10 * time.Second}
+		})
+		opts := loopOpts{size: 1 << 16, typ: verbs.QPTDriver, access: verbs.AccessRemoteRead,
+			cap: verbs.QPCap{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 1, MaxRecvSGE: 1}}
+		hub := newEnd(t, openCtx(t, hubDev), opts)
+		clients := make([]*end, 6)
+		addrs := make([]netip.AddrPort, 6)
+		for i := range clients {
+			addrs[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 2, 1, byte(i)}), 4791)
+			d := newDevice(t, func(c *config.Device) {
+				*c = config.Device{Link: f.Listen(addrs[i], 2), Paths: 2, TransportTimeout: 2 * time.Second}
+			})
+			clients[i] = newEnd(t, openCtx(t, d), opts)
+			clients[i].ah = clients[i].makeAH(hubDev.GID())
+		}
+		talk := func(i int, wrid uint64) { // a SEND and a READ from client i to the hub
+			t.Helper()
+			c := clients[i]
+			hub.recv(wrid, 0, 64)
+			c.send(wrid, hub, 0, 64)
+			wantWC(t, c.one(), wrid, verbs.WCSuccess, verbs.WCSend)
+			wantWC(t, hub.one(), wrid, verbs.WCSuccess, verbs.WCRecv)
+			check(t, c.post(wrid+1, hub, func(x *verbs.QPEx) {
+				x.WRRDMARead(hub.mr.RKey(), hub.mr.Addr())
+				x.WRSetSGE(c.mr.LKey(), c.mr.Addr(), 4096)
+			}))
+			wantWC(t, c.one(), wrid+1, verbs.WCSuccess, verbs.WCSend)
+		}
+		for i := range 4 {
+			talk(i, uint64(10*i))
+			time.Sleep(time.Millisecond) // distinct ages
+		}
+		talk(4, 40) // the fifth: client 0, idle longest, gives way
+		talk(0, 50) // and comes back, where its streams were (client 1 gives way)
+		if n := hub.ctx.Counters().PeersForgotten; n != 2 {
+			t.Fatalf("%d peers forgotten, want 2", n)
+		}
+
+		// Every peer busy: the hub's sends to them wait (their answers are lost), and a
+		// newcomer gets no context.
+		var ahs []*verbs.AH
+		for _, i := range []int{0, 2, 3, 4} {
+			for p := range 2 {
+				f.SetNodePath(addrs[i], p, memlink.Impairment{Down: true})
+			}
+			clients[i].recv(uint64(60+i), 0, 64)
+			ahs = append(ahs, hub.makeAH(clients[i].ctx.Device().GID()))
+			hub.x.WRStart()
+			hub.x.WRID, hub.x.WRFlags = uint64(60+i), verbs.SendSignaled
+			hub.x.WRSend()
+			hub.x.WRSetUDAddr(ahs[len(ahs)-1], clients[i].qp.QPN(), qkey)
+			hub.x.WRSetSGE(hub.mr.LKey(), hub.mr.Addr(), 64)
+			check(t, hub.x.WRComplete())
+		}
+		clients[5].send(70, hub, 0, 64)
+		if wc := clients[5].one(); wc.WRID != 70 || wc.Status != verbs.WCRespTimeoutErr {
+			t.Fatalf("newcomer with every peer busy: %+v, want a response timeout", wc)
+		}
+		for _, i := range []int{0, 2, 3, 4} {
+			for p := range 2 {
+				f.SetNodePath(addrs[i], p, memlink.Impairment{})
+			}
+		}
+		for range 4 {
+			if wc := hub.one(); wc.Status != verbs.WCSuccess {
+				t.Fatalf("send to a busy peer: %+v", wc)
+			}
+		}
+		for _, i := range []int{0, 2, 3, 4} {
+			wantWC(t, clients[i].one(), uint64(60+i), verbs.WCSuccess, verbs.WCRecv)
+		}
+
+		// Idle past PeerIdleTimeout: forgotten at the next tick of traffic.
+		before := hub.ctx.Counters().PeersForgotten
+		time.Sleep(3 * time.Second)
+		talk(5, 80)
+		time.Sleep(10 * time.Millisecond) // the transport's next tick
+		if n := hub.ctx.Counters().PeersForgotten - before; n < 3 {
+			t.Fatalf("%d idle peers forgotten after their timeout, want at least 3", n)
+		}
+		for _, ah := range ahs {
+			check(t, ah.Destroy())
+		}
+	})
 }

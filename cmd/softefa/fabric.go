@@ -32,9 +32,9 @@ import (
 // path, another path idle); --spread instead gives each direction's flows the paths in turn, as a
 // perfectly balanced ECMP would, so that "one of 4 paths down" means a quarter of the flows.
 //
-// softefa devices name their endpoint in the datagram header (docs/wire.md); the fabric rewrites
-// that field, and the checksum, so that each side sees the other at a fabric address and replies
-// through the fabric. With --raw it forwards any UDP payload untouched (quic-go, kcp-go, ...).
+// softefa devices name their endpoint in the datagram header, and their source ports in COOKIE
+// frames (docs/wire.md); the fabric rewrites both, and the checksum, so that each side sees the
+// other at a fabric address, sending from it, and replies through the fabric. With --raw it forwards any UDP payload untouched (quic-go, kcp-go, ...).
 
 type fabricOpts struct {
 	listen, to string
@@ -414,8 +414,8 @@ func (fb *fabric) readFront() {
 		if err != nil {
 			continue
 		}
-		if !fb.o.raw {
-			rewriteSrcPort(buf[:n], c.port())
+		if !fb.o.raw && !wire.RewriteSource(buf[:n], c.port()) {
+			continue
 		}
 		fb.forward(buf[:n], src, c.conn, fb.server)
 	}
@@ -458,11 +458,8 @@ func (fb *fabric) readBack(c *fabricClient) {
 		if err != nil {
 			return
 		}
-		if !fb.o.raw {
-			if _, _, err := wire.ParseHeader(buf[:n]); err != nil {
-				continue
-			}
-			rewriteSrcPort(buf[:n], fb.frontAddr().Port())
+		if !fb.o.raw && !wire.RewriteSource(buf[:n], fb.frontAddr().Port()) {
+			continue
 		}
 		fb.forward(buf[:n], src, fb.front, c.endpoint)
 	}
@@ -513,10 +510,4 @@ func (fb *fabric) forward(b []byte, src netip.AddrPort, conn *net.UDPConn, dst n
 			send()
 		}
 	}
-}
-
-// rewriteSrcPort sets a softefa datagram's source-endpoint port and its checksum.
-func rewriteSrcPort(b []byte, port uint16) {
-	binary.BigEndian.PutUint16(b[2:], port)
-	wire.PutChecksum(b)
 }

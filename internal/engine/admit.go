@@ -5,19 +5,30 @@ import (
 	"encoding/binary"
 	"io"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/softefa/softefa/internal/wire"
 )
 
-// Address validation. A device keeps state for a peer only once it knows the peer receives at
-// the address it claims: it contacted the peer itself, or the peer echoed a cookie. Until then a
-// datagram from the peer is answered with one CHALLENGE frame carrying a cookie (no larger than
-// the datagram, so no amplification), and nothing else happens but the delivery of UD messages,
-// With a key, a datagram that authenticates is validation enough.
-// which need no state and get no answer. Cookies are a keyed hash of the peer's address and a
-// 10-second time bucket, so they cost the device no memory: a flood from forged addresses leaves
-// no state behind.
+// Address validation (docs/security.md, docs/wire.md "Address validation"). A device takes a
+// datagram only from a source it knows belongs to the peer the header names:
+//
+//   - the peer's endpoint itself (the UDP source port is the header's source port): only the
+//     peer can send from the port it receives on;
+//   - one of the source ports the peer listed in a COOKIE frame whose cookie proved that it
+//     receives at its endpoint.
+//
+// A datagram from any other source — a device never validated, or another port of a known
+// peer's IP — gets nothing but one CHALLENGE, sent to the endpoint the header names and never
+// longer than the datagram, whatever its frames say; its UD messages, which need no state and
+// get no answer, are delivered. A peer context is created only by a valid COOKIE, or by the
+// device itself when it sends to a peer; then it challenges the peer in its own datagrams until
+// the peer's COOKIE lists its ports. Cookies are a keyed hash of the endpoint and a 10-second
+// time bucket, so they cost no memory: a flood from forged addresses leaves no state behind.
+// Sealing adds authenticity on top of this, not instead of it: a peer context forgotten (or
+// never made) is made again only through a fresh cookie, so replayed sealed datagrams from an
+// earlier exchange create nothing.
 
 const cookiePeriod = 10 * time.Second
 
@@ -27,7 +38,7 @@ func newSecret(rng io.Reader) (s [32]byte) {
 	return s
 }
 
-// cookie is the cookie for addr in the given time bucket.
+// cookie is the cookie for endpoint addr in the given time bucket.
 func (d *Device) cookie(addr netip.AddrPort, bucket int64) uint64 {
 	var in [32 + 16 + 2 + 8]byte
 	copy(in[:32], d.secret[:])
@@ -44,18 +55,27 @@ func (d *Device) cookieOK(addr netip.AddrPort, c uint64) bool {
 	return c == d.cookie(addr, b) || c == d.cookie(addr, b-1)
 }
 
-// admit decides what to do with a datagram from a device this one keeps no state for. It returns
-// the new peer context if the datagram echoes a valid cookie; otherwise it delivers the
-// datagram's UD messages, challenges the sender when anything else came, and returns nil.
-func (d *Device) admit(gid [16]byte, h *wire.Header, frames []byte, n int, sealed bool) *peer {
-	addr := AddrFromGID(gid, d.link.LocalAddr().Port())
-	if sealed { // only holders of the key can seal: authentication is validation
-		p := d.peerFor(gid)
-		if p == nil {
-			d.counts.RxDrops.Add(1)
-		}
-		return p
+// challengeFor is the cookie this device challenges p with now (cached per bucket).
+func (d *Device) challengeFor(p *peer) uint64 {
+	if b := int64(d.clock() / cookiePeriod); p.myCookie == 0 || p.myBucket != b {
+		p.myCookie, p.myBucket = d.cookie(p.addr, b), b
 	}
+	return p.myCookie
+}
+
+// trusts reports whether a datagram from UDP source port port, naming the peer's endpoint port
+// gidPort in its header, is the peer's own.
+func (p *peer) trusts(port, gidPort uint16) bool {
+	return port == gidPort || slices.Contains(p.ports, port)
+}
+
+// admit decides what to do with a datagram from src that names gid in its header, when the
+// device keeps no context for gid (p nil) or does not trust src for it. If the datagram has a
+// COOKIE frame with a valid cookie for gid's endpoint, listing src's port, it returns the context
+// (made if need be, with the listed ports trusted from now on). Otherwise it delivers the
+// datagram's UD messages, challenges the endpoint if anything else came, and returns nil.
+func (d *Device) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Header, frames []byte, n int) *peer {
+	addr := AddrFromGID(gid, d.link.LocalAddr().Port())
 	var f wire.Frame
 	var stateful bool
 	for rest := frames; len(rest) > 0; {
@@ -65,10 +85,16 @@ func (d *Device) admit(gid [16]byte, h *wire.Header, frames []byte, n int, seale
 			return nil
 		}
 		switch {
-		case f.Type == wire.TypeCookie && d.cookieOK(addr, f.Cookie):
-			p := d.peerFor(gid)
+		case f.Type == wire.TypeCookie && f.Ports.Has(src.Port()) && d.cookieOK(addr, f.Cookie):
 			if p == nil {
-				d.counts.RxDrops.Add(1) // MaxPeers
+				if p = d.peerFor(gid); p == nil {
+					d.counts.RxDrops.Add(1) // MaxPeers, none idle to give way
+					return nil
+				}
+			}
+			p.ports = p.ports[:0]
+			for i := range f.Ports.Len() {
+				p.ports = append(p.ports, f.Ports.At(i))
 			}
 			return p
 		case f.Type == wire.TypeData && f.Data.Flags&wire.FlagUD != 0:
@@ -86,24 +112,29 @@ func (d *Device) admit(gid [16]byte, h *wire.Header, frames []byte, n int, seale
 	}
 	if stateful {
 		d.counts.Unvalidated.Add(1)
-		if n >= wire.DatagramHeaderSize+cookieFrameSize { // never answer with more than came
+		if n >= wire.DatagramHeaderSize+challengeFrameSize { // never answer with more than came
 			s.paths = append(s.paths, pathState{})
-			d.commit(wire.AppendCookie(d.room(s, 0, cookieFrameSize), d.cookie(addr, int64(d.clock()/cookiePeriod)), false))
+			d.commit(wire.AppendChallenge(d.room(s, 0, challengeFrameSize), d.cookie(addr, int64(d.clock()/cookiePeriod))))
 			d.txq.cur = nil // no other frame joins a stranger's datagram
 		}
 	}
 	return nil
 }
 
-// onChallenge takes a peer's cookie: it rides in every datagram to the peer until the peer
-// answers, and what the peer dropped before goes again at once — once per cookie: the peer
-// challenges every datagram that reaches it before the cookie does, and resending the whole
-// flight for each of those challenges was a storm (thousands of packets in a short run).
-func (d *Device) onChallenge(p *peer, cookie uint64, now time.Duration) {
+const challengeFrameSize = wire.FrameHeaderSize + wire.CookieSize
+
+// onChallenge takes a peer's cookie: a COOKIE frame with it and our source ports rides in every
+// datagram to the peer until the peer answers without challenging us, and what the peer dropped
+// before goes again at once — once per cookie: the peer challenges every datagram that reaches it
+// before the cookie does, and resending the whole flight for each of those challenges was a
+// storm (thousands of packets in a short run). An ACK goes too if we receive the peer's stream:
+// the peer may have dropped our ACKs as well.
+func (d *Device) onChallenge(p *peer, cookie uint64) {
+	p.echo = true
 	if p.cookie == cookie {
 		return
 	}
-	p.cookie, p.confirmed = cookie, false
+	p.cookie = cookie
 	s := &p.tx
 	for psn := s.una; psn != s.next; psn++ {
 		if e := s.slot(psn); !e.acked && !e.lost && e.msg != nil {
@@ -111,6 +142,9 @@ func (d *Device) onChallenge(p *peer, cookie uint64, now time.Duration) {
 			s.inflight--
 			s.retx = append(s.retx, psn)
 		}
+	}
+	if p.rx.started {
+		d.oweAck(p, d.clock())
 	}
 	d.pump(p)
 }

@@ -63,21 +63,25 @@ type Device struct {
 	pending    pendingQueue // QPs whose doorbells a provider rang (own lock)
 
 	// SRD over the link (srd*.go).
-	link     link.Link // nil: the device reaches only itself
-	inc      uint32    // this device's incarnation
-	start    time.Time
-	peers    map[[16]byte]*peer
-	peerList []*peer     // the same, in the order they came: what loops over peers follow
-	txq      *txq        // where frames go: the queue of the goroutine holding mu
-	ackList  []*peer     // peers owed an ACK (flushAcks)
-	acksOwed atomic.Bool // ackList is not empty
-	ackCopy  bool        // copySeg is writing: the datagram carries an ACK (room)
-	ackForce bool        // writeSeg is writing a message withAck: the datagram carries an ACK (room)
-	freeMsgs []*outMsg
-	freeIn   []*inbound
-	secret   [32]byte // the cookie key (admit.go)
-	seal     *sealer  // authenticated encryption, with a key (seal.go)
-	stranger peer     // scratch context for datagrams from devices not yet validated
+	link       link.Link // nil: the device reaches only itself
+	inc        uint32    // this device's incarnation
+	start      time.Time
+	peers      map[[16]byte]*peer
+	peerList   []*peer           // the same, in the order they came: what loops over peers follow
+	memos      map[[16]byte]memo // what forgotten peers left (peers.go)
+	nextExpiry time.Duration     // when expirePeers looks next
+	txq        *txq              // where frames go: the queue of the goroutine holding mu
+	ackList    []*peer           // peers owed an ACK (flushAcks)
+	acksOwed   atomic.Bool       // ackList is not empty
+	ackCopy    bool              // copySeg is writing: the datagram carries an ACK (room)
+	ackForce   bool              // writeSeg is writing a message withAck: the datagram carries an ACK (room)
+	freeMsgs   []*outMsg
+	freeIn     []*inbound
+	secret     [32]byte // the cookie key (admit.go)
+	ports      []uint16 // the UDP source ports of our paths, which our COOKIE frames list
+	ip         [16]byte // our IP address as sealed datagrams name it (IPv4-mapped for IPv4)
+	seal       *sealer  // authenticated encryption, with a key (seal.go)
+	stranger   peer     // scratch context for datagrams from devices not yet validated
 
 	inlineMu sync.Mutex // held by a provider goroutine doing the engine's work for its own Ring
 	inlineTx *txq       // that goroutine's frames (created on first use)
@@ -119,6 +123,7 @@ func NewDevice(cfg config.Device) (*Device, error) {
 		inc:      newIncarnation(rng),
 		start:    time.Now(),
 		peers:    make(map[[16]byte]*peer),
+		memos:    make(map[[16]byte]memo),
 		secret:   newSecret(rng),
 		qpns:     tab,
 		qps:      make(map[uint32]*QP),
@@ -135,6 +140,11 @@ func NewDevice(cfg config.Device) (*Device, error) {
 	}
 	if d.link != nil {
 		d.gid = GIDFromAddr(d.link.LocalAddr())
+		d.ip = d.link.LocalAddr().Addr().Unmap().As16()
+		d.ports = []uint16{d.link.LocalAddr().Port()}
+		if pp, ok := d.link.(link.PathPorter); ok {
+			d.ports = pp.PathPorts()
+		}
 	}
 	if cfg.Driven {
 		d.drv = &driver{q: newTxq(d.maxDatagram(), 64)}
@@ -211,6 +221,7 @@ type Counters struct {
 	SpuriousRetrans                                                  atomic.Uint64 // packets counted lost that arrived after all (softefa's own)
 	SparseCopies                                                     atomic.Uint64 // second copies of packets sent while few were in flight (softefa's own)
 	EngineWakeups                                                    atomic.Uint64 // times the engine loop woke, by a kick or its timer (softefa's own)
+	PeersForgotten                                                   atomic.Uint64 // peer contexts dropped idle, by age or for room (softefa's own)
 }
 
 // Counters returns the device's live counters.

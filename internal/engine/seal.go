@@ -14,20 +14,25 @@ import (
 
 // Authenticated encryption. With a key, every datagram is sealed with AES-256-GCM:
 //
-//	0x81 | nonce (12 bytes) | ciphertext of the whole plain datagram | tag (16 bytes)
+//	0x83 | nonce (12 bytes) | ciphertext of the whole plain datagram | tag (16 bytes)
 //
-// with the first 13 bytes as additional data. The nonce is 4 random bytes drawn at start and an
-// 8-byte counter that starts at a random value and goes up by one per datagram, so that no nonce
-// repeats under one key within a run, and runs collide only with negligible probability. A
-// receiver drops (and counts) datagrams that are not sealed, that fail authentication, and
-// replays: per peer it keeps the latest salt with a 64-datagram window below the highest counter,
-// and refuses salts the peer has used before.
+// with the first 13 bytes, the sender's IP address and the receiver's GID as additional data:
+// a sealed datagram authenticates only from the address that sent it and only at the device it
+// was sent to, so it cannot be replayed from anywhere else. The nonce is 4 random bytes drawn at
+// start and an 8-byte counter that starts at a random value and goes up by one per datagram, so
+// that no nonce repeats under one key within a run, and runs collide only with negligible
+// probability. A receiver drops (and counts) datagrams that are not sealed, that fail
+// authentication, and replays: per peer it keeps the latest salt with a window of replayWindow
+// counters below the highest, and refuses salts the peer has used before. Sealing is no
+// validation: a peer context is still made only through a cookie (admit.go), so a context
+// forgotten and its replay window with it cannot be brought back by replayed datagrams.
 
 const (
-	sealedVersion = 0x81
+	sealedVersion = 0x83
 	nonceSize     = 12
 	sealOverhead  = 1 + nonceSize + 16
-	replayWindow  = 1024 // counters, a multiple of 64
+	aadSize       = 1 + nonceSize + 16 + 16 // the sealed prefix, the sender's IP, the receiver's GID
+	replayWindow  = 1024                    // counters, a multiple of 64
 )
 
 type sealer struct {
@@ -55,21 +60,30 @@ func newSealer(key []byte, rng io.Reader) (*sealer, error) {
 	return s, nil
 }
 
-// seal writes the sealed form of plain into dst's capacity and returns it.
-func (s *sealer) seal(dst, plain []byte) []byte {
+// seal writes the sealed form of plain, from our IP address from to the device with GID to, into
+// dst's capacity and returns it; aad is the caller's scratch.
+func (s *sealer) seal(dst, plain []byte, aad *[aadSize]byte, from, to *[16]byte) []byte {
 	dst = append(dst[:0], sealedVersion)
 	dst = binary.BigEndian.AppendUint32(dst, s.salt)
 	dst = binary.BigEndian.AppendUint64(dst, s.ctr.Add(1))
-	return s.aead.Seal(dst, dst[1:1+nonceSize], plain, dst[:1+nonceSize])
+	fillAAD(aad, dst, from, to)
+	return s.aead.Seal(dst, dst[1:1+nonceSize], plain, aad[:])
 }
 
-// open authenticates and decrypts a sealed datagram into dst; it reports the nonce's salt and
-// counter for the replay check.
-func (s *sealer) open(dst, b []byte) (plain []byte, salt uint32, ctr uint64, ok bool) {
+func fillAAD(aad *[aadSize]byte, prefix []byte, from, to *[16]byte) {
+	copy(aad[:1+nonceSize], prefix)
+	copy(aad[1+nonceSize:], from[:])
+	copy(aad[1+nonceSize+16:], to[:])
+}
+
+// open authenticates and decrypts sealed datagram b, which came from IP address from to the
+// device with GID to, into dst; it reports the nonce's salt and counter for the replay check.
+func (s *sealer) open(dst, b []byte, aad *[aadSize]byte, from, to *[16]byte) (plain []byte, salt uint32, ctr uint64, ok bool) {
 	if len(b) < sealOverhead || b[0] != sealedVersion {
 		return nil, 0, 0, false
 	}
-	plain, err := s.aead.Open(dst[:0], b[1:1+nonceSize], b[1+nonceSize:], b[:1+nonceSize])
+	fillAAD(aad, b, from, to)
+	plain, err := s.aead.Open(dst[:0], b[1:1+nonceSize], b[1+nonceSize:], aad[:])
 	if err != nil {
 		return nil, 0, 0, false
 	}
@@ -144,7 +158,8 @@ func (d *Device) sealAll(q *txq, pkts []link.Packet) []link.Packet {
 	out := q.sealed[:len(pkts)]
 	for i := range pkts {
 		p := &pkts[i]
-		b := d.seal.seal(out[i].Buf[:0], p.Buf[:p.N])
+		to := GIDFromAddr(p.Addr)
+		b := d.seal.seal(out[i].Buf[:0], p.Buf[:p.N], &q.aad, &d.ip, &to)
 		out[i] = link.Packet{Buf: b, N: len(b), Addr: p.Addr, Path: p.Path}
 	}
 	return out

@@ -1,6 +1,9 @@
 package engine
 
-import "testing"
+import (
+	"net/netip"
+	"testing"
+)
 
 // The replay window takes each counter once, in any order within replayWindow of the highest,
 // and nothing older; a new salt starts afresh, an earlier one is a replay.
@@ -37,3 +40,33 @@ func TestReplayWindow(t *testing.T) {
 	want(8, 3, false)
 	want(7, 7000, false) // the old salt again: a replay
 }
+
+// A sealed datagram authenticates only from the address that sealed it and at the device it was
+// sealed for: replayed from another IP, or to another device with the key, it fails.
+func TestSealBindsAddresses(t *testing.T) {
+	key := make([]byte, 32)
+	s, err := newSealer(key, zeroReader{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var aad [aadSize]byte
+	from := netip.MustParseAddr("127.0.0.1").As16()
+	other := netip.MustParseAddr("127.0.0.2").As16()
+	to := GIDFromAddr(netip.MustParseAddrPort("127.0.0.1:4791"))
+	elsewhere := GIDFromAddr(netip.MustParseAddrPort("127.0.0.1:4792"))
+	sealed := s.seal(nil, []byte("a datagram"), &aad, &from, &to)
+	for _, c := range []struct {
+		name     string
+		from, to *[16]byte
+		ok       bool
+	}{{"as sent", &from, &to, true}, {"from another IP", &other, &to, false}, {"to another device", &from, &elsewhere, false}} {
+		plain, _, _, ok := s.open(nil, sealed, &aad, c.from, c.to)
+		if ok != c.ok || ok && string(plain) != "a datagram" {
+			t.Errorf("%s: opened %v (%q), want %v", c.name, ok, plain, c.ok)
+		}
+	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(b []byte) (int, error) { clear(b); return len(b), nil }

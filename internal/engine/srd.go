@@ -55,9 +55,16 @@ type peer struct {
 	pathRR int // path of the current data burst
 	ctrlRR int // path of the last ACK or PROBE_ACK
 
-	replay    replayState // sealed datagrams seen from the peer
-	cookie    uint64      // the peer's challenge to us: echoed in every datagram until confirmed
-	confirmed bool        // the peer has taken our cookie (it sent data or acknowledgements since)
+	replay replayState // sealed datagrams seen from the peer
+	// Address validation (admit.go). ports: the UDP ports the peer sends from, as its COOKIE
+	// listed them (nil: not known yet, and we challenge it in every datagram until they are).
+	// cookie: the peer's challenge to us, echoed with our ports while echo is set.
+	ports    []uint16
+	cookie   uint64
+	echo     bool
+	myCookie uint64 // our challenge to the peer, for the bucket myBucket
+	myBucket int64
+	seen     time.Duration // when the peer last sent us a datagram we took, or we queued it work
 }
 
 // pathState is the scoreboard of one of our paths towards a peer.
@@ -85,17 +92,19 @@ func newIncarnation(rng io.Reader) uint32 {
 	}
 }
 
-// peerFor returns the context for gid, creating it (nil if MaxPeers are in use).
+// peerFor returns the context for gid, creating it (nil if MaxPeers are in use and none is idle).
 func (d *Device) peerFor(gid [16]byte) *peer {
 	if p := d.peers[gid]; p != nil {
 		return p
 	}
-	if len(d.peers) >= d.cfg.MaxPeers {
+	if len(d.peers) >= d.cfg.MaxPeers && !d.makeRoom() {
 		return nil
 	}
-	p := &peer{gid: gid, addr: AddrFromGID(gid, d.link.LocalAddr().Port()), paths: make([]pathState, d.link.Paths())}
+	p := &peer{gid: gid, addr: AddrFromGID(gid, d.link.LocalAddr().Port()), paths: make([]pathState, d.link.Paths()),
+		seen: d.clock()}
 	p.tx.init()
 	p.rx.init()
+	d.recall(p)
 	d.peers[gid] = p
 	d.peerList = append(d.peerList, p)
 	return p
@@ -110,12 +119,11 @@ func (d *Device) clock() time.Duration {
 }
 
 // segSize is the payload of one DATA frame that keeps a datagram within the path MTU, with room
-// for a COOKIE frame.
+// for a COOKIE and a CHALLENGE frame (address validation, while it lasts).
 func (d *Device) segSize() int {
-	return d.maxDatagram() - wire.DatagramHeaderSize - cookieFrameSize - wire.FrameHeaderSize - wire.DataHeaderSize
+	return d.maxDatagram() - wire.DatagramHeaderSize - wire.CookieFrameSize(len(d.ports)) - challengeFrameSize -
+		wire.FrameHeaderSize - wire.DataHeaderSize
 }
-
-const cookieFrameSize = wire.FrameHeaderSize + wire.CookieSize
 
 // maxDatagram is the most bytes of one plain datagram (sealing adds sealOverhead).
 func (d *Device) maxDatagram() int {
@@ -131,6 +139,7 @@ func (d *Device) maxDatagram() int {
 type txq struct {
 	pkts   []link.Packet
 	sealed []link.Packet // the sealed copies, with a key
+	aad    [aadSize]byte // sealing's scratch
 	n      int
 	cur    *peer
 	path   int
@@ -161,8 +170,11 @@ func (d *Device) room(p *peer, path, size int) []byte {
 	h := wire.Header{Path: uint8(path), SrcPort: d.link.LocalAddr().Port(), SrcInc: d.inc, DstInc: p.inc,
 		TxEpoch: p.tx.epoch, RxEpoch: p.rx.epoch}
 	pk.Buf = wire.AppendHeader(pk.Buf[:0], &h)
-	if p.cookie != 0 && !p.confirmed {
-		pk.Buf = wire.AppendCookie(pk.Buf, p.cookie, true)
+	if p.echo {
+		pk.Buf = wire.AppendCookie(pk.Buf, p.cookie, d.ports)
+	}
+	if p.ports == nil && p != &d.stranger {
+		pk.Buf = wire.AppendChallenge(pk.Buf, d.challengeFor(p))
 	}
 	fits := size >= wire.FrameHeaderSize+wire.DataHeaderSize && len(pk.Buf)+wire.FrameHeaderSize+wire.AckSize+size <= q.maxLen
 	if fits && ((p.rx.ackDue || d.ackCopy && p.rx.started) && d.proven(p, path) || d.ackForce && p.rx.started) {
@@ -231,7 +243,8 @@ func (d *Device) resetPeer(p *peer, st efaio.Status, inc uint32) {
 	p.inc = inc // before resetTx: the requests it sends again are for the new life
 	p.rx.epoch = 0
 	p.heard = false
-	d.resetTx(p, st, resetRestart) // the answers were for the peer's earlier life
+	p.ports, p.cookie, p.echo = nil, 0, false // the new life sends from ports of its own, and challenges anew
+	d.resetTx(p, st, resetRestart)            // the answers were for the peer's earlier life
 }
 
 // PathStat is one path's scoreboard towards one peer.

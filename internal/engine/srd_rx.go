@@ -93,7 +93,8 @@ func (d *Device) rxLoop() {
 // rxScratch is what a receiver reuses for every batch.
 type rxScratch struct {
 	pkts   []link.Packet
-	opened link.Packet // a sealed datagram's plain form
+	opened link.Packet   // a sealed datagram's plain form
+	aad    [aadSize]byte // opening's scratch
 	q      *txq
 }
 
@@ -117,7 +118,8 @@ func (d *Device) inputBatch(rx *rxScratch, n int, lazy bool) {
 			d.input(pk, now, nil)
 			continue
 		}
-		plain, salt, ctr, ok := d.seal.open(rx.opened.Buf[:0], pk.Buf[:pk.N])
+		from := pk.Addr.Addr().Unmap().As16()
+		plain, salt, ctr, ok := d.seal.open(rx.opened.Buf[:0], pk.Buf[:pk.N], &rx.aad, &from, &d.gid)
 		if !ok {
 			d.counts.AuthFailures.Add(1)
 			continue
@@ -178,15 +180,15 @@ func (d *Device) input(pk *link.Packet, now time.Duration, n *nonce) {
 		d.counts.BadPackets.Add(1)
 		return
 	}
-	src := netip.AddrPortFrom(pk.Addr.Addr().Unmap(), h.SrcPort)
-	gid := GIDFromAddr(src)
+	from := netip.AddrPortFrom(pk.Addr.Addr().Unmap(), pk.Addr.Port())
+	gid := GIDFromAddr(netip.AddrPortFrom(from.Addr(), h.SrcPort))
 	if gid == d.gid {
 		d.counts.BadPackets.Add(1)
 		return
 	}
 	p := d.peers[gid]
-	if p == nil {
-		if p = d.admit(gid, &h, frames, pk.N, n != nil); p == nil {
+	if p == nil || !p.trusts(from.Port(), h.SrcPort) {
+		if p = d.admit(p, gid, from, &h, frames, pk.N); p == nil {
 			return
 		}
 	}
@@ -206,14 +208,9 @@ func (d *Device) input(pk *link.Packet, now time.Duration, n *nonce) {
 	if p.inc != 0 && h.SrcInc != p.inc {
 		d.resetPeer(p, efaio.StatusRemoteAbort, h.SrcInc) // the peer restarted
 	}
-	p.inc, p.heard = h.SrcInc, true
+	p.inc, p.heard, p.seen = h.SrcInc, true, now
 	var f wire.Frame
-	for rest := frames; len(rest) > 0 && p.cookie != 0 && !p.confirmed; {
-		// The peer answers with data or acknowledgements only once it has taken our cookie.
-		if rest, err = wire.NextFrame(rest, &f); err == nil && (f.Type == wire.TypeData || f.Type == wire.TypeAck) {
-			p.confirmed = true
-		}
-	}
+	answered, challenged := false, false
 	for len(frames) > 0 {
 		if frames, err = wire.NextFrame(frames, &f); err != nil {
 			d.counts.BadPackets.Add(1)
@@ -221,8 +218,10 @@ func (d *Device) input(pk *link.Packet, now time.Duration, n *nonce) {
 		}
 		switch f.Type {
 		case wire.TypeData:
+			answered = true
 			d.onData(p, &h, &f.Data, now)
 		case wire.TypeAck:
+			answered = true
 			if h.RxEpoch == p.tx.epoch {
 				d.onAck(p, &f.Ack, h.TxEpoch, now)
 			}
@@ -237,8 +236,12 @@ func (d *Device) input(pk *link.Packet, now time.Duration, n *nonce) {
 		case wire.TypeReset, wire.TypeCookie:
 			// Handled by the incarnation check and by admit.
 		case wire.TypeChallenge:
-			d.onChallenge(p, f.Cookie, now)
+			challenged = true
+			d.onChallenge(p, f.Cookie)
 		}
+	}
+	if answered && !challenged {
+		p.echo = false // the peer takes our datagrams without a cookie: it knows our ports
 	}
 }
 
@@ -257,10 +260,7 @@ func (d *Device) onData(p *peer, h *wire.Header, f *wire.Data, now time.Duration
 		d.resetRx(p)
 		r.started, r.epoch = true, h.TxEpoch
 	}
-	if !r.ackDue {
-		r.ackDue, r.ackSince = true, now
-		d.ackList = append(d.ackList, p)
-	}
+	d.oweAck(p, now)
 	r.ackPath = h.Path
 	r.sinceAck++
 	psn := f.PSN
@@ -311,6 +311,15 @@ func (d *Device) onData(p *peer, h *wire.Header, f *wire.Data, now time.Duration
 	}
 	if len(p.tx.waiting) > 0 {
 		d.settle(p) // our stream may have reached a horizon
+	}
+}
+
+// oweAck notes that p is owed an acknowledgement of its stream (flushAcks sends it).
+func (d *Device) oweAck(p *peer, now time.Duration) {
+	if r := &p.rx; !r.ackDue {
+		r.ackDue, r.ackSince = true, now
+		d.ackList = append(d.ackList, p)
+		d.acksOwed.Store(true)
 	}
 }
 
@@ -739,6 +748,7 @@ func (d *Device) pathLoss(p *peer, i int, now time.Duration) {
 // transportTick runs on the engine loop's timer: path probes, transport timeouts and
 // retransmission timeouts. It reports whether any stream has something outstanding.
 func (d *Device) transportTick(now time.Duration) bool {
+	d.expirePeers(now)
 	busy := false
 	for _, p := range d.peerList {
 		for i := range p.paths {

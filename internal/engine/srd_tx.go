@@ -191,6 +191,7 @@ func (d *Device) queue(p *peer, m *outMsg) {
 		// The stream starts waiting now: the transport timeout counts from here, not from
 		// whenever it last moved (an idle stream's progress is as old as its last traffic).
 		p.tx.progress = d.clock()
+		p.seen = p.tx.progress
 	}
 	if m.kind == kindRequest {
 		p.tx.reqs[m.hdr.MsgID] = m // after the idle check: an outstanding request makes the stream busy
@@ -264,8 +265,8 @@ func (d *Device) roomLarge(p *peer, path, size int) []byte {
 	d.txq.cur = nil // start a datagram of its own
 	b := d.room(p, path, 0)
 	pk := &d.txq.pkts[d.txq.n-1]
-	if cap(pk.Buf) < wire.DatagramHeaderSize+size {
-		nb := make([]byte, len(b), wire.DatagramHeaderSize+size)
+	if cap(pk.Buf) < len(b)+size {
+		nb := make([]byte, len(b), len(b)+size)
 		copy(nb, b)
 		pk.Buf = nb
 		b = nb

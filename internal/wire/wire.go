@@ -1,6 +1,6 @@
-// Package wire holds softefa's SRD-over-UDP wire format, version 1: a datagram header followed
-// by one or more frames (DATA, ACK, PROBE, PROBE_ACK, RESET). docs/wire.md is the specification;
-// this package is one implementation of it.
+// Package wire holds softefa's SRD-over-UDP wire format, version 3: a datagram header followed
+// by one or more frames (DATA, ACK, PROBE, PROBE_ACK, RESET, CHALLENGE, COOKIE). docs/wire.md is
+// the specification; this package is one implementation of it.
 //
 // Each frame type has an Append function that encodes a whole frame onto a buffer, and
 // ParseHeader and NextFrame decode a datagram. They check every length before anything reads past
@@ -15,7 +15,7 @@ import (
 )
 
 // Version is the wire format version this package speaks.
-const Version = 2
+const Version = 3
 
 // Sizes of the fixed parts.
 const (
@@ -24,7 +24,8 @@ const (
 	DataHeaderSize     = 44 // after the frame header
 	AckSize            = 48 // after the frame header
 	ProbeSize          = 4
-	CookieSize         = 8
+	CookieSize         = 8 // a CHALLENGE's body; a COOKIE adds its sender's source ports
+	MaxPorts           = 255
 	SackWords          = 4 // the ACK's selective-acknowledgement bitmap, in 64-bit words
 )
 
@@ -180,14 +181,72 @@ func AppendProbe(b []byte, nonce uint32, ack bool) []byte {
 	return binary.BigEndian.AppendUint32(b, nonce)
 }
 
-// AppendCookie appends a CHALLENGE (or, with echo, a COOKIE) frame carrying cookie.
-func AppendCookie(b []byte, cookie uint64, echo bool) []byte {
-	typ := uint8(TypeChallenge)
-	if echo {
-		typ = TypeCookie
-	}
-	b = appendFrameHeader(b, typ, FrameHeaderSize+CookieSize)
+// AppendChallenge appends a CHALLENGE frame carrying cookie.
+func AppendChallenge(b []byte, cookie uint64) []byte {
+	b = appendFrameHeader(b, TypeChallenge, FrameHeaderSize+CookieSize)
 	return binary.BigEndian.AppendUint64(b, cookie)
+}
+
+// CookieFrameSize is the size of a COOKIE frame naming n source ports.
+func CookieFrameSize(n int) int { return FrameHeaderSize + CookieSize + 2*n }
+
+// AppendCookie appends a COOKIE frame: the cookie echoed, and the UDP source ports the sender
+// sends from (1 to MaxPorts of them; more are left out).
+func AppendCookie(b []byte, cookie uint64, ports []uint16) []byte {
+	ports = ports[:min(len(ports), MaxPorts)]
+	b = appendFrameHeader(b, TypeCookie, CookieFrameSize(len(ports)))
+	b = binary.BigEndian.AppendUint64(b, cookie)
+	for _, p := range ports {
+		b = binary.BigEndian.AppendUint16(b, p)
+	}
+	return b
+}
+
+// Ports is a COOKIE frame's list of source ports, as it lies in the datagram.
+type Ports []byte
+
+// Len is the number of ports.
+func (p Ports) Len() int { return len(p) / 2 }
+
+// At returns port i.
+func (p Ports) At(i int) uint16 { return binary.BigEndian.Uint16(p[2*i:]) }
+
+// Has reports whether port is in the list.
+func (p Ports) Has(port uint16) bool {
+	for i := range p.Len() {
+		if p.At(i) == port {
+			return true
+		}
+	}
+	return false
+}
+
+// RewriteSource names port as the sender's endpoint port in datagram b, in the header and in
+// every COOKIE frame's port list, and puts the checksum right: what a relay does that gives the
+// sender an address of its own (softefa fabric). It reports false, changing nothing, if b is not
+// a well-formed datagram.
+func RewriteSource(b []byte, port uint16) bool {
+	_, frames, err := ParseHeader(b)
+	if err != nil {
+		return false
+	}
+	for off := DatagramHeaderSize; len(frames) > 0; {
+		var f Frame
+		rest, err := NextFrame(frames, &f)
+		if err != nil {
+			return false
+		}
+		if f.Type == TypeCookie {
+			for i := range f.Ports.Len() {
+				binary.BigEndian.PutUint16(b[off+FrameHeaderSize+CookieSize+2*i:], port)
+			}
+		}
+		off += len(frames) - len(rest)
+		frames = rest
+	}
+	binary.BigEndian.PutUint16(b[2:], port)
+	PutChecksum(b)
+	return true
 }
 
 // AppendReset appends a RESET frame: "I am not the incarnation you addressed".
@@ -206,6 +265,7 @@ type Frame struct {
 	Ack    Ack
 	Nonce  uint32
 	Cookie uint64
+	Ports  Ports // COOKIE: the sender's source ports (refers into the datagram)
 }
 
 // ParseHeader checks a datagram's header and checksum and returns the header with the bytes of
@@ -310,11 +370,18 @@ func parseFrame(b []byte, f *Frame) error {
 		if len(body) != 0 {
 			return ErrFrame
 		}
-	case TypeChallenge, TypeCookie:
+	case TypeChallenge:
 		if len(body) != CookieSize {
 			return ErrFrame
 		}
 		f.Cookie = binary.BigEndian.Uint64(body)
+	case TypeCookie:
+		n := len(body) - CookieSize
+		if n < 2 || n%2 != 0 || n > 2*MaxPorts {
+			return ErrFrame
+		}
+		f.Cookie = binary.BigEndian.Uint64(body)
+		f.Ports = Ports(body[CookieSize:])
 	default:
 		return ErrFrame
 	}

@@ -12,7 +12,7 @@ import (
 // payload, one ACK.
 var image = []byte{
 	// datagram header
-	0x02, 0x02, 0x12, 0xb7, // version 2, path 2, source port 4791
+	0x03, 0x02, 0x12, 0xb7, // version 3, path 2, source port 4791
 	0xde, 0xad, 0xbe, 0xef, // source incarnation
 	0x00, 0x00, 0x00, 0x07, // destination incarnation
 	0x00, 0x03, 0x00, 0x04, // tx epoch 3, rx epoch 4
@@ -134,10 +134,51 @@ func TestRejects(t *testing.T) {
 		t.Fatalf("ack reserved byte: %v", err)
 	}
 	for _, b := range [][]byte{AppendProbe(nil, 7, false), AppendProbe(nil, 7, true), AppendReset(nil),
-		AppendCookie(nil, 9, false), AppendCookie(nil, 9, true)} {
+		AppendChallenge(nil, 9), AppendCookie(nil, 9, []uint16{1, 2})} {
 		if rest, err := NextFrame(b, &f); err != nil || len(rest) != 0 {
 			t.Fatalf("control frame % x: %v", b, err)
 		}
+	}
+}
+
+// A COOKIE frame written out by hand from docs/wire.md: the cookie, then the sender's source
+// ports; an empty or odd list is malformed. RewriteSource names one port everywhere.
+func TestCookieFrame(t *testing.T) {
+	want := []byte{
+		0x07, 0x00, 0x00, 0x12, // COOKIE, length 4+8+6 = 18
+		0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x09, // cookie
+		0x12, 0xb7, 0x9c, 0x40, 0x9c, 0x41, // ports 4791, 40000, 40001
+	}
+	got := AppendCookie(nil, 0x0102030405060709, []uint16{4791, 40000, 40001})
+	if !bytes.Equal(got, want) {
+		t.Fatalf("COOKIE % x, want % x", got, want)
+	}
+	var f Frame
+	if _, err := NextFrame(want, &f); err != nil || f.Cookie != 0x0102030405060709 || f.Ports.Len() != 3 ||
+		f.Ports.At(1) != 40000 || !f.Ports.Has(40001) || f.Ports.Has(4792) {
+		t.Fatalf("parsed %+v, %v", f, err)
+	}
+	for _, bad := range [][]byte{want[:12], append(append([]byte{}, want...), 0x01)} { // no port; an odd byte
+		bad = append([]byte(nil), bad...)
+		bad[3] = byte(len(bad))
+		if _, err := NextFrame(bad, &f); err != ErrFrame {
+			t.Fatalf("% x: %v, want ErrFrame", bad, err)
+		}
+	}
+	d := AppendHeader(nil, &Header{SrcPort: 4791})
+	d = AppendProbe(d, 1, false)
+	d = append(d, want...)
+	PutChecksum(d)
+	if !RewriteSource(d, 5000) {
+		t.Fatal("RewriteSource refused a good datagram")
+	}
+	h, frames, err := ParseHeader(d)
+	if err != nil || h.SrcPort != 5000 {
+		t.Fatalf("header %+v, %v", h, err)
+	}
+	frames, _ = NextFrame(frames, &f)
+	if _, err := NextFrame(frames, &f); err != nil || f.Ports.At(0) != 5000 || f.Ports.At(2) != 5000 {
+		t.Fatalf("rewritten ports % x, %v", []byte(f.Ports), err)
 	}
 }
 
@@ -176,8 +217,14 @@ func FuzzParse(f *testing.F) {
 				enc = AppendProbe(nil, fr.Nonce, fr.Type == TypeProbeAck)
 			case TypeReset:
 				enc = AppendReset(nil)
-			case TypeChallenge, TypeCookie:
-				enc = AppendCookie(nil, fr.Cookie, fr.Type == TypeCookie)
+			case TypeChallenge:
+				enc = AppendChallenge(nil, fr.Cookie)
+			case TypeCookie:
+				ports := make([]uint16, fr.Ports.Len())
+				for i := range ports {
+					ports[i] = fr.Ports.At(i)
+				}
+				enc = AppendCookie(nil, fr.Cookie, ports)
 			}
 			if !bytes.Equal(enc, raw) {
 				t.Fatalf("frame round trip\n% x\n% x", raw, enc)

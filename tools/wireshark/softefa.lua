@@ -1,4 +1,4 @@
--- Wireshark dissector for softefa's SRD-over-UDP wire format, version 2 (docs/wire.md).
+-- Wireshark dissector for softefa's SRD-over-UDP wire format, version 3 (docs/wire.md).
 --
 -- Load it with:  wireshark -X lua_script:tools/wireshark/softefa.lua
 --           or:  tshark -X lua_script:tools/wireshark/softefa.lua -r capture.pcap
@@ -58,6 +58,7 @@ local f = {
   horizon   = ProtoField.uint32("softefa.ack.horizon", "Horizon PSN"),
   nonce     = ProtoField.uint32("softefa.probe.nonce", "Probe nonce", base.HEX),
   cookie    = ProtoField.uint64("softefa.cookie", "Cookie", base.HEX),
+  port      = ProtoField.uint16("softefa.cookie.port", "Source port"),
 }
 p.fields = f
 
@@ -98,15 +99,18 @@ local function dissect_frame(buf, tree, off)
     summary = "ACK cum=" .. buf(b, 4):uint()
   elseif (ftype == 3 or ftype == 4) and flen == 8 then
     t:add(f.nonce, buf(b, 4))
-  elseif (ftype == 6 or ftype == 7) and flen == 12 then
+  elseif ftype == 6 and flen == 12 then
     t:add(f.cookie, buf(b, 8))
+  elseif ftype == 7 and flen >= 14 then
+    t:add(f.cookie, buf(b, 8))
+    for i = b + 8, off + flen - 2, 2 do t:add(f.port, buf(i, 2)) end
   end
   return flen, summary
 end
 
 local function dissect(buf, pinfo, tree)
   local n = buf:len()
-  if n < 24 or buf(0, 1):uint() ~= 2 then return false end
+  if n < 24 or buf(0, 1):uint() ~= 3 then return false end
   -- Every frame must fit exactly: that is what tells softefa from other UDP traffic.
   local off = 20
   while off < n do

@@ -1,0 +1,106 @@
+package engine
+
+import "time"
+
+// Peer contexts are bounded (config.Device.MaxPeers) and expire (PeerIdleTimeout): a peer with
+// nothing outstanding either way is forgotten after its idle time, or sooner when a new peer
+// needs the room (the one idle longest goes); a peer with anything outstanding is never given up.
+// What a forgotten peer leaves is a memo, a few dozen bytes, so that the two devices go on with
+// their packet streams where they were when it comes back (docs/wire.md, "Forgotten peers"); the
+// memos are bounded by MaxPeers too.
+
+// memo is what a forgotten peer leaves behind.
+type memo struct {
+	inc              uint32 // the peer's incarnation
+	txEpoch, rxEpoch uint16 // our stream's epoch and the peer's
+	rxCum            uint32 // the peer's stream: every PSN below has arrived
+	rxStarted        bool
+	salt             uint32 // sealed datagrams: the peer's salt, its highest counter, its old salts
+	top              uint64
+	old              [4]uint32
+}
+
+// idle reports whether nothing is outstanding between us and p: no message to or from it in
+// flight or queued, no answer awaited, no acknowledgement owed.
+func (p *peer) idle() bool {
+	return !p.tx.busy() && len(p.rx.in) == 0 && !p.rx.ackDue
+}
+
+// forget drops idle peer p's context, keeping its memo. The caller takes p out of peerList.
+func (d *Device) forget(p *peer) {
+	if len(d.memos) >= d.cfg.MaxPeers {
+		for k := range d.memos { // full: any one goes (the map's order is as good as any)
+			delete(d.memos, k)
+			break
+		}
+	}
+	d.memos[p.gid] = memo{inc: p.inc, txEpoch: p.tx.epoch, rxEpoch: p.rx.epoch, rxCum: p.rx.cum,
+		rxStarted: p.rx.started, salt: p.replay.salt, top: p.replay.top, old: p.replay.old}
+	delete(d.peers, p.gid)
+	if d.txq != nil && d.txq.cur == p {
+		d.txq.cur = nil
+	}
+	d.counts.PeersForgotten.Add(1)
+}
+
+// recall gives new context p what its memo kept, if it has one: the peer's incarnation, the
+// peer's stream where it was, its sealing state (everything up to the highest counter seen
+// counts as seen: a replay of the earlier exchange is refused), and a new epoch for ours, which
+// the peer takes as a new stream.
+func (d *Device) recall(p *peer) {
+	m, ok := d.memos[p.gid]
+	if !ok {
+		return
+	}
+	delete(d.memos, p.gid)
+	p.inc = m.inc
+	p.tx.epoch = m.txEpoch + 1
+	if m.rxStarted {
+		d.resetRx(p)
+		r := &p.rx
+		r.started, r.epoch, r.cum, r.highest = true, m.rxEpoch, m.rxCum, m.rxCum-1
+	}
+	if m.salt != 0 {
+		rs := &p.replay
+		rs.salt, rs.top, rs.old = m.salt, m.top, m.old
+		for i := range rs.win {
+			rs.win[i] = ^uint64(0)
+		}
+	}
+}
+
+// makeRoom forgets the peer idle longest, to make room for a new one; false if every peer has
+// something outstanding.
+func (d *Device) makeRoom() bool {
+	at := -1
+	for i, p := range d.peerList {
+		if p.idle() && (at < 0 || p.seen < d.peerList[at].seen) {
+			at = i
+		}
+	}
+	if at < 0 {
+		return false
+	}
+	d.forget(d.peerList[at])
+	d.peerList = append(d.peerList[:at], d.peerList[at+1:]...)
+	return true
+}
+
+// expirePeers forgets the peers idle for longer than PeerIdleTimeout; it looks at most once a
+// second (it runs on the transport's tick, which runs only while something is outstanding).
+func (d *Device) expirePeers(now time.Duration) {
+	if d.cfg.PeerIdleTimeout <= 0 || now < d.nextExpiry {
+		return
+	}
+	d.nextExpiry = now + time.Second
+	keep := d.peerList[:0]
+	for _, p := range d.peerList {
+		if now-p.seen > d.cfg.PeerIdleTimeout && p.idle() {
+			d.forget(p)
+			continue
+		}
+		keep = append(keep, p)
+	}
+	clear(d.peerList[len(keep):])
+	d.peerList = keep
+}
