@@ -345,6 +345,48 @@ func TestSuccessSurvivesResponderReset(t *testing.T) {
 	})
 }
 
+// A read whose data the responder was sending when its stream timed out (the requester's ACKs
+// to it were lost) is asked for again: the new stream does not carry the old one's data, and the
+// read completes with every byte, instead of waiting out the requester's own timeout.
+func TestReadSurvivesResponderReset(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(9)
+		o := loopOpts{cfg: func(c *config.Device) {
+			if c.Link.(*memlink.Node).LocalAddr() == simB {
+				c.TransportTimeout = 100 * time.Millisecond
+			} else {
+				c.TransportTimeout = 10 * time.Second
+			}
+		}}
+		a, b := memPair(t, f, 2, o)
+		exchange(t, a, b, 2, 1000, 1000, 1)
+		const n = 512 << 10
+		pattern(b.buf[:n], 7)
+		f.SetBottleneck(simA, 4e6, 1<<20) // 4 MB/s towards a: the read takes 130 ms
+		check(t, a.post(1, b, func(x *verbs.QPEx) {
+			x.WRRDMARead(b.mr.RKey(), b.mr.Addr())
+			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), n)
+		}))
+		time.Sleep(20 * time.Millisecond) // under way
+		for i := range 2 {
+			f.SetNodePath(simA, i, memlink.Impairment{Down: true}) // a's ACKs are lost: b's stream times out
+		}
+		time.Sleep(300 * time.Millisecond)
+		if b.ctx.Counters().UnresponsiveRemoteEvents == 0 {
+			t.Fatal("b's stream did not time out: the test tests nothing")
+		}
+		for i := range 2 {
+			f.SetNodePath(simA, i, memlink.Impairment{})
+		}
+		f.SetBottleneck(simA, 1e12, 1<<30)
+		start := time.Now()
+		wantWC(t, a.one(), 1, verbs.WCSuccess, verbs.WCSend)
+		if took := time.Since(start); took > time.Second || !bytes.Equal(a.buf[:n], b.buf[:n]) {
+			t.Fatalf("read took %v more (virtual), data equal: %v", took, bytes.Equal(a.buf[:n], b.buf[:n]))
+		}
+	})
+}
+
 // carriesResp reports whether datagram d has a RESP frame.
 func carriesResp(d []byte) bool {
 	_, frames, err := wire.ParseHeader(d)

@@ -290,7 +290,7 @@ func (d *Device) onData(p *peer, h *wire.Header, f *wire.Data, now time.Duration
 	case wire.OpReadReq:
 		d.onReadReq(p, f)
 	case wire.OpReadResp:
-		d.onReadResp(p, f)
+		d.onReadResp(p, f, h.TxEpoch)
 	case wire.OpResp:
 		if o := p.tx.reqs[f.MsgID]; o != nil {
 			d.completeReq(o, efaio.Status(f.Status), true)
@@ -374,12 +374,19 @@ func (d *Device) onReadReq(p *peer, f *wire.Data) {
 	d.enqueue(p, o)
 }
 
-// onReadResp places read data at the requester; the read completes with its last byte.
-func (d *Device) onReadResp(p *peer, f *wire.Data) {
+// onReadResp places read data, which came in epoch of the responder's stream, at the
+// requester; the read completes with its last byte. Data in a newer epoch than the read's earlier
+// data is the whole answer again (the responder's stream timed out and it sent the read data
+// anew, docs/wire.md "Completion"): the count starts over.
+func (d *Device) onReadResp(p *peer, f *wire.Data, epoch uint16) {
 	o := p.tx.reqs[f.MsgID]
 	if o == nil || o.hdr.Op != wire.OpReadReq {
 		return // answered already, or flushed
 	}
+	if o.got > 0 && o.hEpoch != epoch {
+		o.got = 0
+	}
+	o.hEpoch = epoch
 	end := uint64(f.Offset) + uint64(len(f.Payload))
 	if end > uint64(len(o.sink)) || uint64(f.Length) != o.length {
 		d.completeReq(o, efaio.StatusRemoteBadStatus, false)

@@ -38,6 +38,7 @@ type outMsg struct {
 	// horizon of our abandoned epoch need one from the new epoch (settle), and the RESPs, which
 	// go until acknowledged, bring it.
 	withAck bool
+	again   bool // resetTx has noted it to go again (read data)
 
 	// Requests only.
 	q        *QP // nil once the QP flushed it
@@ -50,6 +51,7 @@ type outMsg struct {
 	faulted  bool   // the application's memory faulted under a segment: the rest go as ABORTs
 	// A SEND or WRITE whose every segment is acknowledged waits in txStream.waiting until the
 	// peer's stream reaches horizon (in the peer's epoch hEpoch): then no RESP says it failed.
+	// A READ's data is counted in got for the peer's epoch hEpoch.
 	waits   bool
 	horizon uint32
 	hEpoch  uint16
@@ -521,11 +523,12 @@ func (d *Device) pickPath(p *peer, avoid int) int {
 // Why a stream is reset (resetTx).
 const (
 	// resetTimeout: the peer stopped acknowledging for the transport timeout. Every request
-	// fails with the given status; our RESPs not yet acknowledged are queued again in the new
-	// stream: the peer's requests they fail may be waiting for them, and an ACK of the new stream
-	// (whose horizon starts over) must not let those succeed. They go again after every timeout
-	// until acknowledged (a few bytes each, to a peer that may be gone for good: correctness
-	// first).
+	// fails with the given status; our answers not yet acknowledged are queued again in the new
+	// stream. RESPs: the peer's requests they fail may be waiting for them, and an ACK of the new
+	// stream (whose horizon starts over) must not let those succeed. Read data, whole: the
+	// peer's read would otherwise wait for bytes the old stream took with it (reading twice is
+	// harmless; the peer counts afresh). They go again after every timeout until acknowledged,
+	// to a peer that may be gone for good: correctness first.
 	resetTimeout = iota
 	// resetRestart: the peer is a new incarnation. Requests its earlier life acknowledged in
 	// part or whole, or answered, fail with the given status (REMOTE_ABORT: what happened to
@@ -539,6 +542,7 @@ const (
 func (d *Device) resetTx(p *peer, st efaio.Status, why int) {
 	s := &p.tx
 	var answers []wire.Data
+	var reads []readAgain
 	var carry []*outMsg
 	// In the order they were sent (not the map's), so that a replayed run completes them alike.
 	reqs := slices.SortedFunc(maps.Values(s.reqs), func(a, b *outMsg) int { return cmp.Compare(a.hdr.MsgID-s.nextMsg, b.hdr.MsgID-s.nextMsg) })
@@ -553,8 +557,13 @@ func (d *Device) resetTx(p *peer, st efaio.Status, why int) {
 	}
 	for psn := s.una; psn != s.next; psn++ {
 		if e := s.slot(psn); e.msg != nil {
-			if why == resetTimeout && !e.acked && e.msg.kind == kindResp {
-				answers = append(answers, e.msg.hdr)
+			switch m := e.msg; {
+			case why != resetTimeout || e.acked:
+			case m.kind == kindResp:
+				answers = append(answers, m.hdr)
+			case m.kind == kindReadResp && !m.again:
+				m.again = true // once, whatever number of its segments are out
+				reads = append(reads, readAgain{m.hdr, m.src[0], m.length})
 			}
 			e.msg.pending = 0
 			e.msg.done = true
@@ -564,8 +573,12 @@ func (d *Device) resetTx(p *peer, st efaio.Status, why int) {
 		}
 	}
 	for _, m := range s.queue {
-		if why == resetTimeout && m.kind == kindResp {
+		switch {
+		case why != resetTimeout:
+		case m.kind == kindResp:
 			answers = append(answers, m.hdr)
+		case m.kind == kindReadResp && !m.again:
+			reads = append(reads, readAgain{m.hdr, m.src[0], m.length})
 		}
 		m.done, m.sent, m.pending, m.inQueue = true, m.nseg, 0, false
 		d.release(m)
@@ -587,12 +600,26 @@ func (d *Device) resetTx(p *peer, st efaio.Status, why int) {
 		o.hdr.PSN, o.hdr.Offset = 0, 0
 		d.queue(p, o) // all of them before any goes: the horizon an ACK carries lies past them all
 	}
-	if len(answers) > 0 {
+	for _, r := range reads {
+		o := d.newMsg(p, kindReadResp)
+		o.hdr, o.done = r.hdr, true
+		o.hdr.PSN, o.hdr.Offset = 0, 0
+		o.src[0], o.nsrc, o.length = r.src, 1, r.length
+		d.queue(p, o)
+	}
+	if len(answers)+len(reads) > 0 {
 		d.pump(p)
 	}
 	for _, m := range carry {
 		d.resend(m)
 	}
+}
+
+// readAgain is read data to send again in a new stream (resetTimeout).
+type readAgain struct {
+	hdr    wire.Data
+	src    []byte
+	length uint64
 }
 
 // untouched reports whether nothing shows that the peer had any of request m: no segment
@@ -604,10 +631,13 @@ func (m *outMsg) untouched() bool {
 // acked is how many of m's segments handed to the stream were acknowledged.
 func (m *outMsg) acked() uint32 { return m.sent - uint32(m.pending) }
 
-// resend sends request m again from its start as a new message on its peer's (new) stream, in
-// m's place in its QP's list; m itself is let go.
+// resend sends request m again from its start as a new message on its peer's stream, in m's
+// place in its QP's list; m itself is let go.
 func (d *Device) resend(m *outMsg) {
 	p, q := m.p, m.q
+	delete(p.tx.reqs, m.hdr.MsgID) // an answer to m, if one comes, finds nothing
+	p.tx.unwait(m)
+	m.done = true
 	o := d.newMsg(p, kindRequest)
 	o.q, o.w, o.tries = q, m.w, m.tries
 	o.length, o.src, o.nsrc, o.sink = m.length, m.src, m.nsrc, m.sink
