@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -134,18 +135,22 @@ func TestFiInfo(t *testing.T) {
 }
 
 // TestPyverbsEFA runs rdma-core's own EFA tests (test_efadv, test_efa_srd: 16 in v44), shipped
-// gzipped with Debian's python3-pyverbs, against the device.
+// gzipped with Debian's python3-pyverbs, against the device. Every one must pass: a skip (pyverbs
+// skips a test whose verb answers EOPNOTSUPP) fails the test.
 func TestPyverbsEFA(t *testing.T) {
 	out := pyverbs(t, "-k", "test_efa")
 	var ran int
 	if i := strings.Index(out, "\nRan "); i >= 0 {
 		fmt.Sscanf(out[i+1:], "Ran %d tests", &ran)
 	}
+	// A test's verdict ends its line: "… ... ok", or "ok" alone after lines it printed.
+	ok := len(regexp.MustCompile(`(?m)(\.\.\. |^)ok$`).FindAllString(out, -1))
 	// 16 in Debian 12's rdma-core 44; later releases have more.
-	if ran < 16 || !strings.Contains(out, "\nOK") || strings.Contains(out, "FAIL:") || strings.Contains(out, "ERROR:") {
-		t.Fatalf("want at least 16 tests, OK:\n%s", out)
+	if ran < 16 || ok != ran || !strings.Contains(out, "\nOK\n") || strings.Contains(out, "skipped") ||
+		strings.Contains(out, "FAIL:") || strings.Contains(out, "ERROR:") {
+		t.Fatalf("want at least 16 tests, every one ok, none skipped; ran %d, %d ok:\n%s", ran, ok, out)
 	}
-	t.Logf("pyverbs -k test_efa: %s", lastLines(out, 3))
+	t.Logf("pyverbs -k test_efa: %d ok: %s", ok, lastLines(out, 3))
 }
 
 // TestPyverbsAll runs the whole pyverbs suite: the generic verbs tests (device, PD, MR, CQ,

@@ -742,16 +742,23 @@ static void swap(void **slot, void **orig, void *wrapper) {
 	pthread_mutex_unlock(&mu);
 }
 
-// verbs_sym finds a libibverbs function: next in the global scope, or in libibverbs itself when
-// it was loaded into a local scope (Python extension modules are dlopen'ed RTLD_LOCAL).
-static void *verbs_sym(const char *name, const char *version) {
+// lib_sym finds a function of an rdma-core library: next in the global scope, or in the library
+// itself when it was loaded into a local scope (Python extension modules are dlopen'ed
+// RTLD_LOCAL, and pyverbs' efa module brings libefa so: its calls reach this shim, which is in the
+// global scope, while RTLD_NEXT cannot see libefa). RTLD_NOLOAD finds the copy already loaded;
+// the reference it takes is kept, so that the pointer, which callers cache, stays valid.
+static void *lib_sym(const char *lib, const char *name, const char *version) {
 	void *p = dlsym(RTLD_NEXT, name);
 	if (!p) {
-		void *h = dlopen("libibverbs.so.1", RTLD_NOLOAD | RTLD_LAZY);
+		void *h = dlopen(lib, RTLD_NOLOAD | RTLD_LAZY);
 		if (h)
 			p = dlvsym(h, name, version);
 	}
 	return p;
+}
+
+static void *verbs_sym(const char *name, const char *version) {
+	return lib_sym("libibverbs.so.1", name, version);
 }
 
 void *ibv_open_device(void *device) {
@@ -790,7 +797,7 @@ void *ibv_qp_to_qp_ex(void *qp) {
 void *efadv_create_cq(void *ibvctx, void *attr_ex, void *efa_attr, uint32_t inlen) {
 	static void *(*real)(void *, void *, void *, uint32_t);
 	if (!real)
-		real = (void *(*)(void *, void *, void *, uint32_t))dlsym(RTLD_NEXT, "efadv_create_cq");
+		real = (void *(*)(void *, void *, void *, uint32_t))lib_sym("libefa.so.1", "efadv_create_cq", "EFA_1.2");
 	if (!real) {
 		errno = EOPNOTSUPP;
 		return NULL;
