@@ -432,3 +432,52 @@ func TestUnmappedBuffer(t *testing.T) {
 	}
 	t.Log(strings.TrimSpace(out))
 }
+
+// TestPerftestNoGID runs ib_send_bw without -x: perftest then asks for an AH without a GRH
+// (is_global 0, so a zero destination GID), which the device refuses (EINVAL: it addresses peers
+// by GID alone). Both ends must exit with an error at once, the first to build its AH saying
+// "Failed to create AH" and the other losing its peer (docs/cabi.md), rather than run traffic that
+// goes nowhere.
+func TestPerftestNoGID(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs perftest between two processes")
+	}
+	srvSetup := setupOrSkip(t, "ib_send_bw")
+	cliSetup := setupOrSkip(t, "ib_send_bw")
+	port := freeTCPPort(t)
+	args := []string{"-d", "efa_0", "-c", "SRD", "-n", "200", "-p", fmt.Sprint(port)}
+	server := exec.Command("ib_send_bw", args...)
+	server.Env = srvSetup.Environ()
+	var srvOut bytes.Buffer
+	server.Stdout, server.Stderr = &srvOut, &srvOut
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- server.Wait() }()
+	if err := awaitListening(port, srvDone, 30*time.Second); err != nil {
+		server.Process.Kill()
+		<-srvDone
+		t.Fatalf("server: %v\n%s", err, srvOut.String())
+	}
+	client := exec.Command("ib_send_bw", append(args, "127.0.0.1")...)
+	client.Env = cliSetup.Environ()
+	out, cliErr := combinedOutputWithin(client, time.Minute)
+	if cliErr != nil && strings.Contains(cliErr.Error(), "no exit within") {
+		server.Process.Kill()
+		<-srvDone
+		t.Fatalf("the client hung: %v\n%s\nserver:\n%s", cliErr, out, srvOut.String())
+	}
+	var srvErr error
+	select {
+	case srvErr = <-srvDone:
+	case <-time.After(time.Minute):
+		server.Process.Kill()
+		<-srvDone
+		t.Fatalf("the server still runs a minute after the client ended:\n%s", srvOut.String())
+	}
+	if cliErr == nil || srvErr == nil || !strings.Contains(string(out)+srvOut.String(), "Failed to create AH") {
+		t.Fatalf("want both ends to fail, one with \"Failed to create AH\"; client: %v\n%s\nserver: %v\n%s",
+			cliErr, out, srvErr, srvOut.String())
+	}
+}
