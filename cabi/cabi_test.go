@@ -257,8 +257,9 @@ func TestSysfsTree(t *testing.T) {
 // TestTwoProcesses runs perftest's SRD tests and libfabric's ping-pong between two processes,
 // each with its own device, over SRD on UDP loopback: the cross-process acceptance list.
 // fi_pingpong checks every byte it receives (-c); perftest 4.5 has no such check. The *_wrap
-// cases run 20,000 round trips, which wrap every CQ, ring and request-id space of libfabric's
-// endpoints many times over (a 64-byte fi_pingpong stalled after a few thousand when the device
+// cases run 20,000 round trips of 64 bytes, or 2,000 of 64 KiB (libfabric's long-message
+// protocol), which wrap every CQ, ring and request-id space of libfabric's endpoints many times
+// over (a 64-byte fi_pingpong stalled after a few thousand when the device
 // paced CQs on a doorbell that libefa 44's extended polling never writes).
 func TestTwoProcesses(t *testing.T) {
 	if testing.Short() {
@@ -282,6 +283,7 @@ func TestTwoProcesses(t *testing.T) {
 		{"fi_pingpong_rdm", "fi_pingpong", ping("1024", "100", "-e", "rdm"), "usec/xfer", time.Minute},
 		{"fi_pingpong_dgram_wrap", "fi_pingpong", ping("64", "20000"), "=20k", 2 * time.Minute},
 		{"fi_pingpong_rdm_wrap", "fi_pingpong", ping("64", "20000", "-e", "rdm"), "=20k", 2 * time.Minute},
+		{"fi_pingpong_rdm_64k_wrap", "fi_pingpong", ping("65536", "2000", "-e", "rdm"), "=2k", 2 * time.Minute},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
