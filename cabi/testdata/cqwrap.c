@@ -7,7 +7,7 @@
 // -e makes the CQ with efadv_create_cq (as libfabric's efa provider does), otherwise
 // ibv_create_cq; -x reads it with ibv_start_poll/ibv_next_poll/ibv_end_poll (needs -e), otherwise
 // with ibv_poll_cq. Each round, each side has one SEND and one receive completion. A side that
-// sees no completion for 10 s reports the round it stalled in and exits 2; success prints
+// sees no completion for 30 s reports the round it stalled in and exits 2; success prints
 // "ok rounds=N cqes=N cq=N".
 #define _GNU_SOURCE
 #include <errno.h>
@@ -155,7 +155,7 @@ static int complete(struct comp *c, int n, int round) {
 }
 
 // await polls until the peer's message of this round has arrived and, if wait_send, the
-// outstanding SEND has completed. Ten seconds without a completion is a stall.
+// outstanding SEND has completed. Thirty seconds without a completion is a stall.
 static void await(int round, int want_recv, int wait_send) {
 	int got_recv = !want_recv;
 	double last = now();
@@ -163,7 +163,7 @@ static void await(int round, int want_recv, int wait_send) {
 		struct comp c[16];
 		int n = poll(c);
 		if (n == 0) {
-			if (now() - last > 10) {
+			if (now() - last > 30) {
 				fprintf(stderr, "rank %d: stalled in round %d of %d after %ld completions (CQ of %d): SEND %s, receive %s\n",
 					rank, round, rounds, cqes, cq_entries, outstanding < 0 ? "done" : "missing",
 					got_recv ? "done" : "missing");
