@@ -158,12 +158,13 @@ static int eng_err;
 
 // Signals and the engine (docs/cabi.md, "Signals"). A thread that is inside a call into the Go
 // engine must not run a program's signal handler: a handler that enters the device (a write or
-// close on its fd, a verbs call, as libraries' cleanup handlers do) would call into Go again on a
-// thread whose Go state is mid-call, which the Go runtime cannot survive. So every call into the
-// engine runs with the asynchronous signals blocked, and the thread's mask is restored after: a
-// signal that arrives meanwhile is handled, or kills the process, as soon as the thread is back in
-// C. The engine's own threads inherit the mask with which it was loaded (blocked as well), so a
-// process-directed signal is never delivered to them. Faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+// close on its fd, a verbs call, as a library's cleanup handler may) would call into Go again on
+// a thread whose Go state is mid-call, which the Go runtime cannot survive. So every call into
+// the engine runs with the asynchronous signals blocked, and the thread's mask is restored after:
+// a signal that arrives meanwhile is handled, or kills the process, as soon as the thread is back
+// in C. The engine's own threads inherit the mask with which it was loaded (blocked as well), so
+// process-directed signals go to the program's threads (but for the few the Go runtime always
+// unblocks on its threads, which docs/cabi.md lists). Faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
 // SIGTRAP, SIGSYS) stay unblocked: they are synchronous, and the engine recovers from faults on
 // a program's memory through them.
 static sigset_t async_sigs;
