@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -134,18 +135,22 @@ func TestFiInfo(t *testing.T) {
 }
 
 // TestPyverbsEFA runs rdma-core's own EFA tests (test_efadv, test_efa_srd: 16 in v44), shipped
-// gzipped with Debian's python3-pyverbs, against the device.
+// gzipped with Debian's python3-pyverbs, against the device. Every one must pass: a skip (pyverbs
+// skips a test whose verb answers EOPNOTSUPP) fails the test.
 func TestPyverbsEFA(t *testing.T) {
 	out := pyverbs(t, "-k", "test_efa")
 	var ran int
 	if i := strings.Index(out, "\nRan "); i >= 0 {
 		fmt.Sscanf(out[i+1:], "Ran %d tests", &ran)
 	}
+	// A test's verdict ends its line: "… ... ok", or "ok" alone after lines it printed.
+	ok := len(regexp.MustCompile(`(?m)(\.\.\. |^)ok$`).FindAllString(out, -1))
 	// 16 in Debian 12's rdma-core 44; later releases have more.
-	if ran < 16 || !strings.Contains(out, "\nOK") || strings.Contains(out, "FAIL:") || strings.Contains(out, "ERROR:") {
-		t.Fatalf("want at least 16 tests, OK:\n%s", out)
+	if ran < 16 || ok != ran || !strings.Contains(out, "\nOK\n") || strings.Contains(out, "skipped") ||
+		strings.Contains(out, "FAIL:") || strings.Contains(out, "ERROR:") {
+		t.Fatalf("want at least 16 tests, every one ok, none skipped; ran %d, %d ok:\n%s", ran, ok, out)
 	}
-	t.Logf("pyverbs -k test_efa: %s", lastLines(out, 3))
+	t.Logf("pyverbs -k test_efa: %d ok: %s", ok, lastLines(out, 3))
 }
 
 // TestPyverbsAll runs the whole pyverbs suite: the generic verbs tests (device, PD, MR, CQ,
@@ -251,23 +256,34 @@ func TestSysfsTree(t *testing.T) {
 
 // TestTwoProcesses runs perftest's SRD tests and libfabric's ping-pong between two processes,
 // each with its own device, over SRD on UDP loopback: the issue's cross-process acceptance list.
-// fi_pingpong checks every byte it receives (-c); perftest 4.5 has no such check.
+// fi_pingpong checks every byte it receives (-c); perftest 4.5 has no such check. The *_wrap
+// cases run 20,000 round trips of 64 bytes, or 2,000 of 64 KiB (libfabric's long-message
+// protocol), which wrap every CQ, ring and request-id space of libfabric's endpoints many times
+// over (a 64-byte fi_pingpong stalled after a few thousand when the device
+// paced CQs on a doorbell that libefa 44's extended polling never writes).
 func TestTwoProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs perftest and fi_pingpong between two processes")
 	}
+	ping := func(size, iters string, ep ...string) []string {
+		return append([]string{"-p", "efa", "-c", "-I", iters, "-S", size}, ep...)
+	}
 	cases := []struct {
-		name   string
-		tool   string
-		server []string
-		want   string
+		name    string
+		tool    string
+		args    []string
+		want    string
+		timeout time.Duration
 	}{
-		{"ib_send_bw", "ib_send_bw", nil, "BW average"},
-		{"ib_send_lat", "ib_send_lat", nil, "t_typical"},
-		{"ib_read_bw", "ib_read_bw", nil, "BW average"},
-		{"ib_read_lat", "ib_read_lat", nil, "t_typical"},
-		{"fi_pingpong_dgram", "fi_pingpong", nil, "usec/xfer"},
-		{"fi_pingpong_rdm", "fi_pingpong", []string{"-e", "rdm"}, "usec/xfer"},
+		{"ib_send_bw", "ib_send_bw", nil, "BW average", time.Minute},
+		{"ib_send_lat", "ib_send_lat", nil, "t_typical", time.Minute},
+		{"ib_read_bw", "ib_read_bw", nil, "BW average", time.Minute},
+		{"ib_read_lat", "ib_read_lat", nil, "t_typical", time.Minute},
+		{"fi_pingpong_dgram", "fi_pingpong", ping("1024", "100"), "usec/xfer", time.Minute},
+		{"fi_pingpong_rdm", "fi_pingpong", ping("1024", "100", "-e", "rdm"), "usec/xfer", time.Minute},
+		{"fi_pingpong_dgram_wrap", "fi_pingpong", ping("64", "20000"), "=20k", 2 * time.Minute},
+		{"fi_pingpong_rdm_wrap", "fi_pingpong", ping("64", "20000", "-e", "rdm"), "=20k", 2 * time.Minute},
+		{"fi_pingpong_rdm_64k_wrap", "fi_pingpong", ping("65536", "2000", "-e", "rdm"), "=2k", 2 * time.Minute},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -276,8 +292,8 @@ func TestTwoProcesses(t *testing.T) {
 			port := freeTCPPort(t)
 			var srv, cli []string
 			if c.tool == "fi_pingpong" {
-				srv = append([]string{"-p", "efa", "-c", "-I", "100", "-S", "1024", "-B", fmt.Sprint(port)}, c.server...)
-				cli = append([]string{"-p", "efa", "-c", "-I", "100", "-S", "1024", "-P", fmt.Sprint(port)}, c.server...)
+				srv = append([]string{"-B", fmt.Sprint(port)}, c.args...)
+				cli = append([]string{"-P", fmt.Sprint(port)}, c.args...)
 			} else {
 				srv = []string{"-d", "efa_0", "-c", "SRD", "-x", "0", "-n", "200", "-p", fmt.Sprint(port)}
 				cli = srv
@@ -291,38 +307,68 @@ func TestTwoProcesses(t *testing.T) {
 			}
 			srvDone := make(chan error, 1)
 			go func() { srvDone <- server.Wait() }()
-			defer func() {
-				server.Process.Kill()
-				<-srvDone
-			}()
-			var out string
-			for try := 0; ; try++ { // until the server listens
-				c := exec.Command(c.tool, append(cli, "127.0.0.1")...)
-				c.Env = cliSetup.Environ()
-				b, err := combinedOutputWithin(c, time.Minute)
-				if err == nil {
-					out = string(b)
-					break
+			stopped := false
+			stop := func() string { // ends the server; then its output may be read
+				if !stopped {
+					server.Process.Kill()
+					<-srvDone
+					stopped = true
 				}
-				if try == 20 {
-					t.Fatalf("client: %v\n%s\nserver:\n%s", err, b, srvOut.String())
-				}
-				time.Sleep(250 * time.Millisecond)
+				return srvOut.String()
+			}
+			defer stop()
+			if err := awaitListening(port, srvDone, 30*time.Second); err != nil {
+				t.Fatalf("server: %v\n%s", err, stop())
+			}
+			client := exec.Command(c.tool, append(cli, "127.0.0.1")...)
+			client.Env = cliSetup.Environ()
+			b, err := combinedOutputWithin(client, c.timeout)
+			out := string(b)
+			if err != nil {
+				t.Fatalf("client: %v\n%s\nserver:\n%s", err, out, stop())
 			}
 			if !strings.Contains(out, c.want) {
 				t.Fatalf("client output lacks %q:\n%s", c.want, out)
 			}
 			select {
 			case err := <-srvDone:
-				srvDone <- err
+				stopped = true
 				if err != nil {
 					t.Fatalf("server: %v\n%s", err, srvOut.String())
 				}
 			case <-time.After(30 * time.Second):
-				t.Fatalf("the server did not finish:\n%s", srvOut.String())
+				t.Fatalf("the server did not finish:\n%s", stop())
 			}
 			t.Log(lastLines(out, 2))
 		})
+	}
+}
+
+// awaitListening waits until a TCP socket listens on port (the server's out-of-band channel), as
+// /proc/net/tcp and tcp6 show; an error if the server exits first or d passes.
+func awaitListening(port int, exited chan error, d time.Duration) error {
+	want := fmt.Sprintf(":%04X ", port)
+	deadline := time.After(d)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+			b, _ := os.ReadFile(f)
+			for _, line := range strings.Split(string(b), "\n") {
+				fields := strings.Fields(line)
+				if len(fields) > 3 && strings.HasSuffix(fields[1]+" ", want) && fields[3] == "0A" {
+					return nil
+				}
+			}
+		}
+		select {
+		case err := <-exited:
+			exited <- err
+			return fmt.Errorf("exited before listening on port %d: %v", port, err)
+		case <-deadline:
+			return fmt.Errorf("not listening on port %d after %v", port, d)
+		case <-tick.C:
+		}
 	}
 }
 
@@ -387,4 +433,53 @@ func TestUnmappedBuffer(t *testing.T) {
 		t.Fatalf("badbuf.py:\n%s", out)
 	}
 	t.Log(strings.TrimSpace(out))
+}
+
+// TestPerftestNoGID runs ib_send_bw without -x: perftest then asks for an AH without a GRH
+// (is_global 0, so a zero destination GID), which the device refuses (EINVAL: it addresses peers
+// by GID alone). Both ends must exit with an error at once, the first to build its AH saying
+// "Failed to create AH" and the other losing its peer (docs/cabi.md), rather than run traffic that
+// goes nowhere.
+func TestPerftestNoGID(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs perftest between two processes")
+	}
+	srvSetup := setupOrSkip(t, "ib_send_bw")
+	cliSetup := setupOrSkip(t, "ib_send_bw")
+	port := freeTCPPort(t)
+	args := []string{"-d", "efa_0", "-c", "SRD", "-n", "200", "-p", fmt.Sprint(port)}
+	server := exec.Command("ib_send_bw", args...)
+	server.Env = srvSetup.Environ()
+	var srvOut bytes.Buffer
+	server.Stdout, server.Stderr = &srvOut, &srvOut
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- server.Wait() }()
+	if err := awaitListening(port, srvDone, 30*time.Second); err != nil {
+		server.Process.Kill()
+		<-srvDone
+		t.Fatalf("server: %v\n%s", err, srvOut.String())
+	}
+	client := exec.Command("ib_send_bw", append(args, "127.0.0.1")...)
+	client.Env = cliSetup.Environ()
+	out, cliErr := combinedOutputWithin(client, time.Minute)
+	if cliErr != nil && strings.Contains(cliErr.Error(), "no exit within") {
+		server.Process.Kill()
+		<-srvDone
+		t.Fatalf("the client hung: %v\n%s\nserver:\n%s", cliErr, out, srvOut.String())
+	}
+	var srvErr error
+	select {
+	case srvErr = <-srvDone:
+	case <-time.After(time.Minute):
+		server.Process.Kill()
+		<-srvDone
+		t.Fatalf("the server still runs a minute after the client ended:\n%s", srvOut.String())
+	}
+	if cliErr == nil || srvErr == nil || !strings.Contains(string(out)+srvOut.String(), "Failed to create AH") {
+		t.Fatalf("want both ends to fail, one with \"Failed to create AH\"; client: %v\n%s\nserver: %v\n%s",
+			cliErr, out, srvErr, srvOut.String())
+	}
 }

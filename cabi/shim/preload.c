@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdatomic.h>
@@ -40,6 +41,7 @@
 static _Atomic uint64_t fds[MAX_FD / 64];
 
 static int fcntl_valid(int fd);
+static void init_async_sigs(void);
 
 static int ours(int fd) {
 	return fd >= 0 && fd < MAX_FD &&
@@ -86,6 +88,7 @@ static void atfork_child(void) {
 
 __attribute__((constructor)) static void shim_init(void) {
 	unsigned maj, min;
+	init_async_sigs();
 	const char *p = getenv("SOFTEFA_DEV_PATH");
 	const char *r = getenv("SOFTEFA_DEV_RDEV");
 	if (!p || !*p || !r || sscanf(r, "%u:%u", &maj, &min) != 2)
@@ -153,13 +156,39 @@ static int (*eng_sysfs)(char *buf, size_t n);
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
 static int eng_err;
 
+// Signals and the engine (docs/cabi.md, "Signals"). A thread that is inside a call into the Go
+// engine must not run a program's signal handler: a handler that enters the device (a write or
+// close on its fd, a verbs call, as a library's cleanup handler may) would call into Go again on
+// a thread whose Go state is mid-call, which the Go runtime cannot survive. So every call into
+// the engine runs with the asynchronous signals blocked, and the thread's mask is restored after:
+// a signal that arrives meanwhile is handled, or kills the process, as soon as the thread is back
+// in C. The engine's own threads inherit the mask with which it was loaded (blocked as well), so
+// process-directed signals go to the program's threads (but for the few the Go runtime always
+// unblocks on its threads, which docs/cabi.md lists). Faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+// SIGTRAP, SIGSYS) stay unblocked: they are synchronous, and the engine recovers from faults on
+// a program's memory through them.
+static sigset_t async_sigs;
+
+static void init_async_sigs(void) {
+	sigfillset(&async_sigs);
+	static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS};
+	for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++)
+		sigdelset(&async_sigs, faults[i]);
+}
+
+static void enter(sigset_t *old) { pthread_sigmask(SIG_BLOCK, &async_sigs, old); }
+static void leave(const sigset_t *old) { pthread_sigmask(SIG_SETMASK, old, NULL); }
+
 static void load_engine(void) {
 	const char *lib = getenv("SOFTEFA_ENGINE");
 	if (!lib || !*lib) {
 		eng_err = ENODEV;
 		return;
 	}
+	sigset_t old;
+	enter(&old); // the runtime's threads, started now, inherit this mask
 	void *h = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+	leave(&old);
 	if (!h) {
 		fprintf(stderr, "softefa: cannot load the engine: %s\n", dlerror());
 		eng_err = ENODEV;
@@ -196,7 +225,10 @@ static int open_dev(int flags) {
 		errno = EACCES; // the node is crw-rw-rw-; uverbs needs O_RDWR
 		return -1;
 	}
+	sigset_t old;
+	enter(&old);
 	int fd = eng_open(flags);
+	leave(&old);
 	if (fd < 0) {
 		errno = -fd;
 		return -1;
@@ -276,7 +308,10 @@ int __openat_2(int dirfd, const char *path, int flags) {
 
 ssize_t write(int fd, const void *buf, size_t n) {
 	if (ours(fd)) {
+		sigset_t old;
+		enter(&old);
 		long r = eng_write(fd, buf, n);
+		leave(&old);
 		if (r < 0) {
 			errno = (int)-r;
 			return -1;
@@ -291,10 +326,18 @@ ssize_t write(int fd, const void *buf, size_t n) {
 	return REAL(write)(fd, buf, n);
 }
 
+// eng_close_fd tells the engine that fd no longer names the device.
+static void eng_close_fd(int fd) {
+	sigset_t old;
+	enter(&old);
+	eng_close(fd);
+	leave(&old);
+}
+
 int close(int fd) {
 	if (ours(fd)) {
 		mark(fd, 0);
-		eng_close(fd); // tears the ucontext down, as ib_uverbs_close does
+		eng_close_fd(fd); // tears the ucontext down, as ib_uverbs_close does
 	} else if (orphan(fd)) {
 		atomic_fetch_and(&orphans[fd >> 6], ~((uint64_t)1 << (fd & 63)));
 	}
@@ -313,7 +356,10 @@ static int fcntl_valid(int fd) {
 static int dup_done(int fd, int nfd) {
 	if (nfd >= 0 && ours(fd)) {
 		mark(nfd, 1);
+		sigset_t old;
+		enter(&old);
 		eng_dup(fd, nfd);
+		leave(&old);
 	}
 	return nfd;
 }
@@ -322,7 +368,7 @@ static int dup_done(int fd, int nfd) {
 static void dup_over(int fd, int nfd) {
 	if (fd != nfd && ours(nfd)) {
 		mark(nfd, 0);
-		eng_close(nfd);
+		eng_close_fd(nfd);
 	}
 }
 
@@ -381,7 +427,10 @@ static void make_sysfs(void) {
 	pthread_once(&eng_once, load_engine);
 	if (eng_err)
 		return;
+	sigset_t old;
+	enter(&old);
 	int r = eng_sysfs(proc_sysfs, sizeof(proc_sysfs));
+	leave(&old);
 	if (r < 0) {
 		fprintf(stderr, "softefa: no device for this process: %s\n", strerror(-r));
 		proc_sysfs[0] = 0;
@@ -687,30 +736,53 @@ static poll_fn orig_poll_cq;
 static start_poll_fn orig_start_poll;
 static complete_fn orig_wr_complete;
 
+// kick, arm and poll_net call the engine with the asynchronous signals blocked (see enter).
+static void kick(int fd, uint32_t handle) {
+	sigset_t old;
+	enter(&old);
+	eng_kick_qp(fd, handle);
+	leave(&old);
+}
+
+static void arm(int fd, uint32_t handle) {
+	sigset_t old;
+	enter(&old);
+	eng_arm_cq(fd, handle);
+	leave(&old);
+}
+
+static int poll_net(void) {
+	sigset_t old;
+	enter(&old);
+	int r = eng_poll_net();
+	leave(&old);
+	return r;
+}
+
 static int w_post_send(void *qp, void *wr, void **bad) {
 	int r = orig_post_send(qp, wr, bad);
 	struct sx_qp *q = qp;
-	eng_kick_qp(q->context->cmd_fd, q->handle);
+	kick(q->context->cmd_fd, q->handle);
 	return r;
 }
 
 static int w_post_recv(void *qp, void *wr, void **bad) {
 	int r = orig_post_recv(qp, wr, bad);
 	struct sx_qp *q = qp;
-	eng_kick_qp(q->context->cmd_fd, q->handle);
+	kick(q->context->cmd_fd, q->handle);
 	return r;
 }
 
 static int w_poll_cq(void *cq, int n, void *wc) {
 	int r = orig_poll_cq(cq, n, wc);
-	if (r == 0 && n > 0 && eng_poll_net())
+	if (r == 0 && n > 0 && poll_net())
 		r = orig_poll_cq(cq, n, wc);
 	return r;
 }
 
 static int w_start_poll(void *cq, void *attr) {
 	int r = orig_start_poll(cq, attr);
-	if (r == ENOENT && eng_poll_net())
+	if (r == ENOENT && poll_net())
 		r = orig_start_poll(cq, attr);
 	return r;
 }
@@ -719,14 +791,14 @@ static int w_req_notify(void *cq, int solicited_only) {
 	int r = orig_req_notify(cq, solicited_only);
 	struct sx_cq *c = cq;
 	if (r == 0)
-		eng_arm_cq(c->context->cmd_fd, c->handle);
+		arm(c->context->cmd_fd, c->handle);
 	return r;
 }
 
 static int w_wr_complete(void *qpx) {
 	int r = orig_wr_complete(qpx);
 	struct sx_qp *q = qpx; // qp_base is first
-	eng_kick_qp(q->context->cmd_fd, q->handle);
+	kick(q->context->cmd_fd, q->handle);
 	return r;
 }
 
@@ -742,16 +814,23 @@ static void swap(void **slot, void **orig, void *wrapper) {
 	pthread_mutex_unlock(&mu);
 }
 
-// verbs_sym finds a libibverbs function: next in the global scope, or in libibverbs itself when
-// it was loaded into a local scope (Python extension modules are dlopen'ed RTLD_LOCAL).
-static void *verbs_sym(const char *name, const char *version) {
+// lib_sym finds a function of an rdma-core library: next in the global scope, or in the library
+// itself when it was loaded into a local scope (Python extension modules are dlopen'ed
+// RTLD_LOCAL, and pyverbs' efa module brings libefa so: its calls reach this shim, which is in the
+// global scope, while RTLD_NEXT cannot see libefa). RTLD_NOLOAD finds the copy already loaded;
+// the reference it takes is kept, so that the pointer, which callers cache, stays valid.
+static void *lib_sym(const char *lib, const char *name, const char *version) {
 	void *p = dlsym(RTLD_NEXT, name);
 	if (!p) {
-		void *h = dlopen("libibverbs.so.1", RTLD_NOLOAD | RTLD_LAZY);
+		void *h = dlopen(lib, RTLD_NOLOAD | RTLD_LAZY);
 		if (h)
 			p = dlvsym(h, name, version);
 	}
 	return p;
+}
+
+static void *verbs_sym(const char *name, const char *version) {
+	return lib_sym("libibverbs.so.1", name, version);
 }
 
 void *ibv_open_device(void *device) {
@@ -790,7 +869,7 @@ void *ibv_qp_to_qp_ex(void *qp) {
 void *efadv_create_cq(void *ibvctx, void *attr_ex, void *efa_attr, uint32_t inlen) {
 	static void *(*real)(void *, void *, void *, uint32_t);
 	if (!real)
-		real = (void *(*)(void *, void *, void *, uint32_t))dlsym(RTLD_NEXT, "efadv_create_cq");
+		real = (void *(*)(void *, void *, void *, uint32_t))lib_sym("libefa.so.1", "efadv_create_cq", "EFA_1.2");
 	if (!real) {
 		errno = EOPNOTSUPP;
 		return NULL;

@@ -26,6 +26,7 @@ type CQ struct {
 
 	pc      uint16 // CQEs produced, modulo 2^16
 	phase   uint8
+	unpaced bool // CQInit.Unpaced: the doorbell's consumer count is not read for overrun
 	refs    int  // QPs using this CQ
 	overrun bool // sticky: an entry was lost because the ring was full
 	armed   bool // latched by ArmCQ
@@ -64,6 +65,14 @@ type CQInit struct {
 	Notify   func() // called, under the device lock and without blocking, when an armed CQ gets an entry
 	Ring     []byte
 	Doorbell *uint32
+
+	// Unpaced makes the device write every entry as EFA hardware does, without comparing its
+	// producer count with the consumer count in the doorbell: no overrun detection, and an
+	// application that lets the producer lap it loses entries unnoticed. For consumers that do
+	// not report every poll in the doorbell (libefa 44's extended-CQ polling never writes it;
+	// docs/cabi.md, "Completion queues"). Left false, the CQ drops an entry when the ring is a
+	// whole lap ahead of the doorbell's count (docs/descriptors.md).
+	Unpaced bool
 
 	// EntrySize is the CQE size: 0 or efaio.RxCQEExSize (32), or efaio.RxCQESize (16), which
 	// libefa 44 asks for when the CQ has no source GIDs; a 16-byte RX CQE has no src_addr.
@@ -111,7 +120,7 @@ func (d *Device) CreateCQ(in CQInit) (*CQ, error) {
 	clear(ring)
 	atomic.StoreUint32(db, 0)
 	d.nCQ++
-	return &CQ{d: d, ring: ring, depth: depth, esz: esz, db: db, flags: in.Flags, phase: 1, firedSN: -1, notify: in.Notify, owner: in.Owner}, nil
+	return &CQ{d: d, ring: ring, depth: depth, esz: esz, db: db, flags: in.Flags, phase: 1, unpaced: in.Unpaced, firedSN: -1, notify: in.Notify, owner: in.Owner}, nil
 }
 
 // DestroyCQ frees cq; EBUSY while a QP uses it.
@@ -159,12 +168,12 @@ func (cq *CQ) Overrun() bool {
 	return cq.overrun
 }
 
-// post writes c into the next slot. A full ring (the consumer's count from the doorbell is a
-// whole ring behind) loses the entry: the CQ is marked overrun and a CQ_ERR event is raised, as
-// rdmavt's rvt_cq_enter does.
+// post writes c into the next slot. Unless the CQ is unpaced, a full ring (the consumer's count
+// from the doorbell is a whole ring behind) loses the entry: the CQ is marked overrun and a
+// CQ_ERR event is raised, as rdmavt's rvt_cq_enter does.
 func (cq *CQ) post(c *efaio.Completion) {
 	v := atomic.LoadUint32(cq.db)
-	if cq.overrun || uint32(cq.pc-uint16(v&efaio.CQDoorbellCIMask)) >= cq.depth {
+	if !cq.unpaced && (cq.overrun || uint32(cq.pc-uint16(v&efaio.CQDoorbellCIMask)) >= cq.depth) {
 		if !cq.overrun {
 			cq.overrun = true
 			cq.d.raise(AsyncEvent{Type: uapi.EventCQErr, CQ: cq})

@@ -71,8 +71,10 @@ func (f *File) createAH(c *call) error {
 		return syscall.EINVAL
 	}
 	var gid [16]byte
-	copy(gid[:], req[24:40])
-	ah, err := f.d.e.CreateAH(p.pd, gid)
+	if req[53] != 0 { // attr.is_global: without a GRH the kernel passes the driver a zero GID
+		copy(gid[:], req[24:40])
+	}
+	ah, err := f.d.e.CreateAH(p.pd, gid) // EINVAL for the zero GID: peers are known by GID alone
 	if err != nil {
 		return err
 	}
