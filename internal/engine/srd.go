@@ -173,7 +173,10 @@ func (d *Device) room(p *peer, path, size int) []byte {
 	if p.echo {
 		pk.Buf = wire.AppendCookie(pk.Buf, p.cookie, d.ports)
 	}
-	if p.ports == nil && p != &d.stranger {
+	if p.ports == nil && p.tx.busy() {
+		// We reached out to p ourselves and do not know its ports yet: challenge it, so that its
+		// answers, from whichever of its ports, come with a COOKIE listing them (admit.go). UD
+		// traffic alone keeps no stream and asks for nothing.
 		pk.Buf = wire.AppendChallenge(pk.Buf, d.challengeFor(p))
 	}
 	fits := size >= wire.FrameHeaderSize+wire.DataHeaderSize && len(pk.Buf)+wire.FrameHeaderSize+wire.AckSize+size <= q.maxLen
