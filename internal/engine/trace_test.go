@@ -136,7 +136,7 @@ func (r *trace) post(wrid uint16, op efaio.OpType, n int) {
 func (r *trace) recv(wrid uint16, off, n int) {
 	q := r.qp
 	slot := int(uint32(r.rpc)&(q.rq.cnt-1)) * efaio.RxDescSize
-	efaio.RxDesc(q.rq.ring[slot:slot+efaio.RxDescSize]).Encode(&efaio.RxDescFields{
+	efaio.RxDesc(q.rq.ring[slot : slot+efaio.RxDescSize]).Encode(&efaio.RxDescFields{
 		Addr: r.mr.IOVA() + uint64(off), Length: uint16(n), LKey: r.mr.LKey(), ReqID: wrid, First: true, Last: true})
 	r.rpc++
 	atomic.StoreUint32(q.rq.db, uint32(r.rpc))
