@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"net/netip"
 	"slices"
 	"testing"
 	"time"
@@ -138,4 +139,169 @@ func TestTraceTransportTimeoutStartsNewEpoch(t *testing.T) {
 	if len(d) != 1 || d[0].f.Data.PSN != 0 || d[0].h.TxEpoch != epoch+1 {
 		t.Fatalf("after the timeout sent PSNs %v in epoch %d, want PSN 0 in epoch %d", psns(d), d[0].h.TxEpoch, epoch+1)
 	}
+}
+
+// wire.md "Packet streams": a receiver acknowledges at the end of each batch it reads: the
+// cumulative point, the path of the newest DATA frame, and its own horizon; each frame is handled
+// once, a duplicate is acknowledged again and not delivered twice.
+func TestTraceReceiverAcknowledgesOnce(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	r.recv(7, 0, 1000)
+	r.recv(8, 0, 1000)
+	send := wire.Data{Op: wire.OpSend, Length: 10, DstQPN: uint16(r.qp.qpn), QKey: traceQKey, Payload: make([]byte, 10)}
+	send.PSN = 0
+	dgram := func(path uint8) {
+		r.send(path, func(b []byte) []byte { return wire.AppendData(b, &send) })
+	}
+	dgram(1)
+	acks := r.take(wire.TypeAck)
+	if len(acks) != 1 || acks[0].f.Ack.Cum != 1 || acks[0].f.Ack.Path != 1 || acks[0].f.Ack.Horizon != 0 {
+		t.Fatalf("ACKs %+v, want one: cumulative 1, path 1, horizon 0", acks)
+	}
+	r.wantCompletion(7, efaio.StatusOK)
+	dgram(0) // the same PSN again
+	if acks := r.take(wire.TypeAck); len(acks) != 1 || acks[0].f.Ack.Cum != 1 {
+		t.Fatalf("ACKs %+v for the duplicate, want cumulative 1 again", acks)
+	}
+	r.noCompletion()
+}
+
+// wire.md "Packet streams": frames of a newer epoch of the peer's stream start it afresh (PSN 0
+// again is new data); frames of the older epoch are dropped.
+func TestTracePeerEpochStartsAfresh(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	for i := range 3 {
+		r.recv(uint16(i), 0, 1000)
+	}
+	send := wire.Data{Op: wire.OpSend, Length: 10, DstQPN: uint16(r.qp.qpn), QKey: traceQKey, Payload: make([]byte, 10)}
+	r.peerData(send)
+	r.wantCompletion(0, efaio.StatusOK)
+	r.epoch, r.next = 1, 0
+	r.peerData(send) // PSN 0 of epoch 1
+	r.wantCompletion(1, efaio.StatusOK)
+	r.epoch, r.next = 0, 1
+	stale := r.d.counts.StalePackets.Load()
+	r.peerData(send) // PSN 1 of the abandoned epoch 0
+	r.noCompletion()
+	if r.d.counts.StalePackets.Load() != stale+1 {
+		t.Fatal("a frame of the abandoned epoch was not counted stale")
+	}
+}
+
+// congestion.md "Window": the window grows by one per acknowledged packet in slow start and
+// halves once per round trip with losses.
+func TestTraceWindowGrowsAndHalves(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	cwnd := func() float64 { return r.d.PathStats()[0].Cwnd }
+	for i := range 4 {
+		r.post(uint16(i), efaio.OpSend, 100)
+		r.advance(100 * time.Microsecond)
+	}
+	d := r.data()
+	start := cwnd()
+	r.ack(2, nil, d[0].h.Path)
+	if got := cwnd(); got != start+2 {
+		t.Fatalf("window %v after 2 acknowledged from %v, want +2 (slow start)", got, start)
+	}
+	r.ack(2, []uint32{3}, d[0].h.Path) // PSN 2 lost: sent before 3 on the same path
+	if got := cwnd(); got != (start+2)/2 {
+		t.Fatalf("window %v after a loss, want half of %v", got, start+2)
+	}
+}
+
+// congestion.md "Multipath": three packets of a path lost, revealed by a later one's
+// acknowledgement, mark the path failed (another is healthy): new packets avoid it, and it is
+// probed every 50 ms until a PROBE_ACK with the probe's nonce puts it back.
+func TestTracePathFailsAndIsProbed(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	for i := range 4 {
+		r.post(uint16(i), efaio.OpSend, 100)
+		r.advance(100 * time.Microsecond)
+	}
+	d := r.data()
+	bad := d[0].h.Path
+	r.ack(0, []uint32{3}, bad)
+	again := r.data()
+	if got := psns(again); !slices.Equal(got, []uint32{0, 1, 2}) || slices.Contains(paths(again), bad) {
+		t.Fatalf("resent %v on paths %v, want 0-2 off path %d", got, paths(again), bad)
+	}
+	if !r.d.PathStats()[bad].Failed {
+		t.Fatalf("path %d not marked failed", bad)
+	}
+	r.ack(4, nil, again[0].h.Path)
+	r.post(9, efaio.OpSend, 100)
+	if p := paths(r.data()); len(p) != 1 || p[0] == bad {
+		t.Fatalf("new packet on paths %v, want not %d", p, bad)
+	}
+	r.advance(60 * time.Millisecond)
+	probes := r.take(wire.TypeProbe)
+	if len(probes) == 0 || probes[0].h.Path != bad {
+		t.Fatalf("probes %+v, want one on path %d", probes, bad)
+	}
+	r.send(0, func(b []byte) []byte { return wire.AppendProbe(b, probes[0].f.Nonce, true) })
+	if r.d.PathStats()[bad].Failed {
+		t.Fatal("the PROBE_ACK did not put the path back")
+	}
+}
+
+// congestion.md "Sparse copies": after a loss, while at most 4 packets are in flight, each new
+// packet goes on a second path too.
+func TestTraceSparseCopiesAfterLoss(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.post(1, efaio.OpSend, 100)
+	r.data()
+	r.advance(30 * time.Millisecond) // lost: the retransmission timeout sends it again
+	again := r.data()
+	if len(again) == 0 {
+		t.Fatal("no retransmission")
+	}
+	r.ack(1, nil, again[0].h.Path)
+	r.wantCompletion(1, efaio.StatusOK)
+	r.post(2, efaio.OpSend, 100)
+	d := r.data()
+	if len(d) != 2 || d[0].f.Data.PSN != 1 || d[1].f.Data.PSN != 1 || d[0].h.Path == d[1].h.Path {
+		t.Fatalf("after a loss sent PSNs %v on paths %v, want PSN 1 on both paths", psns(d), paths(d))
+	}
+}
+
+// wire.md "Incarnations": a datagram from the peer with a new source incarnation is a restarted
+// peer: a request its earlier life acknowledged part of fails with REMOTE_ABORT; one it never
+// acknowledged goes again, whole, in a new epoch of the stream, and succeeds when acknowledged.
+func TestTraceRestartedPeer(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.post(1, efaio.OpSend, 3000) // three segments
+	r.advance(100 * time.Microsecond)
+	d := r.data()
+	r.ack(1, nil, d[0].h.Path) // the earlier life had the first segment
+	r.post(2, efaio.OpSend, 100)
+	r.data()
+	epoch := d[0].h.TxEpoch
+	r.inc, r.epoch, r.next = 0x0f0f0f0f, 0, 0 // a new life
+	r.send(0, func(b []byte) []byte { return wire.AppendProbe(b, 5, false) })
+	r.wantCompletion(1, efaio.StatusRemoteAbort)
+	again := r.data()
+	if len(again) != 1 || again[0].f.Data.PSN != 0 || again[0].h.TxEpoch != epoch+1 || again[0].h.DstInc != r.inc {
+		t.Fatalf("after the restart sent %+v, want WR 2's SEND at PSN 0 of epoch %d to the new life", again, epoch+1)
+	}
+	r.ack(1, nil, again[0].h.Path)
+	r.wantCompletion(2, efaio.StatusOK)
+}
+
+// wire.md "Address validation": a datagram naming the peer but sent from another port of its IP
+// gets one CHALLENGE, sent to the peer's endpoint, and nothing else, whatever it carries.
+func TestTraceOtherPortIsChallenged(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.recv(7, 0, 1000)
+	h := wire.Header{SrcPort: tracePeer.Port(), SrcInc: r.inc, DstInc: r.d.inc}
+	b := wire.AppendHeader(nil, &h)
+	b = wire.AppendData(b, &wire.Data{Op: wire.OpSend, Length: 10, DstQPN: uint16(r.qp.qpn), QKey: traceQKey, Payload: make([]byte, 10)})
+	wire.PutChecksum(b)
+	r.f.Inject(netip.AddrPortFrom(tracePeer.Addr(), 9999), traceDev, b)
+	r.drive()
+	if len(r.got) != 1 || r.got[0].f.Type != wire.TypeChallenge {
+		t.Fatalf("answered with %+v, want one CHALLENGE", r.got)
+	}
+	r.noCompletion()
 }

@@ -219,6 +219,16 @@ func (r *trace) send(path uint8, add func(b []byte) []byte) {
 	r.drive()
 }
 
+// meet gets the peer validated by the device, as a peer that sends first must: its first
+// datagram is challenged, and the next carries the cookie.
+func (r *trace) meet() {
+	r.send(0, func(b []byte) []byte { return wire.AppendAck(b, &wire.Ack{}) }) // large enough to be answered
+	if r.cookie == 0 {
+		r.t.Fatal("the device did not challenge a peer it never met")
+	}
+	r.take(wire.TypeChallenge)
+}
+
 // ack acknowledges the device's stream: every PSN below cum, and the PSNs in sack beyond it, as
 // the peer's DATA on path path would be answered.
 func (r *trace) ack(cum uint32, sack []uint32, path uint8) {
