@@ -305,3 +305,40 @@ func TestTraceOtherPortIsChallenged(t *testing.T) {
 	}
 	r.noCompletion()
 }
+
+// wire.md "Packet streams": a batch read by a polling application leaves its ACK owed, for up to
+// 50 µs, to a peer the device sends data to; the application's answer carries it, in the same
+// datagram as the answer's DATA, on a path proven by acknowledged data. Unanswered, the ACK goes
+// on its own when it is due.
+func TestTraceOwedAckRidesOnAnswer(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.recv(7, 0, 1000)
+	r.recv(8, 0, 1000)
+	r.advance(time.Millisecond) // (a send time of 0 reads as "never sent")
+	r.post(1, efaio.OpSend, 100)
+	d := r.data()
+	r.ack(1, nil, d[0].h.Path) // proves the path, and the device talks to the peer
+	r.wantCompletion(1, efaio.StatusOK)
+	send := wire.Data{Op: wire.OpSend, Length: 10, DstQPN: uint16(r.qp.qpn), QKey: traceQKey, Payload: make([]byte, 10)}
+	send.PSN = r.next
+	r.next++
+	r.inject(0, func(b []byte) []byte { return wire.AppendData(b, &send) })
+	r.busyPoll()
+	if acks := r.take(wire.TypeAck); len(acks) != 0 {
+		t.Fatalf("ACKed at once: %+v", acks)
+	}
+	r.wantCompletion(7, efaio.StatusOK)
+	r.post(2, efaio.OpSend, 100) // the answer
+	acks, data := r.take(wire.TypeAck), r.data()
+	if len(acks) != 1 || len(data) != 1 || acks[0].dgram != data[0].dgram || acks[0].f.Ack.Cum != 1 {
+		t.Fatalf("ACKs %+v, DATA %+v: want the ACK of PSN 0 in the answer's datagram", acks, data)
+	}
+	send.PSN = r.next
+	r.next++
+	r.inject(0, func(b []byte) []byte { return wire.AppendData(b, &send) })
+	r.busyPoll()
+	r.advance(100 * time.Microsecond) // no answer: the owed ACK goes alone
+	if acks := r.take(wire.TypeAck); len(acks) != 1 || acks[0].f.Ack.Cum != 2 {
+		t.Fatalf("ACKs %+v, want the owed ACK of PSN 1 on its own", acks)
+	}
+}

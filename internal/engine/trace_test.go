@@ -52,13 +52,16 @@ type trace struct {
 	devTx   uint16 // the device's stream epoch, as its latest DATA said
 	cookie  uint64 // the device's challenge, echoed in the peer's next datagram
 
-	got []traceFrame // frames the device sent, in order, not yet taken by the test
+	got    []traceFrame // frames the device sent, in order, not yet taken by the test
+	dgrams int          // datagrams the device sent
 }
 
-// traceFrame is one frame the device sent, with its datagram's header.
+// traceFrame is one frame the device sent, with its datagram's header and number (frames of one
+// datagram share it).
 type traceFrame struct {
-	h wire.Header
-	f wire.Frame
+	h     wire.Header
+	f     wire.Frame
+	dgram int
 }
 
 const traceQKey = 0x1234
@@ -148,6 +151,26 @@ func (r *trace) recv(wrid uint16, off, n int) {
 func (r *trace) drive() {
 	for r.d.Drive() {
 	}
+	r.collect()
+}
+
+// busyPoll does what an application's empty poll does (Device.PollNetwork): it takes the
+// datagrams waiting for the device, leaving their acknowledgements owed for a while, and sends
+// what they produced; then it collects what the device sent.
+func (r *trace) busyPoll() {
+	d, dr := r.d, r.d.drv
+	d.mu.Lock()
+	d.useTx(dr.q)
+	if n, _ := dr.poller.TryReceive(dr.rx.pkts); n > 0 {
+		d.inputBatch(dr.rx, n, true)
+	}
+	d.mu.Unlock()
+	d.sendTx(dr.q)
+	r.collect()
+}
+
+// collect parses what the device has sent the peer.
+func (r *trace) collect() {
 	for {
 		n, _ := r.peer.TryReceive(r.pkts)
 		if n == 0 {
@@ -158,6 +181,7 @@ func (r *trace) drive() {
 			if err != nil {
 				r.t.Fatalf("the device sent a malformed datagram: %v", err)
 			}
+			r.dgrams++
 			r.cookie = 0
 			for len(frames) > 0 {
 				var f wire.Frame
@@ -171,7 +195,7 @@ func (r *trace) drive() {
 				if f.Type == wire.TypeChallenge {
 					r.cookie = f.Cookie
 				}
-				r.got = append(r.got, traceFrame{h, f})
+				r.got = append(r.got, traceFrame{h, f, r.dgrams})
 			}
 		}
 	}
@@ -205,8 +229,14 @@ func (r *trace) take(typ uint8) []traceFrame {
 func (r *trace) data() []traceFrame { return r.take(wire.TypeData) }
 
 // send delivers a datagram from the peer with the given frames (appended by add), on peer path
-// path; a COOKIE answering the device's last challenge goes first.
+// path, and lets the device handle it; a COOKIE answering the device's last challenge goes first.
 func (r *trace) send(path uint8, add func(b []byte) []byte) {
+	r.inject(path, add)
+	r.drive()
+}
+
+// inject is send without letting the device run: the datagram waits for it.
+func (r *trace) inject(path uint8, add func(b []byte) []byte) {
 	h := wire.Header{Path: path, SrcPort: tracePeer.Port(), SrcInc: r.inc, DstInc: r.d.inc, TxEpoch: r.epoch, RxEpoch: r.devTx}
 	b := wire.AppendHeader(nil, &h)
 	if r.cookie != 0 {
@@ -216,7 +246,6 @@ func (r *trace) send(path uint8, add func(b []byte) []byte) {
 	b = add(b)
 	wire.PutChecksum(b)
 	r.f.Inject(tracePeer, traceDev, b)
-	r.drive()
 }
 
 // meet gets the peer validated by the device, as a peer that sends first must: its first
