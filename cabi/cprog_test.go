@@ -166,3 +166,46 @@ func sigtermRun(s *Setup, exe string, args []string, handler bool) error {
 	}
 	return nil
 }
+
+// TestOpenMPI runs testdata/mpipingpong.c under Debian's Open MPI with its libfabric efa provider
+// (`--mca pml cm --mca mtl ofi`, efa only), on 2 and 4 ranks, each rank a process with a device of
+// its own: 20,000 one-byte round trips between ranks 0 and 1, every byte checked (enough to wrap
+// every completion queue, where Open MPI used to hang after about 3,000), then an allreduce over
+// every rank. Every rank must report that it chose the efa provider.
+func TestOpenMPI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Open MPI")
+	}
+	for _, tool := range []string{"mpicc", "mpirun"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not found (apt-get install openmpi-bin libopenmpi-dev): %v", tool, err)
+		}
+	}
+	src, err := filepath.Abs(filepath.Join("testdata", "mpipingpong.c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(t.TempDir(), "mpipingpong")
+	if out, err := exec.Command("mpicc", "-O2", "-Wall", "-Wextra", "-Werror", "-o", exe, src).CombinedOutput(); err != nil {
+		t.Fatalf("mpicc: %v\n%s", err, out)
+	}
+	for _, ranks := range []int{2, 4} {
+		t.Run(fmt.Sprintf("%d ranks", ranks), func(t *testing.T) {
+			s := setupOrSkip(t)
+			out := run(t, s, "", 3*time.Minute, "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", fmt.Sprint(ranks),
+				"--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "mtl_ofi_provider_include", "efa",
+				"--mca", "mtl_base_verbose", "10", exe, "20000")
+			want := "ok 20000 round trips, "
+			sum := fmt.Sprintf("allreduce %d of %d", ranks*(ranks+1)/2, ranks*(ranks+1)/2)
+			if !strings.Contains(out, want) || !strings.Contains(out, sum) ||
+				strings.Count(out, "mtl:ofi:provider: efa") != ranks {
+				t.Fatalf("mpirun -np %d: want every rank on efa, 20,000 round trips and %q:\n%s", ranks, sum, lastLines(out, 40))
+			}
+			for _, l := range strings.Split(out, "\n") {
+				if strings.HasPrefix(l, "ok ") {
+					t.Log(l)
+				}
+			}
+		})
+	}
+}
