@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/uapi"
 	"github.com/softefa/softefa/internal/wire"
 )
 
@@ -340,5 +341,74 @@ func TestTraceOwedAckRidesOnAnswer(t *testing.T) {
 	r.advance(100 * time.Microsecond) // no answer: the owed ACK goes alone
 	if acks := r.take(wire.TypeAck); len(acks) != 1 || acks[0].f.Ack.Cum != 2 {
 		t.Fatalf("ACKs %+v, want the owed ACK of PSN 1 on its own", acks)
+	}
+}
+
+// wire.md "Packet streams": within one batch of datagrams a receiver acknowledges after every 16
+// DATA frames, and at the batch's end.
+func TestTraceAckEvery16Frames(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	for i := range 40 {
+		r.recv(uint16(i), 0, 1000)
+	}
+	send := wire.Data{Op: wire.OpSend, Length: 10, DstQPN: uint16(r.qp.qpn), QKey: traceQKey, Payload: make([]byte, 10)}
+	for range 40 { // one batch: the device reads them all at once
+		send.PSN = r.next
+		r.next++
+		r.inject(0, func(b []byte) []byte { return wire.AppendData(b, &send) })
+	}
+	r.drive()
+	var cums []uint32
+	for _, a := range r.take(wire.TypeAck) {
+		cums = append(cums, a.f.Ack.Cum)
+	}
+	if !slices.Equal(cums, []uint32{16, 32, 40}) {
+		t.Fatalf("ACKs with cumulative points %v, want 16, 32 and 40", cums)
+	}
+}
+
+// wire.md "RESP": a message answered with status 10 (RNR) goes again as a new message after the
+// RNR interval, as rnr_retry allows; with the retries used up the WR completes with RNR.
+func TestTraceRNRRetries(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	if err := r.d.ModifyQP(r.qp, &QPAttr{State: uapi.QPSReset}, uapi.QPAttrState); err != nil {
+		t.Fatal(err)
+	}
+	r.toRTS(1)
+	r.post(1, efaio.OpSend, 100)
+	for try := range 2 {
+		d := r.data()
+		if len(d) != 1 {
+			t.Fatalf("try %d: sent %v", try, psns(d))
+		}
+		r.horizon = r.next + 1
+		r.ack(d[0].f.Data.PSN+1, nil, d[0].h.Path)
+		r.peerData(wire.Data{Op: wire.OpResp, MsgID: d[0].f.Data.MsgID, Status: uint8(efaio.StatusRemoteRNR)})
+		if try == 0 {
+			r.noCompletion()
+			r.advance(2 * time.Millisecond) // the RNR interval
+		}
+	}
+	r.wantCompletion(1, efaio.StatusRemoteRNR)
+}
+
+// congestion.md "Reordering": a packet counted lost that is acknowledged after all was only
+// reordered: the loss is taken back (counted spurious) and the allowance grows, so that the same
+// reordering does not count as loss again.
+func TestTraceSpuriousLossWidensAllowance(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	for i := range 4 {
+		r.post(uint16(i), efaio.OpSend, 100)
+		r.advance(100 * time.Microsecond)
+	}
+	d := r.data()
+	steps := r.d.peers[GIDFromAddr(tracePeer)].tx.reoSteps
+	r.ack(0, []uint32{3}, d[0].h.Path) // 0-2 counted lost
+	r.data()                           // (sent again)
+	r.ack(4, nil, d[0].h.Path)         // the originals arrive after all
+	if r.d.counts.SpuriousRetrans.Load() == 0 || r.d.peers[GIDFromAddr(tracePeer)].tx.reoSteps <= steps {
+		t.Fatalf("spurious %d, allowance steps %d (from %d): want the losses taken back and the allowance wider",
+			r.d.counts.SpuriousRetrans.Load(), r.d.peers[GIDFromAddr(tracePeer)].tx.reoSteps, steps)
 	}
 }

@@ -92,20 +92,25 @@ func newTrace(t *testing.T, paths int, mod func(*config.Device)) *trace {
 	r.qp = must(d.CreateQP(QPInit{Type: uapi.QPTypeDriver, DriverType: uapi.DriverQPTypeSRD, PD: r.pd, SendCQ: r.cq,
 		RecvCQ: r.cq, SQEntries: 64, SQEntrySize: efaio.TxWQESize, RQEntries: 64,
 		Caps: QPCaps{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 1, MaxRecvSGE: 1}}))(t)
+	r.toRTS(uapi.RNRRetryInfinite)
+	r.ah = must(d.CreateAH(r.pd, GIDFromAddr(tracePeer)))(t)
+	return r
+}
+
+// toRTS takes the QP from RESET to RTS with the given rnr_retry.
+func (r *trace) toRTS(rnrRetry uint8) {
 	for _, st := range []struct {
 		a    QPAttr
 		mask int
 	}{
 		{QPAttr{State: uapi.QPSInit, Port: 1, QKey: traceQKey}, uapi.QPAttrState | uapi.QPAttrPKeyIndex | uapi.QPAttrPort | uapi.QPAttrQKey},
 		{QPAttr{State: uapi.QPSRTR}, uapi.QPAttrState},
-		{QPAttr{State: uapi.QPSRTS}, uapi.QPAttrState | uapi.QPAttrSQPSN},
+		{QPAttr{State: uapi.QPSRTS, RNRRetry: rnrRetry}, uapi.QPAttrState | uapi.QPAttrSQPSN | uapi.QPAttrRNRRetry},
 	} {
-		if err := d.ModifyQP(r.qp, &st.a, st.mask); err != nil {
-			t.Fatal(err)
+		if err := r.d.ModifyQP(r.qp, &st.a, st.mask); err != nil {
+			r.t.Fatal(err)
 		}
 	}
-	r.ah = must(d.CreateAH(r.pd, GIDFromAddr(tracePeer)))(t)
-	return r
 }
 
 func must[T any](v T, err error) func(*testing.T) T {
