@@ -312,13 +312,7 @@ func TestRemoteErrorStatuses(t *testing.T) {
 func TestSuccessSurvivesResponderReset(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := memlink.New(8)
-		o := loopOpts{rnrRetry: 0, cfg: func(c *config.Device) {
-			if c.Link.(*memlink.Node).LocalAddr() == simB {
-				c.TransportTimeout = 100 * time.Millisecond
-			} else {
-				c.TransportTimeout = 10 * time.Second
-			}
-		}}
+		o := impatientB(loopOpts{rnrRetry: 0})
 		a, b := memPair(t, f, 2, o)
 		b.recv(1, 0, 64)
 		a.send(1, b, 0, 64) // meet first (cookies)
@@ -351,13 +345,7 @@ func TestSuccessSurvivesResponderReset(t *testing.T) {
 func TestReadSurvivesResponderReset(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := memlink.New(9)
-		o := loopOpts{cfg: func(c *config.Device) {
-			if c.Link.(*memlink.Node).LocalAddr() == simB {
-				c.TransportTimeout = 100 * time.Millisecond
-			} else {
-				c.TransportTimeout = 10 * time.Second
-			}
-		}}
+		o := impatientB(loopOpts{})
 		a, b := memPair(t, f, 2, o)
 		exchange(t, a, b, 2, 1000, 1000, 1)
 		const n = 512 << 10
@@ -385,6 +373,19 @@ func TestReadSurvivesResponderReset(t *testing.T) {
 			t.Fatalf("read took %v more (virtual), data equal: %v", took, bytes.Equal(a.buf[:n], b.buf[:n]))
 		}
 	})
+}
+
+// impatientB sets o's devices' transport timeouts: 100 ms for the one at simB, whose stream the
+// test makes time out, 10 s for the one at simA, which must outlast it.
+func impatientB(o loopOpts) loopOpts {
+	o.cfg = func(c *config.Device) {
+		if c.Link.(*memlink.Node).LocalAddr() == simB {
+			c.TransportTimeout = 100 * time.Millisecond
+		} else {
+			c.TransportTimeout = 10 * time.Second
+		}
+	}
+	return o
 }
 
 // carriesResp reports whether datagram d has a RESP frame.
@@ -893,13 +894,7 @@ func TestHorizonAfterFlushAhead(t *testing.T) {
 func TestAnswerSurvivesStreamReset(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := memlink.New(6)
-		o := loopOpts{rnrRetry: 0, cfg: func(c *config.Device) {
-			if c.Link.(*memlink.Node).LocalAddr() == simB {
-				c.TransportTimeout = 100 * time.Millisecond
-			} else {
-				c.TransportTimeout = 10 * time.Second
-			}
-		}}
+		o := impatientB(loopOpts{rnrRetry: 0})
 		a, b := memPair(t, f, 2, o)
 		b.recv(1, 0, 64)
 		a.send(1, b, 0, 64) // meet first (cookies), so that the stream is under way

@@ -62,11 +62,7 @@ func TestTraceRespFails(t *testing.T) {
 // same path; PSN 0 goes again, on the other path.
 func TestTraceSelectiveAckResendsHoleOnAnotherPath(t *testing.T) {
 	r := newTrace(t, 2, nil)
-	for i := range 5 {
-		r.post(uint16(i), efaio.OpSend, 100)
-		r.advance(100 * time.Microsecond)
-	}
-	d := r.data()
+	d := r.sends(5)
 	if got := psns(d); !slices.Equal(got, []uint32{0, 1, 2, 3, 4}) {
 		t.Fatalf("sent PSNs %v", got)
 	}
@@ -196,11 +192,7 @@ func TestTracePeerEpochStartsAfresh(t *testing.T) {
 func TestTraceWindowGrowsAndHalves(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	cwnd := func() float64 { return r.d.PathStats()[0].Cwnd }
-	for i := range 4 {
-		r.post(uint16(i), efaio.OpSend, 100)
-		r.advance(100 * time.Microsecond)
-	}
-	d := r.data()
+	d := r.sends(4)
 	start := cwnd()
 	r.ack(2, nil, d[0].h.Path)
 	if got := cwnd(); got != start+2 {
@@ -217,11 +209,7 @@ func TestTraceWindowGrowsAndHalves(t *testing.T) {
 // probed every 50 ms until a PROBE_ACK with the probe's nonce puts it back.
 func TestTracePathFailsAndIsProbed(t *testing.T) {
 	r := newTrace(t, 2, nil)
-	for i := range 4 {
-		r.post(uint16(i), efaio.OpSend, 100)
-		r.advance(100 * time.Microsecond)
-	}
-	d := r.data()
+	d := r.sends(4)
 	bad := d[0].h.Path
 	r.ack(0, []uint32{3}, bad)
 	again := r.data()
@@ -398,11 +386,7 @@ func TestTraceRNRRetries(t *testing.T) {
 // reordering does not count as loss again.
 func TestTraceSpuriousLossWidensAllowance(t *testing.T) {
 	r := newTrace(t, 2, nil)
-	for i := range 4 {
-		r.post(uint16(i), efaio.OpSend, 100)
-		r.advance(100 * time.Microsecond)
-	}
-	d := r.data()
+	d := r.sends(4)
 	steps := r.d.peers[GIDFromAddr(tracePeer)].tx.reoSteps
 	r.ack(0, []uint32{3}, d[0].h.Path) // 0-2 counted lost
 	r.data()                           // (sent again)

@@ -140,6 +140,16 @@ func (r *trace) post(wrid uint16, op efaio.OpType, n int) {
 	r.drive()
 }
 
+// sends posts n SENDs of 100 bytes (WR ids 0 to n-1), 100 µs apart, and returns their DATA
+// frames: packets sent one after another, as the loss rules need them.
+func (r *trace) sends(n int) []traceFrame {
+	for i := range n {
+		r.post(uint16(i), efaio.OpSend, 100)
+		r.advance(100 * time.Microsecond)
+	}
+	return r.data()
+}
+
 // recv posts one receive WR of n bytes at the buffer's offset off.
 func (r *trace) recv(wrid uint16, off, n int) {
 	q := r.qp
