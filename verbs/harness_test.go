@@ -151,6 +151,17 @@ func (e *end) post(wrid uint64, peer *end, build func(x *verbs.QPEx)) error {
 	return e.x.WRComplete()
 }
 
+// sendAH posts a signaled SEND of n bytes from the buffer's start to QP qpn behind ah.
+func (e *end) sendAH(wrid uint64, ah *verbs.AH, qpn uint32, n int) {
+	e.t.Helper()
+	e.x.WRStart()
+	e.x.WRID, e.x.WRFlags = wrid, verbs.SendSignaled
+	e.x.WRSend()
+	e.x.WRSetUDAddr(ah, qpn, qkey)
+	e.x.WRSetSGE(e.mr.LKey(), e.mr.Addr(), uint32(n))
+	check(e.t, e.x.WRComplete())
+}
+
 func (e *end) send(wrid uint64, peer *end, off, n int) {
 	e.t.Helper()
 	check(e.t, e.post(wrid, peer, func(x *verbs.QPEx) {

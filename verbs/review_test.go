@@ -38,12 +38,7 @@ func TestTimeoutCountsFromPost(t *testing.T) {
 		w.sleep(3 * time.Second)
 		ghost := a.makeAH(verbs.GID{10: 0xff, 11: 0xff, 12: 10, 13: 0, 14: 0, 15: 9, 8: 0x12, 9: 0xb7})
 		start := w.now()
-		a.x.WRStart()
-		a.x.WRID, a.x.WRFlags = 3, verbs.SendSignaled
-		a.x.WRSend()
-		a.x.WRSetUDAddr(ghost, 5, qkey)
-		a.x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 10)
-		check(t, a.x.WRComplete())
+		a.sendAH(3, ghost, 5, 10)
 		wc := a.one()
 		if took := w.now() - start; wc.WRID != 3 || efaio.Status(wc.VendorErr) != efaio.StatusLocalUnreachRemote || took < time.Second {
 			t.Fatalf("completion %+v after %v; want UNREACH_REMOTE after the 1 s transport timeout", wc, took)

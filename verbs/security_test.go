@@ -406,12 +406,7 @@ func TestPeerStateBounded(t *testing.T) {
 			}
 			clients[i].recv(uint64(60+i), 0, 64)
 			ahs = append(ahs, hub.makeAH(clients[i].ctx.Device().GID()))
-			hub.x.WRStart()
-			hub.x.WRID, hub.x.WRFlags = uint64(60+i), verbs.SendSignaled
-			hub.x.WRSend()
-			hub.x.WRSetUDAddr(ahs[len(ahs)-1], clients[i].qp.QPN(), qkey)
-			hub.x.WRSetSGE(hub.mr.LKey(), hub.mr.Addr(), 64)
-			check(t, hub.x.WRComplete())
+			hub.sendAH(uint64(60+i), ahs[len(ahs)-1], clients[i].qp.QPN(), 64)
 		}
 		clients[5].send(70, hub, 0, 64)
 		if wc := clients[5].one(); wc.WRID != 70 || wc.Status != verbs.WCRespTimeoutErr {

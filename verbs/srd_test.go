@@ -249,12 +249,7 @@ func TestUnreachableAndUnresponsive(t *testing.T) {
 		}
 		// An address nobody listens at.
 		ghost := a.makeAH(verbs.GID{10: 0xff, 11: 0xff, 12: 10, 13: 0, 14: 0, 15: 9, 8: 0x12, 9: 0xb7})
-		a.x.WRStart()
-		a.x.WRID, a.x.WRFlags = 8, verbs.SendSignaled
-		a.x.WRSend()
-		a.x.WRSetUDAddr(ghost, 5, qkey)
-		a.x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), 10)
-		check(t, a.x.WRComplete())
+		a.sendAH(8, ghost, 5, 10)
 		wc = a.one()
 		if wc.WRID != 8 || efaio.Status(wc.VendorErr) != efaio.StatusLocalUnreachRemote {
 			t.Fatalf("completion %+v, want UNREACH_REMOTE", wc)
