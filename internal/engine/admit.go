@@ -51,13 +51,13 @@ func (d *Device) cookie(addr netip.AddrPort, bucket int64) uint64 {
 }
 
 func (d *Device) cookieOK(addr netip.AddrPort, c uint64) bool {
-	b := int64(d.clock() / cookiePeriod)
+	b := int64(d.now / cookiePeriod)
 	return c == d.cookie(addr, b) || c == d.cookie(addr, b-1)
 }
 
 // challengeFor is the cookie this device challenges p with now (cached per bucket).
 func (d *Device) challengeFor(p *peer) uint64 {
-	if b := int64(d.clock() / cookiePeriod); p.myCookie == 0 || p.myBucket != b {
+	if b := int64(d.now / cookiePeriod); p.myCookie == 0 || p.myBucket != b {
 		p.myCookie, p.myBucket = d.cookie(p.addr, b), b
 	}
 	return p.myCookie
@@ -114,7 +114,7 @@ func (d *Device) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Header
 		d.counts.Unvalidated.Add(1)
 		if n >= wire.DatagramHeaderSize+challengeFrameSize { // never answer with more than came
 			s.paths = append(s.paths, pathState{})
-			d.commit(wire.AppendChallenge(d.room(s, 0, challengeFrameSize), d.cookie(addr, int64(d.clock()/cookiePeriod))))
+			d.commit(wire.AppendChallenge(d.room(s, 0, challengeFrameSize), d.cookie(addr, int64(d.now/cookiePeriod))))
 			d.txq.cur = nil // no other frame joins a stranger's datagram
 		}
 	}
@@ -144,7 +144,7 @@ func (d *Device) onChallenge(p *peer, cookie uint64) {
 		}
 	}
 	if p.rx.started {
-		d.oweAck(p, d.clock())
+		d.oweAck(p, d.now)
 	}
 	d.pump(p)
 }

@@ -71,6 +71,7 @@ type Device struct {
 	memos      map[[16]byte]memo // what forgotten peers left (peers.go)
 	nextExpiry time.Duration     // when expirePeers looks next
 	txq        *txq              // where frames go: the queue of the goroutine holding mu
+	now        time.Duration     // the clock, read once per batch by the goroutine holding mu (useTx)
 	ackList    []*peer           // peers owed an ACK (flushAcks)
 	acksOwed   atomic.Bool       // ackList is not empty
 	ackCopy    bool              // copySeg is writing: the datagram carries an ACK (room)
@@ -83,9 +84,8 @@ type Device struct {
 	seal       *sealer  // authenticated encryption, with a key (seal.go)
 	stranger   peer     // scratch context for datagrams from devices not yet validated
 
-	inlineMu sync.Mutex // held by a provider goroutine doing the engine's work for its own Ring
-	inlineTx *txq       // that goroutine's frames (created on first use)
-	inlineQ  [1]*QP
+	txqs     chan *txq   // free list of datagram queues for posters working inline (ringInline)
+	inlineQ  [1]*QP      // ringInline's batch of one, under mu
 	inlined  atomic.Bool // set by ringInline after work, for the engine loop to poll fast
 	fastPoll atomic.Bool // the engine loop polls every PollMin
 
@@ -129,6 +129,7 @@ func NewDevice(cfg config.Device) (*Device, error) {
 		qps:      make(map[uint32]*QP),
 		pds:      make(map[uint16]*PD),
 		kick:     make(chan struct{}, 1),
+		txqs:     make(chan *txq, 8),
 		evNotify: make(chan struct{}, 1),
 		done:     make(chan struct{}),
 	}
@@ -180,7 +181,7 @@ func (d *Device) Close() error {
 		// What a busy poll left owed goes now: the peers are waiting for it.
 		owed = newTxq(d.maxDatagram(), 8)
 		d.useTx(owed)
-		d.flushAcks(d.clock(), 0)
+		d.flushAcks(d.now, 0)
 	}
 	d.mu.Unlock()
 	if owed != nil {

@@ -26,11 +26,11 @@ func (d *Device) Ring(q *QP) {
 // ringInline does for q what the engine loop does for a kicked QP, if the device is free, and
 // hands the engine loop whatever one step left (a batch limit, parked RNR retries); it reports
 // false, having done nothing, if the device was busy or closed.
+//
+// The device lock is taken with TryLock: a poster never waits for the device (the engine loop
+// does the work instead), and the datagrams go out from a queue of the free list (txqs) after
+// the lock is released, so no lock is held across the system call.
 func (d *Device) ringInline(q *QP) bool {
-	if !d.inlineMu.TryLock() {
-		return false
-	}
-	defer d.inlineMu.Unlock()
 	if !d.mu.TryLock() {
 		return false
 	}
@@ -38,16 +38,15 @@ func (d *Device) ringInline(q *QP) bool {
 		d.mu.Unlock()
 		return false
 	}
-	if d.inlineTx == nil {
-		d.inlineTx = newTxq(d.maxDatagram(), 64)
-	}
-	d.useTx(d.inlineTx)
+	tq := d.takeTxq()
+	d.useTx(tq)
 	d.inlineQ[0] = q
 	worked, busy := d.step(d.inlineQ[:], false) // (and sends the owed ACKs that are due)
 	d.inlineQ[0] = nil
 	more := !q.dead && uint16(atomic.LoadUint32(q.sq.db)) != q.sq.ci // a destroyed QP's doorbell page may be gone
 	d.mu.Unlock()
-	d.sendTx(d.inlineTx)
+	d.sendTx(tq)
+	d.putTxq(tq)
 	switch {
 	case more || busy:
 		// Left over (a batch limit, parked RNR retries): the engine loop carries on.
@@ -62,6 +61,25 @@ func (d *Device) ringInline(q *QP) bool {
 		d.wake()
 	}
 	return true
+}
+
+// takeTxq takes a datagram queue from the free list, or makes one (the free list holds what the
+// goroutines that ever posted at once needed: in steady state nothing is allocated).
+func (d *Device) takeTxq() *txq {
+	select {
+	case q := <-d.txqs:
+		return q
+	default:
+		return newTxq(d.maxDatagram(), 64)
+	}
+}
+
+// putTxq gives an empty queue back to the free list.
+func (d *Device) putTxq(q *txq) {
+	select {
+	case d.txqs <- q:
+	default:
+	}
 }
 
 // driver is what Drive reuses from call to call.
@@ -189,7 +207,7 @@ func (d *Device) run() {
 // retries sends parked after RNR. It reports whether any entry was consumed and whether parked
 // work remains. Called with d.mu held.
 func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
-	now := d.clock()
+	now := d.now
 	rqMoved := false
 	look := func(q *QP) {
 		if d.processSQ(q, now) {
@@ -219,15 +237,15 @@ func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
 		}
 	}
 	if polled {
-		d.txBusy = d.transportTick(d.clock())
+		d.txBusy = d.transportTick(d.now)
 		busy = busy || d.txBusy
 	}
 	if d.acksOwed.Load() {
 		// Owed ACKs (a busy poll's): the engine loop's tick sends them, so it must keep ticking.
 		if polled {
-			d.flushAcks(d.clock(), 0)
+			d.flushAcks(d.now, 0)
 		} else {
-			d.flushAcks(d.clock(), ackDelay)
+			d.flushAcks(d.now, ackDelay)
 		}
 		busy = busy || d.acksOwed.Load()
 	}
@@ -254,7 +272,7 @@ func (d *Device) PollNetwork() bool {
 			// Nothing came, and the ACKs the last poll left owed may be due.
 			d.useTx(rx.rx.q)
 			if !d.closed {
-				d.flushAcks(d.clock(), ackDelay)
+				d.flushAcks(d.now, ackDelay)
 			}
 			d.mu.Unlock()
 			d.sendTx(rx.rx.q)

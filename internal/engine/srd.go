@@ -101,7 +101,7 @@ func (d *Device) peerFor(gid [16]byte) *peer {
 		return nil
 	}
 	p := &peer{gid: gid, addr: AddrFromGID(gid, d.link.LocalAddr().Port()), paths: make([]pathState, d.link.Paths()),
-		seen: d.clock()}
+		seen: d.now}
 	p.tx.init()
 	p.rx.init()
 	d.recall(p)
@@ -226,9 +226,13 @@ func (d *Device) sendPkts(q *txq, pkts []link.Packet) {
 	_ = d.link.Send(pkts) // a failed link shows up as timeouts
 }
 
-// useTx makes q the queue frames go to until the lock is released; the caller sends what it
-// holds afterwards with sendTx.
-func (d *Device) useTx(q *txq) { d.txq = q }
+// useTx makes q the queue frames go to until the lock is released, and reads the clock for the
+// batch the caller is about to do (d.now: one read per batch, not per packet); the caller sends
+// what q holds afterwards with sendTx.
+func (d *Device) useTx(q *txq) {
+	d.txq = q
+	d.now = d.clock()
+}
 
 // sendTx sends q's datagrams; called without the lock.
 func (d *Device) sendTx(q *txq) {

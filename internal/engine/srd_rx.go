@@ -111,7 +111,7 @@ func (d *Device) newRxScratch() *rxScratch {
 // (a busy poll) leaves the acknowledgements owed for up to ackDelay, so that the application's
 // answer can carry them (room). Called with d.mu held.
 func (d *Device) inputBatch(rx *rxScratch, n int, lazy bool) {
-	now := d.clock()
+	now := d.now
 	for i := range rx.pkts[:n] {
 		pk := &rx.pkts[i]
 		if d.seal == nil {
@@ -499,7 +499,7 @@ func (p *peer) ack() wire.Ack {
 // healthy path takes its turn.
 func (d *Device) controlPath(p *peer) int {
 	n := len(p.paths)
-	newest, recent := p.provenSince(d.clock())
+	newest, recent := p.provenSince(d.now)
 	for _, proven := range [2]bool{true, false} {
 		for range n {
 			p.ctrlRR = (p.ctrlRR + 1) % n
@@ -528,7 +528,7 @@ func (p *peer) provenSince(now time.Duration) (newest, recent time.Duration) {
 
 // proven reports whether path carried recently acknowledged data to p (see controlPath).
 func (d *Device) proven(p *peer, path int) bool {
-	newest, recent := p.provenSince(d.clock())
+	newest, recent := p.provenSince(d.now)
 	ps := &p.paths[path]
 	return !ps.failed && newest > 0 && ps.ackedAt >= recent
 }

@@ -192,7 +192,7 @@ func (d *Device) queue(p *peer, m *outMsg) {
 	if !p.tx.busy() {
 		// The stream starts waiting now: the transport timeout counts from here, not from
 		// whenever it last moved (an idle stream's progress is as old as its last traffic).
-		p.tx.progress = d.clock()
+		p.tx.progress = d.now
 		p.seen = p.tx.progress
 	}
 	if m.kind == kindRequest {
@@ -281,7 +281,7 @@ func (d *Device) roomLarge(p *peer, path, size int) []byte {
 // against the congestion window.
 func (d *Device) pump(p *peer) {
 	s := &p.tx
-	now := d.clock()
+	now := d.now
 	if len(s.retx) > 1 {
 		// Oldest first: the lowest hole holds the receiver's cumulative point, and the ACK's
 		// selective bits reach only 256 PSNs past it. Last in line behind a long list, at a
@@ -662,7 +662,7 @@ func (d *Device) completeReq(m *outMsg, st efaio.Status, mayRetry bool) {
 		q.dropOut(m)
 		if mayRetry && st == efaio.StatusRemoteRNR && (q.attr.RNRRetry == 7 || m.tries < int(q.attr.RNRRetry)) &&
 			(q.attr.State == uapi.QPSRTS || q.attr.State == uapi.QPSSQD) {
-			q.parked = append(q.parked, parkedWR{desc: m.w, tries: m.tries + 1, due: d.clock() + d.cfg.RNRInterval})
+			q.parked = append(q.parked, parkedWR{desc: m.w, tries: m.tries + 1, due: d.now + d.cfg.RNRInterval})
 		} else {
 			var msg message
 			msg.length = m.length
