@@ -18,27 +18,29 @@ import (
 	"fmt"
 	"syscall"
 
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/uapi"
 	"github.com/softefa/softefa/verbs"
 )
 
 // Device capability bits (EFADV_DEVICE_ATTR_CAPS_*).
 const (
-	DeviceAttrCapsRDMARead             = 1 << 0
-	DeviceAttrCapsRNRRetry             = 1 << 1
-	DeviceAttrCapsCQWithSGID           = 1 << 2
-	DeviceAttrCapsRDMAWrite            = 1 << 3
-	DeviceAttrCapsUnsolicitedWriteRecv = 1 << 4
-	DeviceAttrCapsCQWithExtMemDMABuf   = 1 << 5
-	DeviceAttrCapsCompCntr             = 1 << 6
+	DeviceAttrCapsRDMARead             = uapi.CapRDMARead
+	DeviceAttrCapsRNRRetry             = uapi.CapRNRRetry
+	DeviceAttrCapsCQWithSGID           = uapi.CapCQWithSGID
+	DeviceAttrCapsRDMAWrite            = uapi.CapRDMAWrite
+	DeviceAttrCapsUnsolicitedWriteRecv = uapi.CapUnsolicitedWriteRecv
+	DeviceAttrCapsCQWithExtMemDMABuf   = uapi.CapCQWithExtMemDMABuf
+	DeviceAttrCapsCompCntr             = uapi.CapCompCntr
 )
 
 // QP, WR, WQ and CQ flags.
 const (
-	QPDriverTypeSRD                   = 0
-	QPFlagsUnsolicitedWriteRecv       = 1 << 0
-	QPFlagsInlineWrite                = 1 << 1
-	WRExWithProcessingHints           = 1 << 0
-	WRProcessingHintBurstPPSSensitive = 1 << 0
+	QPDriverTypeSRD                   = uapi.DriverQPTypeSRD
+	QPFlagsUnsolicitedWriteRecv       = uapi.DVQPFlagUnsolicitedWriteRecv
+	QPFlagsInlineWrite                = uapi.DVQPFlagInlineWrite
+	WRExWithProcessingHints           = uapi.DVWRExWithProcessingHints
+	WRProcessingHintBurstPPSSensitive = efaio.ProcessingHintBurstPPSSensitive
 	WQCaps64BitReqID                  = 1 << 0
 	SQDepthAttrInlineWrite            = 1 << 0
 	WCExWithSGID                      = 1 << 0

@@ -56,13 +56,6 @@ type DriverQPAttr struct {
 	WRFlags      uint64 // EFADV_WR_EX_WITH_PROCESSING_HINTS = 1
 }
 
-// EFA QP flags and WR flags, as DriverQPAttr carries them.
-const (
-	driverFlagUnsolicitedWriteRecv = 1 << 0
-	driverFlagInlineWrite          = 1 << 1
-	driverWRWithProcessingHints    = 1 << 0
-)
-
 // QP is a queue pair (struct ibv_qp). Posting is safe from several goroutines: the send queue
 // and the receive queue each have a lock, held by PostSend and PostRecv, and by a QPEx session
 // from WRStart to WRComplete or WRAbort.
@@ -238,7 +231,7 @@ func (c *Context) createQP(attr *QPInitAttrEx, drv *DriverQPAttr) (*QP, error) {
 		return nil, err
 	}
 	wqeSize := efaio.TxWQESize
-	if attr.Cap.MaxInlineData > efaio.TxInlineMax || d.Flags&driverFlagInlineWrite != 0 {
+	if attr.Cap.MaxInlineData > efaio.TxInlineMax || d.Flags&uapi.DVQPFlagInlineWrite != 0 {
 		wqeSize = efaio.TxWQESize128
 	}
 	recvSGE := max(attr.Cap.MaxRecvSGE, 1)
@@ -287,7 +280,7 @@ func (c *Context) createQP(attr *QPInitAttrEx, drv *DriverQPAttr) (*QP, error) {
 		},
 		SQEntries: int(sqCnt), SQEntrySize: wqeSize, RQEntries: int(rqDesc), SL: d.SL, Owner: qp,
 	}
-	if d.Flags&driverFlagUnsolicitedWriteRecv != 0 {
+	if d.Flags&uapi.DVQPFlagUnsolicitedWriteRecv != 0 {
 		in.Flags |= uapi.QPFlagUnsolicitedWriteRecv
 	}
 	if cfg.RequestID64 {
@@ -326,9 +319,9 @@ func (c *Context) checkQP(attr *QPInitAttrEx, drv *DriverQPAttr) error {
 	if drv != nil {
 		f := drv.Flags
 		switch {
-		case f&^(driverFlagUnsolicitedWriteRecv|driverFlagInlineWrite) != 0,
-			f&driverFlagInlineWrite != 0 && caps&uapi.CapRDMAWrite == 0,
-			f&driverFlagUnsolicitedWriteRecv != 0 && caps&uapi.CapUnsolicitedWriteRecv == 0:
+		case f&^(uapi.DVQPFlagUnsolicitedWriteRecv|uapi.DVQPFlagInlineWrite) != 0,
+			f&uapi.DVQPFlagInlineWrite != 0 && caps&uapi.CapRDMAWrite == 0,
+			f&uapi.DVQPFlagUnsolicitedWriteRecv != 0 && caps&uapi.CapUnsolicitedWriteRecv == 0:
 			return fmt.Errorf("verbs: EFA QP flags %#x: %w", f, syscall.EOPNOTSUPP)
 		}
 	}
@@ -354,7 +347,7 @@ func (c *Context) checkQP(attr *QPInitAttrEx, drv *DriverQPAttr) error {
 		}
 	}
 	switch {
-	case drv != nil && drv.WRFlags&^driverWRWithProcessingHints != 0:
+	case drv != nil && drv.WRFlags&^uapi.DVWRExWithProcessingHints != 0:
 		return fmt.Errorf("verbs: EFA wr_flags %#x: %w", drv.WRFlags, syscall.EOPNOTSUPP)
 	case attr.SendCQ == nil || attr.RecvCQ == nil:
 		return fmt.Errorf("verbs: QP needs a send CQ and a receive CQ: %w", syscall.EINVAL)

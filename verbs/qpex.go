@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/uapi"
 )
 
 // QPEx is the extended send interface of a QP (struct ibv_qp_ex): a session of work requests
@@ -274,7 +275,7 @@ func (x *QPEx) setInline(fill func([]byte) int, n int) {
 	qp := x.qp
 	switch {
 	case c.Op == efaio.OpRDMARead,
-		c.Op == efaio.OpRDMAWrite && (qp.sq.esz != efaio.TxWQESize128 || qp.drv.Flags&driverFlagInlineWrite == 0):
+		c.Op == efaio.OpRDMAWrite && (qp.sq.esz != efaio.TxWQESize128 || qp.drv.Flags&uapi.DVQPFlagInlineWrite == 0):
 		x.fail(fmt.Errorf("verbs: inline data not supported for %v on this QP: %w", c.Op, syscall.EINVAL))
 		return
 	case n > int(qp.cap.MaxInlineData):
@@ -297,7 +298,7 @@ func (x *QPEx) SetProcessingHints(hints uint32) {
 	if c == nil {
 		return
 	}
-	if x.qp.drv.WRFlags&driverWRWithProcessingHints == 0 {
+	if x.qp.drv.WRFlags&uapi.DVWRExWithProcessingHints == 0 {
 		x.fail(fmt.Errorf("verbs: QP created without processing hints: %w", syscall.EOPNOTSUPP))
 		return
 	}
