@@ -19,6 +19,7 @@ import (
 	"syscall"
 
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/provider"
 	"github.com/softefa/softefa/internal/uapi"
 	"github.com/softefa/softefa/verbs"
 )
@@ -92,18 +93,19 @@ func QueryDeviceLen(ctx *verbs.Context, inlen int) (DeviceAttr, error) {
 	if inlen <= 22 {
 		return DeviceAttr{}, errInlen("query_device", inlen, 22)
 	}
-	d := ctx.DriverAttr()
+	d := contextConfig(ctx)
 	a := DeviceAttr{
-		MaxSQWR: d.MaxSQWR, MaxRQWR: d.MaxRQWR, MaxSQSGE: d.MaxSQSGE, MaxRQSGE: d.MaxRQSGE,
-		InlineBufSize: d.InlineBufSize, InlineBufSizeEx: d.InlineBufSizeEx,
+		MaxSQWR: uint32(d.MaxSQWR), MaxRQWR: uint32(d.MaxRQWR),
+		MaxSQSGE: uint16(d.MaxSQSGE), MaxRQSGE: uint16(d.MaxRQSGE),
+		InlineBufSize: uint16(d.InlineBufSize), InlineBufSizeEx: uint16(d.InlineBufSizeEx),
 	}
 	const rdma = DeviceAttrCapsRDMARead | DeviceAttrCapsRDMAWrite
 	if inlen > 24 {
-		a.DeviceCaps = d.DeviceCaps &^ rdma
+		a.DeviceCaps = d.Caps &^ rdma
 	}
 	if inlen > 28 {
 		a.MaxRDMASize = d.MaxRDMASize
-		a.DeviceCaps |= d.DeviceCaps & rdma
+		a.DeviceCaps |= d.Caps & rdma
 	}
 	return a, nil
 }
@@ -122,7 +124,7 @@ func QueryAHLen(ah *verbs.AH, inlen int) (AHAttr, error) {
 	if inlen <= 8 {
 		return AHAttr{}, errInlen("query_ah", inlen, 8)
 	}
-	return AHAttr{AHN: ah.AHN()}, nil
+	return AHAttr{AHN: ahn(ah)}, nil
 }
 
 // MRAttr is struct efadv_mr_attr: the interconnect ids through which the region is reached.
@@ -177,7 +179,7 @@ func CreateQPExLen(ctx *verbs.Context, attr *verbs.QPInitAttrEx, efa *QPInitAttr
 	case efa.Reserved != 0:
 		return nil, fmt.Errorf("efadv: reserved byte %#x: %w", efa.Reserved, syscall.EINVAL)
 	}
-	drv := verbs.DriverQPAttr{DriverQPType: efa.DriverQPType}
+	drv := provider.QPAttr{DriverQPType: efa.DriverQPType}
 	if inlen > 12 {
 		drv.Flags = efa.Flags
 	}
@@ -187,7 +189,7 @@ func CreateQPExLen(ctx *verbs.Context, attr *verbs.QPInitAttrEx, efa *QPInitAttr
 	if inlen > 16 {
 		drv.WRFlags = efa.WRFlags
 	}
-	return ctx.CreateQPExDriver(attr, &drv)
+	return createQPEx(ctx, attr, &drv)
 }
 
 // CreateDriverQP creates a QP of driverQPType in pd (efadv_create_driver_qp): attr.QPType must be
@@ -196,7 +198,7 @@ func CreateDriverQP(pd *verbs.PD, attr *verbs.QPInitAttr, driverQPType uint32) (
 	if attr.QPType != verbs.QPTDriver {
 		return nil, fmt.Errorf("efadv: QP type %d, want IBV_QPT_DRIVER: %w", attr.QPType, syscall.EINVAL)
 	}
-	return pd.CreateDriverQP(attr, &verbs.DriverQPAttr{DriverQPType: driverQPType})
+	return createQP(pd, attr, &provider.QPAttr{DriverQPType: driverQPType})
 }
 
 // QP is the EFA part of a QP (struct efadv_qp), from QPFromIBVQPEx.
@@ -211,7 +213,7 @@ func QPFromIBVQPEx(x *verbs.QPEx) *QP { return &QP{x: x} }
 // WRSetProcessingHints sets the current WR's processing hints (efadv_wr_set_processing_hints):
 // call it after the opcode and before the next opcode or WRComplete. The QP needs
 // WRExWithProcessingHints in its WRFlags, else the session fails with EOPNOTSUPP.
-func WRSetProcessingHints(q *QP, hints uint32) { q.x.SetProcessingHints(hints) }
+func WRSetProcessingHints(q *QP, hints uint32) { setHints(q.x, hints) }
 
 // WQAttr is struct efadv_wq_attr: one work queue's ring as the device reads it. Buffer is the
 // ring itself; Doorbell is the word the producer stores its counter into, with sync/atomic.
@@ -238,7 +240,7 @@ func QueryQPWQsLen(qp *verbs.QP, inlen int) (sq, rq WQAttr, err error) {
 	if inlen <= 32 {
 		return WQAttr{}, WQAttr{}, errInlen("query_qp_wqs", inlen, 32)
 	}
-	s, r := qp.DriverWQs()
+	s, r := qpWQs(qp)
 	sq = WQAttr{Buffer: s.Buffer, EntrySize: uint32(s.EntrySize), NumEntries: uint32(s.NumEntries),
 		Doorbell: s.Doorbell, MaxBatch: uint32(s.MaxBatch)}
 	rq = WQAttr{Buffer: r.Buffer, EntrySize: uint32(r.EntrySize), NumEntries: uint32(r.NumEntries),
@@ -248,6 +250,12 @@ func QueryQPWQsLen(qp *verbs.QP, inlen int) (sq, rq WQAttr, err error) {
 	}
 	return sq, rq, nil
 }
+
+// RingDoorbell stores v into one of qp's doorbells (the SQ's or the RQ's, as QueryQPWQs reports
+// them) and has the device look at the queue at once. It has no libefa counterpart: on EFA
+// hardware a plain store is the doorbell; here a plain atomic store works too, but the device
+// notices it only at its next doorbell poll. EINVAL when db is not one of qp's doorbells.
+func RingDoorbell(qp *verbs.QP, db *uint32, v uint32) error { return ringDoorbell(qp, db, v) }
 
 // SQDepthAttr is struct efadv_sq_depth_attr.
 type SQDepthAttr struct {
@@ -262,11 +270,11 @@ type SQDepthAttr struct {
 // the LLQ size over the WQE size (128 bytes for inline data over 32 or INLINE_WRITE), rounded down
 // to a power of two. EINVAL for a non-zero CompMask or needs over the device's limits.
 func GetMaxSQDepth(ctx *verbs.Context, attr SQDepthAttr) (int, error) {
-	d := ctx.DriverAttr()
+	d := contextConfig(ctx)
 	switch {
 	case attr.CompMask != 0:
 		return 0, fmt.Errorf("efadv: comp_mask %#x: %w", attr.CompMask, syscall.EINVAL)
-	case attr.MaxSendSGE > uint32(d.MaxSQSGE), attr.MaxRDMASGE > d.MaxSGERD,
+	case attr.MaxSendSGE > uint32(d.MaxSQSGE), attr.MaxRDMASGE > uint32(d.MaxSGERD),
 		attr.MaxInlineData > uint32(d.InlineBufSizeEx):
 		return 0, fmt.Errorf("efadv: SQ needs %+v over the device limits: %w", attr, syscall.EINVAL)
 	}
@@ -274,7 +282,7 @@ func GetMaxSQDepth(ctx *verbs.Context, attr SQDepthAttr) (int, error) {
 	if attr.MaxInlineData > 32 || attr.Flags&SQDepthAttrInlineWrite != 0 {
 		wqe = 128
 	}
-	n := d.MaxLLQSize / wqe
+	n := uint32(d.MaxLLQSize) / wqe
 	if n == 0 {
 		return 0, nil
 	}
@@ -295,12 +303,12 @@ type RQDepthAttr struct {
 // (efadv_get_max_rq_depth). EINVAL for a non-zero CompMask, more SGEs than the device takes, or
 // zero SGEs (where libefa would divide by zero).
 func GetMaxRQDepth(ctx *verbs.Context, attr RQDepthAttr) (int, error) {
-	d := ctx.DriverAttr()
+	d := contextConfig(ctx)
 	switch {
 	case attr.CompMask != 0:
 		return 0, fmt.Errorf("efadv: comp_mask %#x: %w", attr.CompMask, syscall.EINVAL)
 	case attr.MaxRecvSGE == 0 || attr.MaxRecvSGE > uint32(d.MaxRQSGE):
 		return 0, fmt.Errorf("efadv: max_recv_sge %d outside [1, %d]: %w", attr.MaxRecvSGE, d.MaxRQSGE, syscall.EINVAL)
 	}
-	return int(d.MaxRQWR / attr.MaxRecvSGE), nil
+	return int(uint32(d.MaxRQWR) / attr.MaxRecvSGE), nil
 }

@@ -94,8 +94,13 @@ func TestEfadvQueryAH(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.AHN != ah.AHN() || a.AHN == 0xffff || a.CompMask != 0 {
-		t.Fatalf("efadv_query_ah = %+v, AH number %d", a, ah.AHN())
+	ah2, err := pd.CreateAH(&verbs.AHAttr{IsGlobal: true, GRH: verbs.GlobalRoute{DGID: gid}, PortNum: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ah2.Destroy()
+	if a.AHN != ahn(t, ah2) || a.AHN == 0xffff || a.CompMask != 0 {
+		t.Fatalf("efadv_query_ah = %+v; a second AH to the same GID has %d", a, ahn(t, ah2))
 	}
 }
 
@@ -216,8 +221,8 @@ func TestDVCQKnownAH(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer server.cq.EndPoll()
-	if got := server.cq.ReadSLID(); got != uint32(server.ahs[0].AHN()) {
-		t.Fatalf("AH %d, want the server's AH %d for the client", got, server.ahs[0].AHN())
+	if got := server.cq.ReadSLID(); got != uint32(ahn(t, server.ahs[0])) {
+		t.Fatalf("AH %d, want the server's AH %d for the client", got, ahn(t, server.ahs[0]))
 	}
 	_, err := efadv.WCReadSGID(efadv.CQFromIBVCQEx(server.cq))
 	wantErrno(t, err, syscall.ENOENT)

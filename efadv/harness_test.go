@@ -249,6 +249,16 @@ func wantErrno(t testing.TB, err error, want syscall.Errno) {
 	}
 }
 
+// ahn returns the device's number for ah (efadv_query_ah).
+func ahn(t testing.TB, ah *verbs.AH) uint16 {
+	t.Helper()
+	a, err := efadv.QueryAH(ah)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a.AHN
+}
+
 func fill(b []byte, c byte) { copy(b, bytes.Repeat([]byte{c}, len(b))) }
 
 // postRecv posts one receive covering the MR on qp.

@@ -252,18 +252,18 @@ func TestAHNumbers(t *testing.T) {
 	a1 := must[*verbs.AH](t)(pd.CreateAH(attr(g1)))
 	a1b := must[*verbs.AH](t)(pd.CreateAH(attr(g1)))
 	a2 := must[*verbs.AH](t)(pd.CreateAH(attr(g2)))
-	if a1.AHN() != a1b.AHN() || a1.AHN() == a2.AHN() || a1.AHN() == 0xffff {
-		t.Fatalf("AH numbers %d %d %d", a1.AHN(), a1b.AHN(), a2.AHN())
+	if verbs.AHN(a1) != verbs.AHN(a1b) || verbs.AHN(a1) == verbs.AHN(a2) || verbs.AHN(a1) == 0xffff {
+		t.Fatalf("AH numbers %d %d %d", verbs.AHN(a1), verbs.AHN(a1b), verbs.AHN(a2))
 	}
 	_, err := pd.CreateAH(&verbs.AHAttr{GRH: verbs.GlobalRoute{DGID: g1}})
 	wantErrno(t, err, syscall.EINVAL)
 	_, err = pd.CreateAH(attr(verbs.GID{}))
 	wantErrno(t, err, syscall.EINVAL)
 	// A destroyed AH's number is not handed out again at once.
-	old := a2.AHN()
+	old := verbs.AHN(a2)
 	check(t, a2.Destroy())
 	a3 := must[*verbs.AH](t)(pd.CreateAH(attr(verbs.GID{15: 3})))
-	if a3.AHN() == old {
+	if verbs.AHN(a3) == old {
 		t.Fatalf("AH number %d reused at once", old)
 	}
 	for _, ah := range []*verbs.AH{a1, a1b, a3} {
@@ -463,12 +463,12 @@ func TestQPNumbers(t *testing.T) {
 	}
 	// Free one; the next QP gets it back (nothing else is free) with a new generation.
 	old := qps[3]
-	n, gen := old.QPN(), old.Gen()
+	n, gen := old.QPN(), verbs.QPGen(old)
 	check(t, old.Destroy())
 	a := f.srdAttr()
 	qp := must[*verbs.QP](t)(efadv.CreateQPEx(f.ctx, &a, &efadv.QPInitAttr{}))
-	if qp.QPN() != n || qp.Gen() == gen {
-		t.Fatalf("reused QPN %d gen %d, old %d gen %d", qp.QPN(), qp.Gen(), n, gen)
+	if qp.QPN() != n || verbs.QPGen(qp) == gen {
+		t.Fatalf("reused QPN %d gen %d, old %d gen %d", qp.QPN(), verbs.QPGen(qp), n, gen)
 	}
 	qps[3] = qp
 	for _, q := range qps {

@@ -40,7 +40,7 @@ func TestLoopbackSend(t *testing.T) {
 		wantWC(t, a.one(), 5, verbs.WCSuccess, verbs.WCSend)
 		wc := b.one()
 		wantWC(t, wc, 77, verbs.WCSuccess, verbs.WCRecv)
-		if wc.ByteLen != 300 || wc.SrcQP != a.qp.QPN() || wc.QPNum != b.qp.QPN() || uint16(wc.SLID) != b.ah.AHN() ||
+		if wc.ByteLen != 300 || wc.SrcQP != a.qp.QPN() || wc.QPNum != b.qp.QPN() || uint16(wc.SLID) != verbs.AHN(b.ah) ||
 			wc.WCFlags != 0 {
 			t.Fatalf("receive completion %+v", wc)
 		}

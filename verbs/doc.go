@@ -1,6 +1,8 @@
 // Package verbs is the verbs API (libibverbs' ibv_* calls) of softefa, a software EFA device, with
 // libefa's semantics: the provider that turns posts into EFA work-queue entries and polls EFA
-// completion entries. Package efadv adds EFA's direct verbs on top.
+// completion entries. Package efadv adds EFA's direct verbs on top, and is the only way to EFA's
+// extras (SRD QPs, the AH number, the source-GID and unsolicited completion fields, the raw rings),
+// as efadv.h is in C; the two packages share the provider's internals through internal/provider.
 //
 // # Objects
 //

@@ -202,7 +202,7 @@ func (x *QPEx) WRSetUDAddr(ah *AH, remoteQPN, remoteQKey uint32) {
 		x.fail(fmt.Errorf("verbs: nil AH: %w", syscall.EINVAL))
 		return
 	}
-	c.AHN, c.DestQPN, c.QKey = ah.AHN(), uint16(remoteQPN), remoteQKey
+	c.AHN, c.DestQPN, c.QKey = ah.e.AHN(), uint16(remoteQPN), remoteQKey
 }
 
 // WRSetSGE sets one local buffer (ibv_wr_set_sge).
@@ -290,10 +290,10 @@ func (x *QPEx) setInline(fill func([]byte) int, n int) {
 	}
 }
 
-// SetProcessingHints sets the current WR's processing hints (efadv_wr_set_processing_hints); the
+// setProcessingHints sets the current WR's processing hints (efadv_wr_set_processing_hints); the
 // QP must have been created with EFADV_WR_EX_WITH_PROCESSING_HINTS, else the session fails with
 // EOPNOTSUPP. Ignored once the session has an error.
-func (x *QPEx) SetProcessingHints(hints uint32) {
+func (x *QPEx) setProcessingHints(hints uint32) {
 	c := x.current()
 	if c == nil {
 		return
