@@ -272,7 +272,8 @@ func (r *srdRes) postRecv(qp *verbs.QP) {
 // sendEx posts a new-API send of the MR to the peer's QP i, as utils.post_send_ex does.
 func (r *srdRes) sendEx(i int, op verbs.WROpcode) {
 	r.t.Helper()
-	x := r.qps[i].ToQPEx()
+	x, err := r.qps[i].ToQPEx()
+	check(r.t, err)
 	x.WRStart()
 	x.WRID, x.WRFlags = 0x123, verbs.SendSignaled
 	switch op {

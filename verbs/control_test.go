@@ -399,6 +399,28 @@ func TestSendOpsPerTypeAndCaps(t *testing.T) {
 	wantErrno(t, err, syscall.EOPNOTSUPP)
 }
 
+// A QP created without send-ops flags has no QPEx: ToQPEx says so with EOPNOTSUPP (libibverbs'
+// NULL) rather than handing out a nil to panic on. One created with them has one.
+func TestToQPEx(t *testing.T) {
+	f := newQPFixture(t, nil)
+	ud := must[*verbs.QP](t)(f.pd.CreateQP(&verbs.QPInitAttr{SendCQ: f.cq, RecvCQ: f.cq, QPType: verbs.QPTUD,
+		Cap: verbs.QPCap{MaxSendWR: 10, MaxRecvWR: 10, MaxSendSGE: 1, MaxRecvSGE: 1}}))
+	defer ud.Destroy()
+	x, err := ud.ToQPEx()
+	if x != nil {
+		t.Fatalf("ToQPEx of a QP without send ops = %v", x)
+	}
+	wantErrno(t, err, syscall.EOPNOTSUPP)
+
+	a := f.srdAttr()
+	a.CompMask, a.SendOpsFlags = verbs.QPInitAttrPD|verbs.QPInitAttrSendOpsFlags, verbs.SendOpsSend
+	srd := must[*verbs.QP](t)(efadv.CreateQPEx(f.ctx, &a, &efadv.QPInitAttr{}))
+	defer srd.Destroy()
+	if x, err = srd.ToQPEx(); err != nil || x.QP() != srd {
+		t.Fatalf("ToQPEx of a QP with send ops = %v, %v", x, err)
+	}
+}
+
 // Caps are rounded as libefa rounds them, written back, and reported by query_qp.
 func TestQPCapsRounding(t *testing.T) {
 	f := newQPFixture(t, nil)

@@ -371,7 +371,7 @@ func TestStaleGenerationDropped(t *testing.T) {
 			t.Fatalf("%d completions dropped", a.cq.BadCompletions())
 		}
 		a.empty()
-		a.x = a.qp.ToQPEx()
+		a.x = must[*verbs.QPEx](t)(a.qp.ToQPEx())
 		a.toRTS(-1)
 		b.recv(2, 0, 100)
 		a.send(3, b, 0, 100)

@@ -95,7 +95,7 @@ func newEnd(t testing.TB, ctx *verbs.Context, o loopOpts) *end {
 		e.qp = must[*verbs.QP](t)(efadv.CreateQPEx(ctx, &attr, &efadv.QPInitAttr{Flags: o.qpFlags,
 			WRFlags: efadv.WRExWithProcessingHints}))
 	}
-	e.x = e.qp.ToQPEx()
+	e.x, _ = e.qp.ToQPEx() // nil for a QP without send ops
 	e.toRTS(o.rnrRetry)
 	t.Cleanup(e.close)
 	return e

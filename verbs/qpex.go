@@ -39,9 +39,15 @@ type session struct {
 
 var errNoSession = errors.New("verbs: QPEx call outside WRStart/WRComplete")
 
-// ToQPEx returns the QP's extended send interface (ibv_qp_to_qp_ex), or nil if the QP was created
-// without send-ops flags.
-func (qp *QP) ToQPEx() *QPEx { return qp.ex }
+// ToQPEx returns the QP's extended send interface (ibv_qp_to_qp_ex). A QP created without
+// send-ops flags (by CreateQP, or by CreateQPEx without QPInitAttrSendOpsFlags) has none:
+// EOPNOTSUPP, where libibverbs returns NULL.
+func (qp *QP) ToQPEx() (*QPEx, error) {
+	if qp.ex == nil {
+		return nil, fmt.Errorf("verbs: QP %d created without send-ops flags has no QPEx: %w", qp.qpn, syscall.EOPNOTSUPP)
+	}
+	return qp.ex, nil
+}
 
 // QP returns the QP.
 func (x *QPEx) QP() *QP { return x.qp }
