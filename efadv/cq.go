@@ -11,8 +11,8 @@ import (
 // device does not offer (no CQ_WITH_EXT_MEM_DMABUF cap).
 type CQInitAttr struct {
 	CompMask uint64
-	WCFlags  uint64
-	Flags    uint64
+	WCFlags  WCExFlags
+	Flags    CQInitFlags
 }
 
 // CreateCQ creates an extended CQ with EFA's completion fields (efadv_create_cq): WCExWithSGID
@@ -32,15 +32,16 @@ func CreateCQLen(ctx *verbs.Context, attr *verbs.CQInitAttrEx, efa *CQInitAttr, 
 	if efa.CompMask != 0 {
 		return nil, fmt.Errorf("efadv: comp_mask %#x: %w", efa.CompMask, syscall.EINVAL)
 	}
-	var wcFlags, flags uint64
+	var wcFlags WCExFlags
+	var flags CQInitFlags
 	if inlen > 8 {
 		wcFlags = efa.WCFlags
 	}
 	if inlen > 16 {
 		flags = efa.Flags
 	}
-	caps := contextConfig(ctx).Caps
-	var supported uint64
+	caps := DeviceCaps(contextConfig(ctx).Caps)
+	var supported WCExFlags
 	if caps&DeviceAttrCapsCQWithSGID != 0 {
 		supported |= WCExWithSGID
 	}

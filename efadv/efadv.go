@@ -24,32 +24,84 @@ import (
 	"github.com/softefa/softefa/verbs"
 )
 
-// Device capability bits (EFADV_DEVICE_ATTR_CAPS_*).
+// DeviceCaps are the device's capability bits (EFADV_DEVICE_ATTR_CAPS_*), as DeviceAttr reports
+// them; config.Device.Caps takes the same bits as a uint32.
+type DeviceCaps uint32
+
+// Device capability bits. A softefa device offers the first five (config.Device.Caps chooses).
 const (
-	DeviceAttrCapsRDMARead             = uapi.CapRDMARead
-	DeviceAttrCapsRNRRetry             = uapi.CapRNRRetry
-	DeviceAttrCapsCQWithSGID           = uapi.CapCQWithSGID
-	DeviceAttrCapsRDMAWrite            = uapi.CapRDMAWrite
-	DeviceAttrCapsUnsolicitedWriteRecv = uapi.CapUnsolicitedWriteRecv
-	DeviceAttrCapsCQWithExtMemDMABuf   = uapi.CapCQWithExtMemDMABuf
-	DeviceAttrCapsCompCntr             = uapi.CapCompCntr
+	DeviceAttrCapsRDMARead             DeviceCaps = uapi.CapRDMARead
+	DeviceAttrCapsRNRRetry             DeviceCaps = uapi.CapRNRRetry
+	DeviceAttrCapsCQWithSGID           DeviceCaps = uapi.CapCQWithSGID
+	DeviceAttrCapsRDMAWrite            DeviceCaps = uapi.CapRDMAWrite
+	DeviceAttrCapsUnsolicitedWriteRecv DeviceCaps = uapi.CapUnsolicitedWriteRecv
+	DeviceAttrCapsCQWithExtMemDMABuf   DeviceCaps = uapi.CapCQWithExtMemDMABuf
+	DeviceAttrCapsCompCntr             DeviceCaps = uapi.CapCompCntr
 )
 
-// QP, WR, WQ and CQ flags.
+// DriverQPType is a driver QP's type (enum efadv_qp_driver_type).
+type DriverQPType uint32
+
+// QPDriverTypeSRD is the SRD QP type, the only one.
+const QPDriverTypeSRD DriverQPType = uapi.DriverQPTypeSRD
+
+// QPFlags are a QP's EFA creation flags (EFADV_QP_FLAGS_*).
+type QPFlags uint16
+
+// QP flags: UnsolicitedWriteRecv needs the UNSOLICITED_WRITE_RECV cap, InlineWrite RDMA_WRITE.
 const (
-	QPDriverTypeSRD                   = uapi.DriverQPTypeSRD
-	QPFlagsUnsolicitedWriteRecv       = uapi.DVQPFlagUnsolicitedWriteRecv
-	QPFlagsInlineWrite                = uapi.DVQPFlagInlineWrite
-	WRExWithProcessingHints           = uapi.DVWRExWithProcessingHints
-	WRProcessingHintBurstPPSSensitive = efaio.ProcessingHintBurstPPSSensitive
-	WQCaps64BitReqID                  = 1 << 0
-	SQDepthAttrInlineWrite            = 1 << 0
-	WCExWithSGID                      = 1 << 0
-	WCExWithIsUnsolicited             = 1 << 1
-	CQInitFlagsExtMemDMABuf           = 1 << 0
-	MRAttrValidityRecvICID            = 1 << 0
-	MRAttrValidityRDMAReadICID        = 1 << 1
-	MRAttrValidityRDMARecvICID        = 1 << 2
+	QPFlagsUnsolicitedWriteRecv QPFlags = uapi.DVQPFlagUnsolicitedWriteRecv
+	QPFlagsInlineWrite          QPFlags = uapi.DVQPFlagInlineWrite
+)
+
+// WRFlags select the extra WR setters a QP offers (EFADV_WR_EX_*).
+type WRFlags uint64
+
+// WRExWithProcessingHints offers WRSetProcessingHints.
+const WRExWithProcessingHints WRFlags = uapi.DVWRExWithProcessingHints
+
+// ProcessingHints are a WR's processing hints (EFADV_WR_PROCESSING_HINT_*).
+type ProcessingHints uint32
+
+// WRProcessingHintBurstPPSSensitive marks a WR as part of a burst sensitive to packet rate.
+const WRProcessingHintBurstPPSSensitive ProcessingHints = efaio.ProcessingHintBurstPPSSensitive
+
+// WQCaps are a work queue's capabilities (EFADV_WQ_CAPS_*), as QueryQPWQs reports them.
+type WQCaps uint16
+
+// WQCaps64BitReqID: the SQ's WQEs and CQEs carry the whole 64-bit wr_id
+// (config.Device.RequestID64).
+const WQCaps64BitReqID WQCaps = 1 << 0
+
+// SQDepthFlags are the needs GetMaxSQDepth sizes an SQ for (EFADV_SQ_DEPTH_ATTR_*).
+type SQDepthFlags uint32
+
+// SQDepthAttrInlineWrite: the SQ's WQEs may be inline RDMA writes (128-byte WQEs).
+const SQDepthAttrInlineWrite SQDepthFlags = 1 << 0
+
+// WCExFlags choose EFA's extra completion fields of a CQ (EFADV_WC_EX_*).
+type WCExFlags uint64
+
+// Extra completion fields: WCReadSGID and WCIsUnsolicited.
+const (
+	WCExWithSGID          WCExFlags = 1 << 0
+	WCExWithIsUnsolicited WCExFlags = 1 << 1
+)
+
+// CQInitFlags are a CQ's EFA creation flags (EFADV_CQ_INIT_FLAGS_*).
+type CQInitFlags uint64
+
+// CQInitFlagsExtMemDMABuf puts the CQ in external dmabuf memory, which this device does not have.
+const CQInitFlagsExtMemDMABuf CQInitFlags = 1 << 0
+
+// MRValidity says which interconnect ids of MRAttr are valid (EFADV_MR_ATTR_VALIDITY_*).
+type MRValidity uint16
+
+// Interconnect id validity bits; a softefa region has none.
+const (
+	MRAttrValidityRecvICID     MRValidity = 1 << 0
+	MRAttrValidityRDMAReadICID MRValidity = 1 << 1
+	MRAttrValidityRDMARecvICID MRValidity = 1 << 2
 )
 
 // Sizes of the C structs, the inlen a current C program passes.
@@ -78,7 +130,7 @@ type DeviceAttr struct {
 	MaxRQSGE        uint16
 	InlineBufSize   uint16
 	InlineBufSizeEx uint16
-	DeviceCaps      uint32
+	DeviceCaps      DeviceCaps
 	MaxRDMASize     uint32
 }
 
@@ -101,11 +153,11 @@ func QueryDeviceLen(ctx *verbs.Context, inlen int) (DeviceAttr, error) {
 	}
 	const rdma = DeviceAttrCapsRDMARead | DeviceAttrCapsRDMAWrite
 	if inlen > 24 {
-		a.DeviceCaps = d.Caps &^ rdma
+		a.DeviceCaps = DeviceCaps(d.Caps) &^ rdma
 	}
 	if inlen > 28 {
 		a.MaxRDMASize = d.MaxRDMASize
-		a.DeviceCaps |= d.Caps & rdma
+		a.DeviceCaps |= DeviceCaps(d.Caps) & rdma
 	}
 	return a, nil
 }
@@ -130,7 +182,7 @@ func QueryAHLen(ah *verbs.AH, inlen int) (AHAttr, error) {
 // MRAttr is struct efadv_mr_attr: the interconnect ids through which the region is reached.
 type MRAttr struct {
 	CompMask     uint64
-	ICIDValidity uint16
+	ICIDValidity MRValidity
 	RecvICID     uint16
 	RDMAReadICID uint16
 	RDMARecvICID uint16
@@ -151,11 +203,11 @@ func QueryMRLen(mr *verbs.MR, inlen int) (MRAttr, error) {
 // QPInitAttr is struct efadv_qp_init_attr.
 type QPInitAttr struct {
 	CompMask     uint64
-	DriverQPType uint32
-	Flags        uint16
+	DriverQPType DriverQPType
+	Flags        QPFlags
 	SL           uint8
 	Reserved     uint8
-	WRFlags      uint64
+	WRFlags      WRFlags
 }
 
 // CreateQPEx creates an SRD QP (efadv_create_qp_ex). attr.QPType must be verbs.QPTDriver and
@@ -179,26 +231,26 @@ func CreateQPExLen(ctx *verbs.Context, attr *verbs.QPInitAttrEx, efa *QPInitAttr
 	case efa.Reserved != 0:
 		return nil, fmt.Errorf("efadv: reserved byte %#x: %w", efa.Reserved, syscall.EINVAL)
 	}
-	drv := provider.QPAttr{DriverQPType: efa.DriverQPType}
+	drv := provider.QPAttr{DriverQPType: uint32(efa.DriverQPType)}
 	if inlen > 12 {
-		drv.Flags = efa.Flags
+		drv.Flags = uint16(efa.Flags)
 	}
 	if inlen > 14 {
 		drv.SL = efa.SL
 	}
 	if inlen > 16 {
-		drv.WRFlags = efa.WRFlags
+		drv.WRFlags = uint64(efa.WRFlags)
 	}
 	return createQPEx(ctx, attr, &drv)
 }
 
 // CreateDriverQP creates a QP of driverQPType in pd (efadv_create_driver_qp): attr.QPType must be
 // verbs.QPTDriver (EINVAL); the rounded queue sizes are written back into attr.Cap.
-func CreateDriverQP(pd *verbs.PD, attr *verbs.QPInitAttr, driverQPType uint32) (*verbs.QP, error) {
+func CreateDriverQP(pd *verbs.PD, attr *verbs.QPInitAttr, driverQPType DriverQPType) (*verbs.QP, error) {
 	if attr.QPType != verbs.QPTDriver {
 		return nil, fmt.Errorf("efadv: QP type %d, want IBV_QPT_DRIVER: %w", attr.QPType, syscall.EINVAL)
 	}
-	return createQP(pd, attr, &provider.QPAttr{DriverQPType: driverQPType})
+	return createQP(pd, attr, &provider.QPAttr{DriverQPType: uint32(driverQPType)})
 }
 
 // QP is the EFA part of a QP (struct efadv_qp), from QPFromIBVQPEx.
@@ -213,7 +265,7 @@ func QPFromIBVQPEx(x *verbs.QPEx) *QP { return &QP{x: x} }
 // WRSetProcessingHints sets the current WR's processing hints (efadv_wr_set_processing_hints):
 // call it after the opcode and before the next opcode or WRComplete. The QP needs
 // WRExWithProcessingHints in its WRFlags, else the session fails with EOPNOTSUPP.
-func WRSetProcessingHints(q *QP, hints uint32) { setHints(q.x, hints) }
+func WRSetProcessingHints(q *QP, hints ProcessingHints) { setHints(q.x, uint32(hints)) }
 
 // WQAttr is struct efadv_wq_attr: one work queue's ring as the device reads it. Buffer is the
 // ring itself; Doorbell is the word the producer stores its counter into, with sync/atomic.
@@ -224,7 +276,7 @@ type WQAttr struct {
 	NumEntries uint32
 	Doorbell   *uint32
 	MaxBatch   uint32
-	Caps       uint16
+	Caps       WQCaps
 }
 
 // QueryQPWQs returns the QP's send and receive queues (efadv_query_qp_wqs). A program may write
@@ -260,7 +312,7 @@ func RingDoorbell(qp *verbs.QP, db *uint32, v uint32) error { return ringDoorbel
 // SQDepthAttr is struct efadv_sq_depth_attr.
 type SQDepthAttr struct {
 	CompMask      uint64
-	Flags         uint32
+	Flags         SQDepthFlags
 	MaxSendSGE    uint32
 	MaxRDMASGE    uint32
 	MaxInlineData uint32

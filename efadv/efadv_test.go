@@ -223,7 +223,7 @@ func TestDVCQKnownAH(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer server.cq.EndPoll()
-	if got := server.cq.ReadSLID(); got != uint32(ahn(t, server.ahs[0])) {
+	if got := server.cq.ReadSLID(); got != ahn(t, server.ahs[0]) {
 		t.Fatalf("AH %d, want the server's AH %d for the client", got, ahn(t, server.ahs[0]))
 	}
 	_, err := efadv.WCReadSGID(efadv.CQFromIBVCQEx(server.cq))
@@ -301,11 +301,11 @@ func TestEfadvCreateQPExChecks(t *testing.T) {
 // efadv_create_cq: SGID and IS_UNSOLICITED need their caps; other wc_flags are EOPNOTSUPP;
 // comp_mask is EINVAL.
 func TestEfadvCreateCQChecks(t *testing.T) {
-	noCaps := newDevice(t, func(c *config.Device) { c.Caps = efadv.DeviceAttrCapsRDMARead })
+	noCaps := newDevice(t, func(c *config.Device) { c.Caps = uint32(efadv.DeviceAttrCapsRDMARead) })
 	full := newDevice(t, nil)
 	for _, c := range []struct {
 		dev     *verbs.Device
-		wcFlags uint64
+		wcFlags efadv.WCExFlags
 		comp    uint64
 		want    error
 	}{

@@ -46,8 +46,8 @@ type srdOpts struct {
 	msgSize   int
 	access    verbs.AccessFlags
 	sendOps   verbs.SendOpsFlags
-	qpFlags   uint16
-	cqWCFlags uint64 // efadv wc_flags; non-zero makes an efadv CQ
+	qpFlags   efadv.QPFlags
+	cqWCFlags efadv.WCExFlags // non-zero makes an efadv CQ
 	channel   bool
 }
 

@@ -145,7 +145,7 @@ func TestDeviceListAndContexts(t *testing.T) {
 }
 
 func TestMRKeysAndAccess(t *testing.T) {
-	dev := newDevice(t, func(c *config.Device) { c.Caps = efadv.DeviceAttrCapsRDMARead })
+	dev := newDevice(t, func(c *config.Device) { c.Caps = uint32(efadv.DeviceAttrCapsRDMARead) })
 	ctx := openCtx(t, dev)
 	pd := must[*verbs.PD](t)(ctx.AllocPD())
 	defer pd.Dealloc()
@@ -354,7 +354,7 @@ func TestCreateQPChecks(t *testing.T) {
 // Send ops allowed per QP type and device caps: UD takes SEND and SEND_WITH_IMM only; SRD takes
 // RDMA read and write only with the caps.
 func TestSendOpsPerTypeAndCaps(t *testing.T) {
-	noRDMA := newQPFixture(t, func(c *config.Device) { c.Caps = efadv.DeviceAttrCapsRNRRetry })
+	noRDMA := newQPFixture(t, func(c *config.Device) { c.Caps = uint32(efadv.DeviceAttrCapsRNRRetry) })
 	full := newQPFixture(t, nil)
 	for _, c := range []struct {
 		f    *qpFixture
@@ -426,7 +426,7 @@ func TestQPCapsRounding(t *testing.T) {
 	f := newQPFixture(t, nil)
 	for _, c := range []struct {
 		in         verbs.QPCap
-		flags      uint16
+		flags      efadv.QPFlags
 		send, recv uint32
 		wqe        uint32
 	}{

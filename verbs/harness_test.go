@@ -34,9 +34,9 @@ type loopOpts struct {
 	typ       verbs.QPType // default SRD
 	size      int          // MR bytes; default 4096
 	access    verbs.AccessFlags
-	qpFlags   uint16
+	qpFlags   efadv.QPFlags
 	cap       verbs.QPCap
-	cqWCFlags uint64
+	cqWCFlags efadv.WCExFlags
 	rnrRetry  int // -1 leaves the default (7)
 	noAH      bool
 	cqe       int // CQ entries; default 256
