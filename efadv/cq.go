@@ -40,7 +40,7 @@ func CreateCQLen(ctx *verbs.Context, attr *verbs.CQInitAttrEx, efa *CQInitAttr, 
 	if inlen > 16 {
 		flags = efa.Flags
 	}
-	caps := DeviceCaps(contextConfig(ctx).Caps)
+	caps := deviceCaps(ctx)
 	var supported WCExFlags
 	if caps&DeviceAttrCapsCQWithSGID != 0 {
 		supported |= WCExWithSGID

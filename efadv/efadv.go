@@ -153,11 +153,11 @@ func QueryDeviceLen(ctx *verbs.Context, inlen int) (DeviceAttr, error) {
 	}
 	const rdma = DeviceAttrCapsRDMARead | DeviceAttrCapsRDMAWrite
 	if inlen > 24 {
-		a.DeviceCaps = DeviceCaps(d.Caps) &^ rdma
+		a.DeviceCaps = deviceCaps(ctx) &^ rdma
 	}
 	if inlen > 28 {
 		a.MaxRDMASize = d.MaxRDMASize
-		a.DeviceCaps |= DeviceCaps(d.Caps) & rdma
+		a.DeviceCaps |= deviceCaps(ctx) & rdma
 	}
 	return a, nil
 }

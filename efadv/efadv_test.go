@@ -397,3 +397,45 @@ func TestEfadvQueryRings(t *testing.T) {
 		}
 	}
 }
+
+// A device configured with None limits and CapsNone reports zeros where a zero field would have
+// taken the defaults, and acts on them: no inline data, no minimum SQ size, no TX batch limit, no
+// caps.
+func TestNoneLimits(t *testing.T) {
+	ctx := openCtx(t, newDevice(t, func(c *config.Device) {
+		c.InlineBufSize, c.InlineBufSizeEx, c.MaxTxBatch, c.MinSQWR = config.None, config.None, config.None, config.None
+		c.Caps = config.CapsNone
+	}))
+	a, err := efadv.QueryDevice(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.InlineBufSize != 0 || a.InlineBufSizeEx != 0 || a.DeviceCaps != 0 {
+		t.Fatalf("efadv_query_device = %+v, want no inline data and no caps", a)
+	}
+	pd, _ := ctx.AllocPD()
+	defer pd.Dealloc()
+	cq, _ := ctx.CreateCQ(16, nil, nil, 0)
+	defer cq.Destroy()
+	attr := verbs.QPInitAttrEx{SendCQ: cq, RecvCQ: cq, QPType: verbs.QPTDriver, PD: pd, CompMask: verbs.QPInitAttrPD,
+		Cap: verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: 1}}
+	_, err = efadv.CreateQPEx(ctx, &attr, &efadv.QPInitAttr{})
+	wantErrno(t, err, syscall.EINVAL)
+	attr.Cap.MaxInlineData = 0
+	qp, err := efadv.CreateQPEx(ctx, &attr, &efadv.QPInitAttr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qp.Destroy()
+	sq, _, err := efadv.QueryQPWQs(qp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if attr.Cap.MaxSendWR != 1 || sq.NumEntries != 1 || sq.MaxBatch != 65535 {
+		t.Fatalf("SQ of %d WRs, %d entries, max batch %d; want 1, 1 and no limit", attr.Cap.MaxSendWR, sq.NumEntries, sq.MaxBatch)
+	}
+	_, err = pd.RegMR(make([]byte, 64), verbs.AccessLocalWrite|verbs.AccessRemoteRead)
+	wantErrno(t, err, syscall.EOPNOTSUPP)
+	_, err = efadv.CreateCQ(ctx, &verbs.CQInitAttrEx{CQE: 8}, &efadv.CQInitAttr{WCFlags: efadv.WCExWithSGID})
+	wantErrno(t, err, syscall.EOPNOTSUPP)
+}

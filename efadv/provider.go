@@ -21,3 +21,8 @@ var (
 	setHints      = provider.SetProcessingHints.(func(*verbs.QPEx, uint32))
 	ahn           = provider.AHN.(func(*verbs.AH) uint16)
 )
+
+// deviceCaps returns the caps of ctx's device (config.CapsNone is none).
+func deviceCaps(ctx *verbs.Context) DeviceCaps {
+	return DeviceCaps(contextConfig(ctx).Caps &^ config.CapsNone)
+}
