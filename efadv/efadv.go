@@ -9,7 +9,12 @@
 // take and return whole structs and have no inlen: a field added later is appended, and its zero
 // value means "not requested". The CompMask rules do hold: input CompMask must be 0 (EINVAL, as
 // libefa) and output CompMask is 0. The *Len variants keep libefa's inlen rules (minimum sizes,
-// fields beyond inlen left zero) for the C interface that will sit on top of them.
+// fields beyond inlen left zero) for a caller that carries a C struct's size. (Unmodified C
+// programs run on the real libefa, over the uverbs ABI: see package cabi.)
+//
+// The flags are typed (DeviceCaps, QPFlags, WCExFlags, ...) as package verbs types its own.
+// RingDoorbell, which has no libefa counterpart, has the device look at a queue at once after a
+// program stored its doorbell itself.
 //
 // Errors are Go errors that match the errno libefa returns: errors.Is(err, syscall.EINVAL).
 package efadv

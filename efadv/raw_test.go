@@ -65,7 +65,7 @@ func (c *rawCQ) wait(t *testing.T) []byte {
 func le16(b []byte, v uint16) { binary.LittleEndian.PutUint16(b, v) }
 func le32(b []byte, v uint32) { binary.LittleEndian.PutUint32(b, v) }
 
-// writeWQE writes a 64-byte TX WQE by hand (efa.md §3.4).
+// writeWQE writes a 64-byte TX WQE by hand (docs/descriptors.md, "TX WQE").
 func writeWQE(w []byte, reqID uint16, op byte, phase byte, dst uint16, ahn uint16, qkey uint32,
 	lkey uint32, addr uint64, n uint32, rkey uint32, raddr uint64) {
 	clear(w)

@@ -300,8 +300,8 @@ func (f *qpFixture) srd(t testing.TB) *verbs.QP {
 	return qp
 }
 
-// Every creation check of libefa's create_qp (efa.md §3.3), one violation at a time, with its
-// errno; where two are violated, the earlier check wins.
+// Every creation check of libefa's create_qp (efa_check_qp_attr, efa_check_qp_limits), one
+// violation at a time, with its errno; where two are violated, the earlier check wins.
 func TestCreateQPChecks(t *testing.T) {
 	f := newQPFixture(t, nil)
 	other := newQPFixture(t, nil)
@@ -514,7 +514,8 @@ func TestQPNNotReusedAtOnce(t *testing.T) {
 	}
 }
 
-// stateTable is EFA's SRD table (efa.md §4), transcribed independently of the engine: for each
+// stateTable is the QP state table of EFA's kernel driver for SRD (srd_qp_state_table in
+// drivers/infiniband/hw/efa/efa_verbs.c), transcribed independently of the engine: for each
 // allowed move, its required and optional attributes. UD is the same without RNR_RETRY.
 func stateTable(srd bool) map[[2]verbs.QPState][2]verbs.QPAttrMask {
 	const (

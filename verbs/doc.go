@@ -64,5 +64,6 @@
 // polled (libefa drops them); CQ.Destroy refuses with EBUSY, where C would block, while completion
 // events are unacknowledged. An inline send through PostSend reads its SGEs through the
 // registered regions of the context, so an SGE outside every region is EINVAL rather than a
-// stray memory read.
+// stray memory read. ToQPEx of a QP created without send-ops flags is EOPNOTSUPP where C returns
+// NULL. ReadSLID is 16 bits wide, as WC.SLID is (C widens it to 32).
 package verbs

@@ -292,7 +292,8 @@ func (c *Context) createQP(attr *QPInitAttrEx, drv *provider.QPAttr) (*QP, error
 	return qp, nil
 }
 
-// checkQP applies libefa's create_qp checks 1–8 (efa.md §3.3), in order.
+// checkQP applies libefa's create_qp checks in their order (rdma-core providers/efa/verbs.c:
+// efa_check_qp_attr, then efa_check_qp_limits, with the device's inline and depth limits).
 func (c *Context) checkQP(attr *QPInitAttrEx, drv *provider.QPAttr) error {
 	caps := c.cfg.Caps
 	switch {
