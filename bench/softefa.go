@@ -256,7 +256,10 @@ func (p *sfPair) close() {
 
 // post sends up to k WRs in one QPEx session; build makes the i-th.
 func (s *sfSide) post(k int, qpn uint32, first uint64, build func(x *verbs.QPEx, i int)) error {
-	x := s.qp.ToQPEx()
+	x, err := s.qp.ToQPEx()
+	if err != nil {
+		return err
+	}
 	x.WRStart()
 	for i := range k {
 		x.WRID, x.WRFlags = first+uint64(i), verbs.SendSignaled

@@ -12,7 +12,7 @@ import (
 	"github.com/softefa/softefa/internal/uverbs"
 )
 
-// Sysfs describes the device a generated sysfs tree shows (cabi.md §3.1).
+// Sysfs describes the device a generated sysfs tree shows (docs/cabi.md, "Sysfs, per process").
 type Sysfs struct {
 	IBDev        string // efa_0
 	Uverbs       string // the class/infiniband_verbs entry and the /dev/infiniband node name

@@ -19,7 +19,8 @@ import (
 )
 
 // Device describes a device: its name, address and limits. Zero fields take the defaults of
-// Default.
+// Default. Where EFA allows a limit of zero (no inline data, no caps, no TX batch limit, no minimum
+// SQ size, RNR retries at once), the field's comment says so and None (or CapsNone) asks for it.
 type Device struct {
 	Name string
 	// Addr is the UDP endpoint the device stands for; its GID is derived from it (GIDFromAddr).
@@ -46,12 +47,14 @@ type Device struct {
 	MaxSQSGE        int // default 2 (EFA_IO_TX_DESC_NUM_BUFS)
 	MaxRQSGE        int // default 2, at most MaxRQSGELimit
 	MaxSGERD        int // local SGEs in an RDMA op; default 1
-	InlineBufSize   int // default 32
-	InlineBufSizeEx int // default 80
-	MaxTxBatch      int // in 64-byte units; default 16
-	MinSQWR         int // default 16
+	InlineBufSize   int // default 32; None: no inline data in a 64-byte WQE
+	InlineBufSizeEx int // default 80; None: no inline data at all
+	MaxTxBatch      int // in 64-byte units; default 16; None: no limit (libefa rings once per post)
+	MinSQWR         int // default 16; None: no minimum SQ size
 
-	Caps uint32 // EFADV_DEVICE_ATTR_CAPS_*; default RDMA_READ|RNR_RETRY|CQ_WITH_SGID|RDMA_WRITE|UNSOLICITED_WRITE_RECV
+	// Caps are EFADV_DEVICE_ATTR_CAPS_* bits; default RDMA_READ|RNR_RETRY|CQ_WITH_SGID|RDMA_WRITE|
+	// UNSOLICITED_WRITE_RECV. CapsNone: none of them, as on the first EFA devices.
+	Caps uint32
 	// RequestID64 makes send queues take 64-bit request ids (EFADV_WQ_CAPS_64_BIT_REQ_ID).
 	RequestID64 bool
 
@@ -94,9 +97,12 @@ type Device struct {
 	RxSpin time.Duration
 
 	// PollMin and PollMax bound the period at which the engine looks at doorbells stored without
-	// Ring: PollMin after activity, doubling to PollMax when idle. Defaults 1 ms and 16 ms.
+	// Ring: PollMin after activity, doubling to PollMax when idle. Defaults 1 ms and 16 ms. They
+	// have no "none": that polling is how the device notices a doorbell a program stores itself
+	// (efadv.QueryQPWQs); negative is EINVAL.
 	PollMin, PollMax time.Duration
-	// RNRInterval is the delay between RNR retries; default 1 ms.
+	// RNRInterval is the delay between RNR retries; default 1 ms; negative: none, a WR that met
+	// RNR is sent again at the engine's next step.
 	RNRInterval time.Duration
 	// NoSparseCopies turns off the second copy, on another path, of each packet sent while at
 	// most 4 are in flight to its peer and the peer's stream has lost a packet within the last
@@ -117,7 +123,18 @@ type Device struct {
 	// sealing salt) in place of crypto/rand. For simulation only: predictable keys protect
 	// nothing.
 	Rand io.Reader
+
+	filled bool // Fill has run: zero fields are zero, not defaults
 }
+
+// None, in an int field whose comment offers it, asks for zero where zero would mean the default.
+// Fill turns it into 0.
+const None = -1
+
+// CapsNone, as Device.Caps, is a device with none of EFA's caps (where zero means the default
+// caps). It is a bit no EFA cap uses; Fill keeps it, so a filled Device's Caps still says so, and
+// every cap test on it finds no cap.
+const CapsNone uint32 = 1 << 31
 
 // LoopbackPathMTU is the default PathMTU of a device on a loopback address.
 const LoopbackPathMTU = 9001
@@ -141,9 +158,13 @@ func Default() Device {
 	}
 }
 
-// Fill gives every zero field its default and checks the result: EINVAL for limits the
-// descriptor formats cannot carry.
+// Fill gives every zero field its default, turns None into 0, and checks the result: EINVAL for
+// limits the descriptor formats cannot carry and for negative values where None is not offered. A
+// Device Fill has filled keeps its zeros as zeros when filled again.
 func (c *Device) Fill() error {
+	if c.filled {
+		return c.check()
+	}
 	def := Default()
 	setInt := func(p *int, v int) {
 		if *p == 0 {
@@ -217,6 +238,18 @@ func (c *Device) Fill() error {
 	if c.RNRInterval == 0 {
 		c.RNRInterval = def.RNRInterval
 	}
+	for _, p := range []*int{&c.InlineBufSize, &c.InlineBufSizeEx, &c.MaxTxBatch, &c.MinSQWR} {
+		if *p == None {
+			*p = 0
+		}
+	}
+	c.RNRInterval = max(c.RNRInterval, 0)
+	c.filled = true
+	return c.check()
+}
+
+// check validates a filled Device.
+func (c *Device) check() error {
 	if _, ok := c.Link.(link.Poller); c.Driven && c.Link != nil && !ok {
 		return fmt.Errorf("config: a driven device needs a link it can read without waiting (link.Poller): %w", syscall.EINVAL)
 	}
@@ -240,6 +273,12 @@ func (c *Device) Fill() error {
 		return fmt.Errorf("config: path MTU %d outside [576, 65535]: %w", c.PathMTU, syscall.EINVAL)
 	case c.Paths < 1 || c.Paths > 255:
 		return fmt.Errorf("config: %d paths outside [1, 255]: %w", c.Paths, syscall.EINVAL)
+	case c.InlineBufSize < 0 || c.InlineBufSizeEx < 0 || c.MaxTxBatch < 0 || c.MinSQWR < 0:
+		return fmt.Errorf("config: negative limit other than None: %w", syscall.EINVAL)
+	case c.PollMin < 0 || c.PollMax < 0:
+		return fmt.Errorf("config: negative doorbell poll period %v/%v: %w", c.PollMin, c.PollMax, syscall.EINVAL)
+	case c.Caps&CapsNone != 0 && c.Caps != CapsNone:
+		return fmt.Errorf("config: caps %#x: CapsNone with caps: %w", c.Caps, syscall.EINVAL)
 	case c.MaxSQWR > c.MaxLLQSize/64:
 		c.MaxSQWR = c.MaxLLQSize / 64
 	}

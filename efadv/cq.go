@@ -11,8 +11,8 @@ import (
 // device does not offer (no CQ_WITH_EXT_MEM_DMABUF cap).
 type CQInitAttr struct {
 	CompMask uint64
-	WCFlags  uint64
-	Flags    uint64
+	WCFlags  WCExFlags
+	Flags    CQInitFlags
 }
 
 // CreateCQ creates an extended CQ with EFA's completion fields (efadv_create_cq): WCExWithSGID
@@ -32,15 +32,16 @@ func CreateCQLen(ctx *verbs.Context, attr *verbs.CQInitAttrEx, efa *CQInitAttr, 
 	if efa.CompMask != 0 {
 		return nil, fmt.Errorf("efadv: comp_mask %#x: %w", efa.CompMask, syscall.EINVAL)
 	}
-	var wcFlags, flags uint64
+	var wcFlags WCExFlags
+	var flags CQInitFlags
 	if inlen > 8 {
 		wcFlags = efa.WCFlags
 	}
 	if inlen > 16 {
 		flags = efa.Flags
 	}
-	caps := ctx.DriverAttr().DeviceCaps
-	var supported uint64
+	caps := deviceCaps(ctx)
+	var supported WCExFlags
 	if caps&DeviceAttrCapsCQWithSGID != 0 {
 		supported |= WCExWithSGID
 	}
@@ -53,7 +54,7 @@ func CreateCQLen(ctx *verbs.Context, attr *verbs.CQInitAttrEx, efa *CQInitAttr, 
 	if flags&CQInitFlagsExtMemDMABuf != 0 {
 		return nil, fmt.Errorf("efadv: CQ on external dmabuf memory: %w", syscall.EOPNOTSUPP)
 	}
-	return ctx.CreateCQExDriver(attr, wcFlags&WCExWithSGID != 0, wcFlags&WCExWithIsUnsolicited != 0)
+	return createCQ(ctx, attr, wcFlags&WCExWithSGID != 0, wcFlags&WCExWithIsUnsolicited != 0)
 }
 
 // CQ is the EFA part of an extended CQ (struct efadv_cq), from CQFromIBVCQEx.
@@ -68,15 +69,12 @@ func CQFromIBVCQEx(cq *verbs.CQ) *CQ { return &CQ{cq: cq} }
 // WCReadSGID returns the source GID of the current receive completion (efadv_wc_read_sgid) when
 // the receiving PD has no AH for the sender; ENOENT when it has one, EOPNOTSUPP when the CQ was
 // created without WCExWithSGID (where libefa's NULL function pointer would crash).
-func WCReadSGID(c *CQ) (verbs.GID, error) { return c.cq.DriverReadSGID() }
+func WCReadSGID(c *CQ) (verbs.GID, error) { return readSGID(c.cq) }
 
 // WCIsUnsolicited reports whether the current receive completion is an RDMA write with immediate
 // that consumed no receive WR (efadv_wc_is_unsolicited). False on a CQ created without
 // WCExWithIsUnsolicited.
-func WCIsUnsolicited(c *CQ) bool {
-	_, unsolicited := c.cq.DriverFlags()
-	return unsolicited && c.cq.DriverIsUnsolicited()
-}
+func WCIsUnsolicited(c *CQ) bool { return isUnsolicited(c.cq) }
 
 // CQAttr is struct efadv_cq_attr: the CQ's ring of 32-byte completion entries and its doorbell.
 type CQAttr struct {
@@ -99,7 +97,7 @@ func QueryCQLen(cq *verbs.CQ, inlen int) (CQAttr, error) {
 	if inlen <= 20 {
 		return CQAttr{}, errInlen("query_cq", inlen, 20)
 	}
-	buf, esz, n, db := cq.DriverRing()
+	buf, esz, n, db := cqRing(cq)
 	a := CQAttr{Buffer: buf, EntrySize: uint32(esz), NumEntries: uint32(n)}
 	if inlen > 24 {
 		a.Doorbell = db

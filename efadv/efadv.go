@@ -9,7 +9,12 @@
 // take and return whole structs and have no inlen: a field added later is appended, and its zero
 // value means "not requested". The CompMask rules do hold: input CompMask must be 0 (EINVAL, as
 // libefa) and output CompMask is 0. The *Len variants keep libefa's inlen rules (minimum sizes,
-// fields beyond inlen left zero) for the C interface that will sit on top of them.
+// fields beyond inlen left zero) for a caller that carries a C struct's size. (Unmodified C
+// programs run on the real libefa, over the uverbs ABI: see package cabi.)
+//
+// The flags are typed (DeviceCaps, QPFlags, WCExFlags, ...) as package verbs types its own.
+// RingDoorbell, which has no libefa counterpart, has the device look at a queue at once after a
+// program stored its doorbell itself.
 //
 // Errors are Go errors that match the errno libefa returns: errors.Is(err, syscall.EINVAL).
 package efadv
@@ -18,35 +23,90 @@ import (
 	"fmt"
 	"syscall"
 
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/provider"
+	"github.com/softefa/softefa/internal/uapi"
 	"github.com/softefa/softefa/verbs"
 )
 
-// Device capability bits (EFADV_DEVICE_ATTR_CAPS_*).
+// DeviceCaps are the device's capability bits (EFADV_DEVICE_ATTR_CAPS_*), as DeviceAttr reports
+// them; config.Device.Caps takes the same bits as a uint32.
+type DeviceCaps uint32
+
+// Device capability bits. A softefa device offers the first five (config.Device.Caps chooses).
 const (
-	DeviceAttrCapsRDMARead             = 1 << 0
-	DeviceAttrCapsRNRRetry             = 1 << 1
-	DeviceAttrCapsCQWithSGID           = 1 << 2
-	DeviceAttrCapsRDMAWrite            = 1 << 3
-	DeviceAttrCapsUnsolicitedWriteRecv = 1 << 4
-	DeviceAttrCapsCQWithExtMemDMABuf   = 1 << 5
-	DeviceAttrCapsCompCntr             = 1 << 6
+	DeviceAttrCapsRDMARead             DeviceCaps = uapi.CapRDMARead
+	DeviceAttrCapsRNRRetry             DeviceCaps = uapi.CapRNRRetry
+	DeviceAttrCapsCQWithSGID           DeviceCaps = uapi.CapCQWithSGID
+	DeviceAttrCapsRDMAWrite            DeviceCaps = uapi.CapRDMAWrite
+	DeviceAttrCapsUnsolicitedWriteRecv DeviceCaps = uapi.CapUnsolicitedWriteRecv
+	DeviceAttrCapsCQWithExtMemDMABuf   DeviceCaps = uapi.CapCQWithExtMemDMABuf
+	DeviceAttrCapsCompCntr             DeviceCaps = uapi.CapCompCntr
 )
 
-// QP, WR, WQ and CQ flags.
+// DriverQPType is a driver QP's type (enum efadv_qp_driver_type).
+type DriverQPType uint32
+
+// QPDriverTypeSRD is the SRD QP type, the only one.
+const QPDriverTypeSRD DriverQPType = uapi.DriverQPTypeSRD
+
+// QPFlags are a QP's EFA creation flags (EFADV_QP_FLAGS_*).
+type QPFlags uint16
+
+// QP flags: UnsolicitedWriteRecv needs the UNSOLICITED_WRITE_RECV cap, InlineWrite RDMA_WRITE.
 const (
-	QPDriverTypeSRD                   = 0
-	QPFlagsUnsolicitedWriteRecv       = 1 << 0
-	QPFlagsInlineWrite                = 1 << 1
-	WRExWithProcessingHints           = 1 << 0
-	WRProcessingHintBurstPPSSensitive = 1 << 0
-	WQCaps64BitReqID                  = 1 << 0
-	SQDepthAttrInlineWrite            = 1 << 0
-	WCExWithSGID                      = 1 << 0
-	WCExWithIsUnsolicited             = 1 << 1
-	CQInitFlagsExtMemDMABuf           = 1 << 0
-	MRAttrValidityRecvICID            = 1 << 0
-	MRAttrValidityRDMAReadICID        = 1 << 1
-	MRAttrValidityRDMARecvICID        = 1 << 2
+	QPFlagsUnsolicitedWriteRecv QPFlags = uapi.DVQPFlagUnsolicitedWriteRecv
+	QPFlagsInlineWrite          QPFlags = uapi.DVQPFlagInlineWrite
+)
+
+// WRFlags select the extra WR setters a QP offers (EFADV_WR_EX_*).
+type WRFlags uint64
+
+// WRExWithProcessingHints offers WRSetProcessingHints.
+const WRExWithProcessingHints WRFlags = uapi.DVWRExWithProcessingHints
+
+// ProcessingHints are a WR's processing hints (EFADV_WR_PROCESSING_HINT_*).
+type ProcessingHints uint32
+
+// WRProcessingHintBurstPPSSensitive marks a WR as part of a burst sensitive to packet rate.
+const WRProcessingHintBurstPPSSensitive ProcessingHints = efaio.ProcessingHintBurstPPSSensitive
+
+// WQCaps are a work queue's capabilities (EFADV_WQ_CAPS_*), as QueryQPWQs reports them.
+type WQCaps uint16
+
+// WQCaps64BitReqID: the SQ's WQEs and CQEs carry the whole 64-bit wr_id
+// (config.Device.RequestID64).
+const WQCaps64BitReqID WQCaps = 1 << 0
+
+// SQDepthFlags are the needs GetMaxSQDepth sizes an SQ for (EFADV_SQ_DEPTH_ATTR_*).
+type SQDepthFlags uint32
+
+// SQDepthAttrInlineWrite: the SQ's WQEs may be inline RDMA writes (128-byte WQEs).
+const SQDepthAttrInlineWrite SQDepthFlags = 1 << 0
+
+// WCExFlags choose EFA's extra completion fields of a CQ (EFADV_WC_EX_*).
+type WCExFlags uint64
+
+// Extra completion fields: WCReadSGID and WCIsUnsolicited.
+const (
+	WCExWithSGID          WCExFlags = 1 << 0
+	WCExWithIsUnsolicited WCExFlags = 1 << 1
+)
+
+// CQInitFlags are a CQ's EFA creation flags (EFADV_CQ_INIT_FLAGS_*).
+type CQInitFlags uint64
+
+// CQInitFlagsExtMemDMABuf puts the CQ in external dmabuf memory, which this device does not have.
+const CQInitFlagsExtMemDMABuf CQInitFlags = 1 << 0
+
+// MRValidity says which interconnect ids of MRAttr are valid (EFADV_MR_ATTR_VALIDITY_*).
+type MRValidity uint16
+
+// Interconnect id validity bits; a softefa region has none.
+const (
+	MRAttrValidityRecvICID     MRValidity = 1 << 0
+	MRAttrValidityRDMAReadICID MRValidity = 1 << 1
+	MRAttrValidityRDMARecvICID MRValidity = 1 << 2
 )
 
 // Sizes of the C structs, the inlen a current C program passes.
@@ -75,7 +135,7 @@ type DeviceAttr struct {
 	MaxRQSGE        uint16
 	InlineBufSize   uint16
 	InlineBufSizeEx uint16
-	DeviceCaps      uint32
+	DeviceCaps      DeviceCaps
 	MaxRDMASize     uint32
 }
 
@@ -90,18 +150,19 @@ func QueryDeviceLen(ctx *verbs.Context, inlen int) (DeviceAttr, error) {
 	if inlen <= 22 {
 		return DeviceAttr{}, errInlen("query_device", inlen, 22)
 	}
-	d := ctx.DriverAttr()
+	d := contextConfig(ctx)
 	a := DeviceAttr{
-		MaxSQWR: d.MaxSQWR, MaxRQWR: d.MaxRQWR, MaxSQSGE: d.MaxSQSGE, MaxRQSGE: d.MaxRQSGE,
-		InlineBufSize: d.InlineBufSize, InlineBufSizeEx: d.InlineBufSizeEx,
+		MaxSQWR: uint32(d.MaxSQWR), MaxRQWR: uint32(d.MaxRQWR),
+		MaxSQSGE: uint16(d.MaxSQSGE), MaxRQSGE: uint16(d.MaxRQSGE),
+		InlineBufSize: uint16(d.InlineBufSize), InlineBufSizeEx: uint16(d.InlineBufSizeEx),
 	}
 	const rdma = DeviceAttrCapsRDMARead | DeviceAttrCapsRDMAWrite
 	if inlen > 24 {
-		a.DeviceCaps = d.DeviceCaps &^ rdma
+		a.DeviceCaps = deviceCaps(ctx) &^ rdma
 	}
 	if inlen > 28 {
 		a.MaxRDMASize = d.MaxRDMASize
-		a.DeviceCaps |= d.DeviceCaps & rdma
+		a.DeviceCaps |= deviceCaps(ctx) & rdma
 	}
 	return a, nil
 }
@@ -120,13 +181,13 @@ func QueryAHLen(ah *verbs.AH, inlen int) (AHAttr, error) {
 	if inlen <= 8 {
 		return AHAttr{}, errInlen("query_ah", inlen, 8)
 	}
-	return AHAttr{AHN: ah.AHN()}, nil
+	return AHAttr{AHN: ahn(ah)}, nil
 }
 
 // MRAttr is struct efadv_mr_attr: the interconnect ids through which the region is reached.
 type MRAttr struct {
 	CompMask     uint64
-	ICIDValidity uint16
+	ICIDValidity MRValidity
 	RecvICID     uint16
 	RDMAReadICID uint16
 	RDMARecvICID uint16
@@ -147,11 +208,11 @@ func QueryMRLen(mr *verbs.MR, inlen int) (MRAttr, error) {
 // QPInitAttr is struct efadv_qp_init_attr.
 type QPInitAttr struct {
 	CompMask     uint64
-	DriverQPType uint32
-	Flags        uint16
+	DriverQPType DriverQPType
+	Flags        QPFlags
 	SL           uint8
 	Reserved     uint8
-	WRFlags      uint64
+	WRFlags      WRFlags
 }
 
 // CreateQPEx creates an SRD QP (efadv_create_qp_ex). attr.QPType must be verbs.QPTDriver and
@@ -175,26 +236,26 @@ func CreateQPExLen(ctx *verbs.Context, attr *verbs.QPInitAttrEx, efa *QPInitAttr
 	case efa.Reserved != 0:
 		return nil, fmt.Errorf("efadv: reserved byte %#x: %w", efa.Reserved, syscall.EINVAL)
 	}
-	drv := verbs.DriverQPAttr{DriverQPType: efa.DriverQPType}
+	drv := provider.QPAttr{DriverQPType: uint32(efa.DriverQPType)}
 	if inlen > 12 {
-		drv.Flags = efa.Flags
+		drv.Flags = uint16(efa.Flags)
 	}
 	if inlen > 14 {
 		drv.SL = efa.SL
 	}
 	if inlen > 16 {
-		drv.WRFlags = efa.WRFlags
+		drv.WRFlags = uint64(efa.WRFlags)
 	}
-	return ctx.CreateQPExDriver(attr, &drv)
+	return createQPEx(ctx, attr, &drv)
 }
 
 // CreateDriverQP creates a QP of driverQPType in pd (efadv_create_driver_qp): attr.QPType must be
 // verbs.QPTDriver (EINVAL); the rounded queue sizes are written back into attr.Cap.
-func CreateDriverQP(pd *verbs.PD, attr *verbs.QPInitAttr, driverQPType uint32) (*verbs.QP, error) {
+func CreateDriverQP(pd *verbs.PD, attr *verbs.QPInitAttr, driverQPType DriverQPType) (*verbs.QP, error) {
 	if attr.QPType != verbs.QPTDriver {
 		return nil, fmt.Errorf("efadv: QP type %d, want IBV_QPT_DRIVER: %w", attr.QPType, syscall.EINVAL)
 	}
-	return pd.CreateDriverQP(attr, &verbs.DriverQPAttr{DriverQPType: driverQPType})
+	return createQP(pd, attr, &provider.QPAttr{DriverQPType: uint32(driverQPType)})
 }
 
 // QP is the EFA part of a QP (struct efadv_qp), from QPFromIBVQPEx.
@@ -209,7 +270,7 @@ func QPFromIBVQPEx(x *verbs.QPEx) *QP { return &QP{x: x} }
 // WRSetProcessingHints sets the current WR's processing hints (efadv_wr_set_processing_hints):
 // call it after the opcode and before the next opcode or WRComplete. The QP needs
 // WRExWithProcessingHints in its WRFlags, else the session fails with EOPNOTSUPP.
-func WRSetProcessingHints(q *QP, hints uint32) { q.x.SetProcessingHints(hints) }
+func WRSetProcessingHints(q *QP, hints ProcessingHints) { setHints(q.x, uint32(hints)) }
 
 // WQAttr is struct efadv_wq_attr: one work queue's ring as the device reads it. Buffer is the
 // ring itself; Doorbell is the word the producer stores its counter into, with sync/atomic.
@@ -220,7 +281,7 @@ type WQAttr struct {
 	NumEntries uint32
 	Doorbell   *uint32
 	MaxBatch   uint32
-	Caps       uint16
+	Caps       WQCaps
 }
 
 // QueryQPWQs returns the QP's send and receive queues (efadv_query_qp_wqs). A program may write
@@ -236,7 +297,7 @@ func QueryQPWQsLen(qp *verbs.QP, inlen int) (sq, rq WQAttr, err error) {
 	if inlen <= 32 {
 		return WQAttr{}, WQAttr{}, errInlen("query_qp_wqs", inlen, 32)
 	}
-	s, r := qp.DriverWQs()
+	s, r := qpWQs(qp)
 	sq = WQAttr{Buffer: s.Buffer, EntrySize: uint32(s.EntrySize), NumEntries: uint32(s.NumEntries),
 		Doorbell: s.Doorbell, MaxBatch: uint32(s.MaxBatch)}
 	rq = WQAttr{Buffer: r.Buffer, EntrySize: uint32(r.EntrySize), NumEntries: uint32(r.NumEntries),
@@ -247,10 +308,16 @@ func QueryQPWQsLen(qp *verbs.QP, inlen int) (sq, rq WQAttr, err error) {
 	return sq, rq, nil
 }
 
+// RingDoorbell stores v into one of qp's doorbells (the SQ's or the RQ's, as QueryQPWQs reports
+// them) and has the device look at the queue at once. It has no libefa counterpart: on EFA
+// hardware a plain store is the doorbell; here a plain atomic store works too, but the device
+// notices it only at its next doorbell poll. EINVAL when db is not one of qp's doorbells.
+func RingDoorbell(qp *verbs.QP, db *uint32, v uint32) error { return ringDoorbell(qp, db, v) }
+
 // SQDepthAttr is struct efadv_sq_depth_attr.
 type SQDepthAttr struct {
 	CompMask      uint64
-	Flags         uint32
+	Flags         SQDepthFlags
 	MaxSendSGE    uint32
 	MaxRDMASGE    uint32
 	MaxInlineData uint32
@@ -260,11 +327,11 @@ type SQDepthAttr struct {
 // the LLQ size over the WQE size (128 bytes for inline data over 32 or INLINE_WRITE), rounded down
 // to a power of two. EINVAL for a non-zero CompMask or needs over the device's limits.
 func GetMaxSQDepth(ctx *verbs.Context, attr SQDepthAttr) (int, error) {
-	d := ctx.DriverAttr()
+	d := contextConfig(ctx)
 	switch {
 	case attr.CompMask != 0:
 		return 0, fmt.Errorf("efadv: comp_mask %#x: %w", attr.CompMask, syscall.EINVAL)
-	case attr.MaxSendSGE > uint32(d.MaxSQSGE), attr.MaxRDMASGE > d.MaxSGERD,
+	case attr.MaxSendSGE > uint32(d.MaxSQSGE), attr.MaxRDMASGE > uint32(d.MaxSGERD),
 		attr.MaxInlineData > uint32(d.InlineBufSizeEx):
 		return 0, fmt.Errorf("efadv: SQ needs %+v over the device limits: %w", attr, syscall.EINVAL)
 	}
@@ -272,7 +339,7 @@ func GetMaxSQDepth(ctx *verbs.Context, attr SQDepthAttr) (int, error) {
 	if attr.MaxInlineData > 32 || attr.Flags&SQDepthAttrInlineWrite != 0 {
 		wqe = 128
 	}
-	n := d.MaxLLQSize / wqe
+	n := uint32(d.MaxLLQSize) / wqe
 	if n == 0 {
 		return 0, nil
 	}
@@ -293,12 +360,12 @@ type RQDepthAttr struct {
 // (efadv_get_max_rq_depth). EINVAL for a non-zero CompMask, more SGEs than the device takes, or
 // zero SGEs (where libefa would divide by zero).
 func GetMaxRQDepth(ctx *verbs.Context, attr RQDepthAttr) (int, error) {
-	d := ctx.DriverAttr()
+	d := contextConfig(ctx)
 	switch {
 	case attr.CompMask != 0:
 		return 0, fmt.Errorf("efadv: comp_mask %#x: %w", attr.CompMask, syscall.EINVAL)
 	case attr.MaxRecvSGE == 0 || attr.MaxRecvSGE > uint32(d.MaxRQSGE):
 		return 0, fmt.Errorf("efadv: max_recv_sge %d outside [1, %d]: %w", attr.MaxRecvSGE, d.MaxRQSGE, syscall.EINVAL)
 	}
-	return int(d.MaxRQWR / attr.MaxRecvSGE), nil
+	return int(uint32(d.MaxRQWR) / attr.MaxRecvSGE), nil
 }

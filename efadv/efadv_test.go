@@ -1,6 +1,7 @@
 package efadv_test
 
 import (
+	"errors"
 	"math/rand/v2"
 	"syscall"
 	"testing"
@@ -94,8 +95,13 @@ func TestEfadvQueryAH(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.AHN != ah.AHN() || a.AHN == 0xffff || a.CompMask != 0 {
-		t.Fatalf("efadv_query_ah = %+v, AH number %d", a, ah.AHN())
+	ah2, err := pd.CreateAH(&verbs.AHAttr{IsGlobal: true, GRH: verbs.GlobalRoute{DGID: gid}, PortNum: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ah2.Destroy()
+	if a.AHN != ahn(t, ah2) || a.AHN == 0xffff || a.CompMask != 0 {
+		t.Fatalf("efadv_query_ah = %+v; a second AH to the same GID has %d", a, ahn(t, ah2))
 	}
 }
 
@@ -157,8 +163,9 @@ func TestEfadvCreateQPEx(t *testing.T) {
 		if err != nil {
 			t.Fatalf("send ops %#x: %v", f, err)
 		}
-		if (qp.ToQPEx() != nil) != (f != 0) {
-			t.Fatalf("send ops %#x: QPEx %v", f, qp.ToQPEx())
+		x, err := qp.ToQPEx()
+		if f != 0 && (x == nil || err != nil) || f == 0 && (x != nil || !errors.Is(err, syscall.EOPNOTSUPP)) {
+			t.Fatalf("send ops %#x: ToQPEx = %v, %v", f, x, err)
 		}
 		check(t, qp.Destroy())
 	}
@@ -216,8 +223,8 @@ func TestDVCQKnownAH(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer server.cq.EndPoll()
-	if got := server.cq.ReadSLID(); got != uint32(server.ahs[0].AHN()) {
-		t.Fatalf("AH %d, want the server's AH %d for the client", got, server.ahs[0].AHN())
+	if got := server.cq.ReadSLID(); got != ahn(t, server.ahs[0]) {
+		t.Fatalf("AH %d, want the server's AH %d for the client", got, ahn(t, server.ahs[0]))
 	}
 	_, err := efadv.WCReadSGID(efadv.CQFromIBVCQEx(server.cq))
 	wantErrno(t, err, syscall.ENOENT)
@@ -294,11 +301,11 @@ func TestEfadvCreateQPExChecks(t *testing.T) {
 // efadv_create_cq: SGID and IS_UNSOLICITED need their caps; other wc_flags are EOPNOTSUPP;
 // comp_mask is EINVAL.
 func TestEfadvCreateCQChecks(t *testing.T) {
-	noCaps := newDevice(t, func(c *config.Device) { c.Caps = efadv.DeviceAttrCapsRDMARead })
+	noCaps := newDevice(t, func(c *config.Device) { c.Caps = uint32(efadv.DeviceAttrCapsRDMARead) })
 	full := newDevice(t, nil)
 	for _, c := range []struct {
 		dev     *verbs.Device
-		wcFlags uint64
+		wcFlags efadv.WCExFlags
 		comp    uint64
 		want    error
 	}{
@@ -389,4 +396,46 @@ func TestEfadvQueryRings(t *testing.T) {
 			t.Fatal("query_cq inlen 24 reported a doorbell")
 		}
 	}
+}
+
+// A device configured with None limits and CapsNone reports zeros where a zero field would have
+// taken the defaults, and acts on them: no inline data, no minimum SQ size, no TX batch limit, no
+// caps.
+func TestNoneLimits(t *testing.T) {
+	ctx := openCtx(t, newDevice(t, func(c *config.Device) {
+		c.InlineBufSize, c.InlineBufSizeEx, c.MaxTxBatch, c.MinSQWR = config.None, config.None, config.None, config.None
+		c.Caps = config.CapsNone
+	}))
+	a, err := efadv.QueryDevice(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.InlineBufSize != 0 || a.InlineBufSizeEx != 0 || a.DeviceCaps != 0 {
+		t.Fatalf("efadv_query_device = %+v, want no inline data and no caps", a)
+	}
+	pd, _ := ctx.AllocPD()
+	defer pd.Dealloc()
+	cq, _ := ctx.CreateCQ(16, nil, nil, 0)
+	defer cq.Destroy()
+	attr := verbs.QPInitAttrEx{SendCQ: cq, RecvCQ: cq, QPType: verbs.QPTDriver, PD: pd, CompMask: verbs.QPInitAttrPD,
+		Cap: verbs.QPCap{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: 1}}
+	_, err = efadv.CreateQPEx(ctx, &attr, &efadv.QPInitAttr{})
+	wantErrno(t, err, syscall.EINVAL)
+	attr.Cap.MaxInlineData = 0
+	qp, err := efadv.CreateQPEx(ctx, &attr, &efadv.QPInitAttr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qp.Destroy()
+	sq, _, err := efadv.QueryQPWQs(qp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if attr.Cap.MaxSendWR != 1 || sq.NumEntries != 1 || sq.MaxBatch != 65535 {
+		t.Fatalf("SQ of %d WRs, %d entries, max batch %d; want 1, 1 and no limit", attr.Cap.MaxSendWR, sq.NumEntries, sq.MaxBatch)
+	}
+	_, err = pd.RegMR(make([]byte, 64), verbs.AccessLocalWrite|verbs.AccessRemoteRead)
+	wantErrno(t, err, syscall.EOPNOTSUPP)
+	_, err = efadv.CreateCQ(ctx, &verbs.CQInitAttrEx{CQE: 8}, &efadv.CQInitAttr{WCFlags: efadv.WCExWithSGID})
+	wantErrno(t, err, syscall.EOPNOTSUPP)
 }

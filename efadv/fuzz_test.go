@@ -32,8 +32,8 @@ func FuzzRings(f *testing.F) {
 			for i, b := range rqBytes {
 				rq.Buffer[i%len(rq.Buffer)] = b
 			}
-			check(t, server.qps[0].RingDoorbell(rq.Doorbell, uint32(rqDB)))
-			check(t, client.qps[0].RingDoorbell(sq.Doorbell, uint32(sqDB)))
+			check(t, efadv.RingDoorbell(server.qps[0], rq.Doorbell, uint32(rqDB)))
+			check(t, efadv.RingDoorbell(client.qps[0], sq.Doorbell, uint32(sqDB)))
 			time.Sleep(100 * time.Millisecond)
 
 			// Other QPs on the device still work.

@@ -46,8 +46,8 @@ type srdOpts struct {
 	msgSize   int
 	access    verbs.AccessFlags
 	sendOps   verbs.SendOpsFlags
-	qpFlags   uint16
-	cqWCFlags uint64 // efadv wc_flags; non-zero makes an efadv CQ
+	qpFlags   efadv.QPFlags
+	cqWCFlags efadv.WCExFlags // non-zero makes an efadv CQ
 	channel   bool
 }
 
@@ -249,6 +249,16 @@ func wantErrno(t testing.TB, err error, want syscall.Errno) {
 	}
 }
 
+// ahn returns the device's number for ah (efadv_query_ah).
+func ahn(t testing.TB, ah *verbs.AH) uint16 {
+	t.Helper()
+	a, err := efadv.QueryAH(ah)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a.AHN
+}
+
 func fill(b []byte, c byte) { copy(b, bytes.Repeat([]byte{c}, len(b))) }
 
 // postRecv posts one receive covering the MR on qp.
@@ -262,7 +272,8 @@ func (r *srdRes) postRecv(qp *verbs.QP) {
 // sendEx posts a new-API send of the MR to the peer's QP i, as utils.post_send_ex does.
 func (r *srdRes) sendEx(i int, op verbs.WROpcode) {
 	r.t.Helper()
-	x := r.qps[i].ToQPEx()
+	x, err := r.qps[i].ToQPEx()
+	check(r.t, err)
 	x.WRStart()
 	x.WRID, x.WRFlags = 0x123, verbs.SendSignaled
 	switch op {

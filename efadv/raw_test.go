@@ -2,7 +2,9 @@ package efadv_test
 
 import (
 	"encoding/binary"
+	"errors"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -63,7 +65,7 @@ func (c *rawCQ) wait(t *testing.T) []byte {
 func le16(b []byte, v uint16) { binary.LittleEndian.PutUint16(b, v) }
 func le32(b []byte, v uint32) { binary.LittleEndian.PutUint32(b, v) }
 
-// writeWQE writes a 64-byte TX WQE by hand (efa.md §3.4).
+// writeWQE writes a 64-byte TX WQE by hand (docs/descriptors.md, "TX WQE").
 func writeWQE(w []byte, reqID uint16, op byte, phase byte, dst uint16, ahn uint16, qkey uint32,
 	lkey uint32, addr uint64, n uint32, rkey uint32, raddr uint64) {
 	clear(w)
@@ -99,7 +101,7 @@ func TestRawRings(t *testing.T) {
 		}
 		_, rq, _ := efadv.QueryQPWQs(server.qps[0])
 		ccq, scq := newRawCQ(t, client.cq), newRawCQ(t, server.cq)
-		ahn := client.ahs[0].AHN()
+		clientAHN := ahn(t, client.ahs[0])
 		dst := uint16(server.qps[0].QPN())
 
 		// One receive descriptor: 64 bytes at offset 100, req_id 0x0505, first and last.
@@ -115,7 +117,7 @@ func TestRawRings(t *testing.T) {
 		for i := range 64 {
 			client.buf[i] = byte(i)
 		}
-		writeWQE(sq.Buffer[:64], 0x0042, 0, 0, dst, ahn, srdQKey, client.mr.LKey(), client.mr.Addr(), 64, 0, 0)
+		writeWQE(sq.Buffer[:64], 0x0042, 0, 0, dst, clientAHN, srdQKey, client.mr.LKey(), client.mr.Addr(), 64, 0, 0)
 		atomic.StoreUint32(sq.Doorbell, 1)
 
 		tx := ccq.wait(t)
@@ -146,18 +148,18 @@ func TestRawRings(t *testing.T) {
 				}
 			}, 2},
 			{"bad opcode", func(w []byte) {
-				writeWQE(w, 0x0043, 0, 0, dst, ahn, srdQKey, client.mr.LKey(), client.mr.Addr(), 8, 0, 0)
+				writeWQE(w, 0x0043, 0, 0, dst, clientAHN, srdQKey, client.mr.LKey(), client.mr.Addr(), 8, 0, 0)
 				w[2] = 0x80 | 7
 			}, 3},
 			{"bad lkey", func(w []byte) {
-				writeWQE(w, 0x0044, 0, 0, dst, ahn, srdQKey, client.mr.LKey()^0x700, client.mr.Addr(), 8, 0, 0)
+				writeWQE(w, 0x0044, 0, 0, dst, clientAHN, srdQKey, client.mr.LKey()^0x700, client.mr.Addr(), 8, 0, 0)
 			}, 5},
 			{"three buffers", func(w []byte) {
-				writeWQE(w, 0x0045, 0, 0, dst, ahn, srdQKey, client.mr.LKey(), client.mr.Addr(), 8, 0, 0)
+				writeWQE(w, 0x0045, 0, 0, dst, clientAHN, srdQKey, client.mr.LKey(), client.mr.Addr(), 8, 0, 0)
 				w[6] = 3
 			}, 6},
 			{"wrong phase", func(w []byte) {
-				writeWQE(w, 0x0046, 0, 1, dst, ahn, srdQKey, client.mr.LKey(), client.mr.Addr(), 8, 0, 0)
+				writeWQE(w, 0x0046, 0, 1, dst, clientAHN, srdQKey, client.mr.LKey(), client.mr.Addr(), 8, 0, 0)
 			}, 2},
 			{"unknown AH", func(w []byte) {
 				writeWQE(w, 0x0047, 0, 0, dst, 999, srdQKey, client.mr.LKey(), client.mr.Addr(), 8, 0, 0)
@@ -177,7 +179,7 @@ func TestRawRings(t *testing.T) {
 		for lap := 0; lap < 3*int(sq.NumEntries); lap += 100 {
 			for range 100 {
 				phase := byte(pc / sq.NumEntries & 1)
-				writeWQE(sq.Buffer[int(pc%sq.NumEntries)*64:][:64], uint16(pc), 2, phase, dst, ahn, srdQKey,
+				writeWQE(sq.Buffer[int(pc%sq.NumEntries)*64:][:64], uint16(pc), 2, phase, dst, clientAHN, srdQKey,
 					client.mr.LKey(), client.mr.Addr(), 16, server.mr.RKey(), server.mr.Addr())
 				pc++
 			}
@@ -192,23 +194,23 @@ func TestRawRings(t *testing.T) {
 	})
 }
 
-// The helper doorbell (RingDoorbell) makes the device look at once, without waiting for a poll.
+// The helper doorbell (efadv.RingDoorbell) makes the device look at once, without waiting for a poll.
 func TestRingDoorbellHelper(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		dev := newDevice(t, func(c *config.Device) { c.PollMin, c.PollMax = time.Hour, time.Hour })
 		client, server := pair(t, dev, srdOpts{qpCount: 1, msgSize: 64, access: verbs.AccessRemoteWrite})
 		sq, _, _ := efadv.QueryQPWQs(client.qps[0])
 		ccq := newRawCQ(t, client.cq)
-		writeWQE(sq.Buffer[:64], 7, 2, 0, uint16(server.qps[0].QPN()), client.ahs[0].AHN(), srdQKey,
+		writeWQE(sq.Buffer[:64], 7, 2, 0, uint16(server.qps[0].QPN()), ahn(t, client.ahs[0]), srdQKey,
 			client.mr.LKey(), client.mr.Addr(), 16, server.mr.RKey(), server.mr.Addr())
-		if err := client.qps[0].RingDoorbell(sq.Doorbell, 1); err != nil {
+		if err := efadv.RingDoorbell(client.qps[0], sq.Doorbell, 1); err != nil {
 			t.Fatal(err)
 		}
 		synctest.Wait() // no time passes: only the wake-up can have run the device
 		if e := ccq.next(); e == nil || e[2] != 0 {
 			t.Fatalf("no completion after RingDoorbell: % x", e)
 		}
-		if err := client.qps[0].RingDoorbell(new(uint32), 1); err == nil {
+		if err := efadv.RingDoorbell(client.qps[0], new(uint32), 1); !errors.Is(err, syscall.EINVAL) {
 			t.Fatal("RingDoorbell took a word that is not the QP's doorbell")
 		}
 	})

@@ -76,7 +76,8 @@ func rdmaTraffic(t *testing.T, client, server *srdRes, read bool) {
 			a, b := dir[0], dir[1]
 			fill(a.buf, 'c')
 			fill(b.buf, 's')
-			x := a.qps[0].ToQPEx()
+			x, err := a.qps[0].ToQPEx()
+			check(t, err)
 			x.WRStart()
 			x.WRID, x.WRFlags = 0x123, verbs.SendSignaled
 			if read {
@@ -193,7 +194,8 @@ func TestPostSendQPStateBadFlow(t *testing.T) {
 	if err := qp.Modify(&verbs.QPAttr{QPState: verbs.QPSReset}, verbs.QPAttrState); err != nil {
 		t.Fatal(err)
 	}
-	x := qp.ToQPEx()
+	x, err := qp.ToQPEx()
+	check(t, err)
 	x.WRStart()
 	x.WRID, x.WRFlags = 0x123, verbs.SendSignaled
 	x.WRSend()
@@ -241,7 +243,8 @@ func TestFullSQBadFlow(t *testing.T) {
 	}
 	var last error
 	for i := range n + 1 {
-		x := qp.ToQPEx()
+		x, err := qp.ToQPEx()
+		check(t, err)
 		x.WRStart()
 		x.WRID, x.WRFlags = uint64(i), verbs.SendSignaled
 		x.WRSend()

@@ -7,7 +7,7 @@
 // they are a public contract: a program that writes WQEs and reads CQEs itself, as libfabric's
 // direct data path does, sees exactly these bytes. docs/descriptors.md restates them as tables.
 //
-// Each format is a view over a byte slice (TxWQE, RxDesc, TxCQE, RxCQE) with a decoder that
+// Each format is a view over a byte slice (TxWQE, RxDesc, CQE) with a decoder that
 // checks every must-be-zero bit and an encoder that writes a whole descriptor. Decoders never
 // panic and never read outside the view: they return an error for anything a well-formed
 // descriptor cannot contain, so bytes written by an untrusted program are safe to decode.

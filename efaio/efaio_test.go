@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// The byte images below are written out by hand from the tables of efa.md §3.4–3.6 (offsets,
+// The byte images below are written out by hand from the tables of docs/descriptors.md (offsets,
 // bit positions, little-endian), not produced by the encoders they check.
 
 func TestTxWQESendImage(t *testing.T) {

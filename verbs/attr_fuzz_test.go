@@ -57,7 +57,7 @@ func FuzzQPAttrs(f *testing.F) {
 		var err error
 		if r.u8()&1 == 0 {
 			attr.QPType = verbs.QPTDriver
-			qp, err = efadv.CreateQPEx(ctx, &attr, &efadv.QPInitAttr{DriverQPType: uint32(r.u8() % 2), Flags: uint16(r.u8() % 8)})
+			qp, err = efadv.CreateQPEx(ctx, &attr, &efadv.QPInitAttr{DriverQPType: efadv.DriverQPType(r.u8() % 2), Flags: efadv.QPFlags(r.u8() % 8)})
 		} else {
 			attr.QPType = verbs.QPTUD
 			qp, err = ctx.CreateQPEx(&attr)

@@ -290,10 +290,10 @@ type PortState int
 
 // Port states.
 const (
-	PortDown   PortState = 1
-	PortInit   PortState = 2
-	PortArmed  PortState = 3
-	PortActive PortState = 4
+	PortDown   PortState = uapi.PortDown
+	PortInit   PortState = uapi.PortInit
+	PortArmed  PortState = uapi.PortArmed
+	PortActive PortState = uapi.PortActive
 )
 
 // MTU is an IB MTU enum (enum ibv_mtu).
@@ -301,11 +301,11 @@ type MTU int
 
 // MTU values.
 const (
-	MTU256  MTU = 1
-	MTU512  MTU = 2
-	MTU1024 MTU = 3
-	MTU2048 MTU = 4
-	MTU4096 MTU = 5
+	MTU256  MTU = uapi.MTU256
+	MTU512  MTU = uapi.MTU512
+	MTU1024 MTU = uapi.MTU1024
+	MTU2048 MTU = uapi.MTU2048
+	MTU4096 MTU = uapi.MTU4096
 )
 
 // mtuEnum maps a byte MTU to its enum; anything of 4096 or more reports as MTU4096, as the EFA

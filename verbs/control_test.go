@@ -145,7 +145,7 @@ func TestDeviceListAndContexts(t *testing.T) {
 }
 
 func TestMRKeysAndAccess(t *testing.T) {
-	dev := newDevice(t, func(c *config.Device) { c.Caps = efadv.DeviceAttrCapsRDMARead })
+	dev := newDevice(t, func(c *config.Device) { c.Caps = uint32(efadv.DeviceAttrCapsRDMARead) })
 	ctx := openCtx(t, dev)
 	pd := must[*verbs.PD](t)(ctx.AllocPD())
 	defer pd.Dealloc()
@@ -252,18 +252,18 @@ func TestAHNumbers(t *testing.T) {
 	a1 := must[*verbs.AH](t)(pd.CreateAH(attr(g1)))
 	a1b := must[*verbs.AH](t)(pd.CreateAH(attr(g1)))
 	a2 := must[*verbs.AH](t)(pd.CreateAH(attr(g2)))
-	if a1.AHN() != a1b.AHN() || a1.AHN() == a2.AHN() || a1.AHN() == 0xffff {
-		t.Fatalf("AH numbers %d %d %d", a1.AHN(), a1b.AHN(), a2.AHN())
+	if verbs.AHN(a1) != verbs.AHN(a1b) || verbs.AHN(a1) == verbs.AHN(a2) || verbs.AHN(a1) == 0xffff {
+		t.Fatalf("AH numbers %d %d %d", verbs.AHN(a1), verbs.AHN(a1b), verbs.AHN(a2))
 	}
 	_, err := pd.CreateAH(&verbs.AHAttr{GRH: verbs.GlobalRoute{DGID: g1}})
 	wantErrno(t, err, syscall.EINVAL)
 	_, err = pd.CreateAH(attr(verbs.GID{}))
 	wantErrno(t, err, syscall.EINVAL)
 	// A destroyed AH's number is not handed out again at once.
-	old := a2.AHN()
+	old := verbs.AHN(a2)
 	check(t, a2.Destroy())
 	a3 := must[*verbs.AH](t)(pd.CreateAH(attr(verbs.GID{15: 3})))
-	if a3.AHN() == old {
+	if verbs.AHN(a3) == old {
 		t.Fatalf("AH number %d reused at once", old)
 	}
 	for _, ah := range []*verbs.AH{a1, a1b, a3} {
@@ -300,8 +300,8 @@ func (f *qpFixture) srd(t testing.TB) *verbs.QP {
 	return qp
 }
 
-// Every creation check of libefa's create_qp (efa.md §3.3), one violation at a time, with its
-// errno; where two are violated, the earlier check wins.
+// Every creation check of libefa's create_qp (efa_check_qp_attr, efa_check_qp_limits), one
+// violation at a time, with its errno; where two are violated, the earlier check wins.
 func TestCreateQPChecks(t *testing.T) {
 	f := newQPFixture(t, nil)
 	other := newQPFixture(t, nil)
@@ -354,7 +354,7 @@ func TestCreateQPChecks(t *testing.T) {
 // Send ops allowed per QP type and device caps: UD takes SEND and SEND_WITH_IMM only; SRD takes
 // RDMA read and write only with the caps.
 func TestSendOpsPerTypeAndCaps(t *testing.T) {
-	noRDMA := newQPFixture(t, func(c *config.Device) { c.Caps = efadv.DeviceAttrCapsRNRRetry })
+	noRDMA := newQPFixture(t, func(c *config.Device) { c.Caps = uint32(efadv.DeviceAttrCapsRNRRetry) })
 	full := newQPFixture(t, nil)
 	for _, c := range []struct {
 		f    *qpFixture
@@ -399,12 +399,34 @@ func TestSendOpsPerTypeAndCaps(t *testing.T) {
 	wantErrno(t, err, syscall.EOPNOTSUPP)
 }
 
+// A QP created without send-ops flags has no QPEx: ToQPEx says so with EOPNOTSUPP (libibverbs'
+// NULL) rather than handing out a nil to panic on. One created with them has one.
+func TestToQPEx(t *testing.T) {
+	f := newQPFixture(t, nil)
+	ud := must[*verbs.QP](t)(f.pd.CreateQP(&verbs.QPInitAttr{SendCQ: f.cq, RecvCQ: f.cq, QPType: verbs.QPTUD,
+		Cap: verbs.QPCap{MaxSendWR: 10, MaxRecvWR: 10, MaxSendSGE: 1, MaxRecvSGE: 1}}))
+	defer ud.Destroy()
+	x, err := ud.ToQPEx()
+	if x != nil {
+		t.Fatalf("ToQPEx of a QP without send ops = %v", x)
+	}
+	wantErrno(t, err, syscall.EOPNOTSUPP)
+
+	a := f.srdAttr()
+	a.CompMask, a.SendOpsFlags = verbs.QPInitAttrPD|verbs.QPInitAttrSendOpsFlags, verbs.SendOpsSend
+	srd := must[*verbs.QP](t)(efadv.CreateQPEx(f.ctx, &a, &efadv.QPInitAttr{}))
+	defer srd.Destroy()
+	if x, err = srd.ToQPEx(); err != nil || x.QP() != srd {
+		t.Fatalf("ToQPEx of a QP with send ops = %v, %v", x, err)
+	}
+}
+
 // Caps are rounded as libefa rounds them, written back, and reported by query_qp.
 func TestQPCapsRounding(t *testing.T) {
 	f := newQPFixture(t, nil)
 	for _, c := range []struct {
 		in         verbs.QPCap
-		flags      uint16
+		flags      efadv.QPFlags
 		send, recv uint32
 		wqe        uint32
 	}{
@@ -463,12 +485,12 @@ func TestQPNumbers(t *testing.T) {
 	}
 	// Free one; the next QP gets it back (nothing else is free) with a new generation.
 	old := qps[3]
-	n, gen := old.QPN(), old.Gen()
+	n, gen := old.QPN(), verbs.QPGen(old)
 	check(t, old.Destroy())
 	a := f.srdAttr()
 	qp := must[*verbs.QP](t)(efadv.CreateQPEx(f.ctx, &a, &efadv.QPInitAttr{}))
-	if qp.QPN() != n || qp.Gen() == gen {
-		t.Fatalf("reused QPN %d gen %d, old %d gen %d", qp.QPN(), qp.Gen(), n, gen)
+	if qp.QPN() != n || verbs.QPGen(qp) == gen {
+		t.Fatalf("reused QPN %d gen %d, old %d gen %d", qp.QPN(), verbs.QPGen(qp), n, gen)
 	}
 	qps[3] = qp
 	for _, q := range qps {
@@ -492,7 +514,8 @@ func TestQPNNotReusedAtOnce(t *testing.T) {
 	}
 }
 
-// stateTable is EFA's SRD table (efa.md §4), transcribed independently of the engine: for each
+// stateTable is the QP state table of EFA's kernel driver for SRD (srd_qp_state_table in
+// drivers/infiniband/hw/efa/efa_verbs.c), transcribed independently of the engine: for each
 // allowed move, its required and optional attributes. UD is the same without RNR_RETRY.
 func stateTable(srd bool) map[[2]verbs.QPState][2]verbs.QPAttrMask {
 	const (

@@ -40,7 +40,7 @@ func TestLoopbackSend(t *testing.T) {
 		wantWC(t, a.one(), 5, verbs.WCSuccess, verbs.WCSend)
 		wc := b.one()
 		wantWC(t, wc, 77, verbs.WCSuccess, verbs.WCRecv)
-		if wc.ByteLen != 300 || wc.SrcQP != a.qp.QPN() || wc.QPNum != b.qp.QPN() || uint16(wc.SLID) != b.ah.AHN() ||
+		if wc.ByteLen != 300 || wc.SrcQP != a.qp.QPN() || wc.QPNum != b.qp.QPN() || wc.SLID != verbs.AHN(b.ah) ||
 			wc.WCFlags != 0 {
 			t.Fatalf("receive completion %+v", wc)
 		}
@@ -371,7 +371,7 @@ func TestStaleGenerationDropped(t *testing.T) {
 			t.Fatalf("%d completions dropped", a.cq.BadCompletions())
 		}
 		a.empty()
-		a.x = a.qp.ToQPEx()
+		a.x = must[*verbs.QPEx](t)(a.qp.ToQPEx())
 		a.toRTS(-1)
 		b.recv(2, 0, 100)
 		a.send(3, b, 0, 100)
@@ -529,7 +529,7 @@ func TestProcessingHints(t *testing.T) {
 	wantWC(t, a.one(), 2, verbs.WCSuccess, verbs.WCSend)
 	b.one()
 	sq, _, _ := efadv.QueryQPWQs(a.qp)
-	if sq.Buffer[14] != efadv.WRProcessingHintBurstPPSSensitive {
+	if efadv.ProcessingHints(sq.Buffer[14]) != efadv.WRProcessingHintBurstPPSSensitive {
 		t.Fatalf("ctrl3 %#x", sq.Buffer[14])
 	}
 	// A QP without WITH_PROCESSING_HINTS refuses them.
@@ -750,4 +750,36 @@ func TestCompletionChannel(t *testing.T) {
 	check(t, qp.Destroy())
 	check(t, cq.Destroy())
 	check(t, ch.Destroy())
+}
+
+// The extended CQ's read functions report what Poll's WC reports, at the same widths: two equal
+// sends, one completion read each way.
+func TestExtendedPollAgreesWithPoll(t *testing.T) {
+	a, b := newLoop(t, loopOpts{})
+	for i := range 2 {
+		b.recv(uint64(10+i), 0, 100)
+		a.send(uint64(i), b, 0, 100)
+		wantWC(t, a.one(), uint64(i), verbs.WCSuccess, verbs.WCSend)
+	}
+	wc := b.one()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := b.cq.StartPoll(verbs.PollCQAttr{})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.ENOENT) || time.Now().After(deadline) {
+			t.Fatalf("start_poll: %v", err)
+		}
+		runtimeGosched()
+	}
+	defer b.cq.EndPoll()
+	var slid uint16 = b.cq.ReadSLID() // the same type as WC.SLID
+	if b.cq.WRID() != 11 || b.cq.Status() != wc.Status || b.cq.ReadOpcode() != wc.Opcode ||
+		b.cq.ReadByteLen() != wc.ByteLen || b.cq.ReadSrcQP() != wc.SrcQP || b.cq.ReadQPNum() != wc.QPNum ||
+		slid != wc.SLID || b.cq.ReadWCFlags() != wc.WCFlags {
+		t.Fatalf("extended poll: wr_id %d status %v opcode %v len %d src_qp %d qp %d slid %d flags %v; Poll: %+v",
+			b.cq.WRID(), b.cq.Status(), b.cq.ReadOpcode(), b.cq.ReadByteLen(), b.cq.ReadSrcQP(), b.cq.ReadQPNum(),
+			slid, b.cq.ReadWCFlags(), wc)
+	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/engine"
+	"github.com/softefa/softefa/internal/uapi"
 	"github.com/softefa/softefa/link"
 )
 
@@ -303,7 +304,7 @@ func (c *Context) QueryPort(port uint8) (PortAttr, error) {
 	return PortAttr{
 		State: PortActive, MaxMTU: mtuEnum(c.cfg.MTU), ActiveMTU: mtuEnum(c.cfg.MTU),
 		GIDTblLen: 1, MaxMsgSz: uint32(c.cfg.MTU), PKeyTblLen: 1, LMC: 1, MaxVLNum: 1,
-		ActiveWidth: width, ActiveSpeed: speed, PhysState: 5, LinkSpeedGbps: c.cfg.LinkSpeedGbps,
+		ActiveWidth: width, ActiveSpeed: speed, PhysState: uapi.PhysStateLinkUp, LinkSpeedGbps: c.cfg.LinkSpeedGbps,
 	}, nil
 }
 

@@ -1,6 +1,8 @@
 // Package verbs is the verbs API (libibverbs' ibv_* calls) of softefa, a software EFA device, with
 // libefa's semantics: the provider that turns posts into EFA work-queue entries and polls EFA
-// completion entries. Package efadv adds EFA's direct verbs on top.
+// completion entries. Package efadv adds EFA's direct verbs on top, and is the only way to EFA's
+// extras (SRD QPs, the AH number, the source-GID and unsolicited completion fields, the raw rings),
+// as efadv.h is in C; the two packages share the provider's internals through internal/provider.
 //
 // # Objects
 //
@@ -62,5 +64,6 @@
 // polled (libefa drops them); CQ.Destroy refuses with EBUSY, where C would block, while completion
 // events are unacknowledged. An inline send through PostSend reads its SGEs through the
 // registered regions of the context, so an SGE outside every region is EINVAL rather than a
-// stray memory read.
+// stray memory read. ToQPEx of a QP created without send-ops flags is EOPNOTSUPP where C returns
+// NULL. ReadSLID is 16 bits wide, as WC.SLID is (C widens it to 32).
 package verbs

@@ -34,9 +34,9 @@ type loopOpts struct {
 	typ       verbs.QPType // default SRD
 	size      int          // MR bytes; default 4096
 	access    verbs.AccessFlags
-	qpFlags   uint16
+	qpFlags   efadv.QPFlags
 	cap       verbs.QPCap
-	cqWCFlags uint64
+	cqWCFlags efadv.WCExFlags
 	rnrRetry  int // -1 leaves the default (7)
 	noAH      bool
 	cqe       int // CQ entries; default 256
@@ -95,7 +95,7 @@ func newEnd(t testing.TB, ctx *verbs.Context, o loopOpts) *end {
 		e.qp = must[*verbs.QP](t)(efadv.CreateQPEx(ctx, &attr, &efadv.QPInitAttr{Flags: o.qpFlags,
 			WRFlags: efadv.WRExWithProcessingHints}))
 	}
-	e.x = e.qp.ToQPEx()
+	e.x, _ = e.qp.ToQPEx() // nil for a QP without send ops
 	e.toRTS(o.rnrRetry)
 	t.Cleanup(e.close)
 	return e

@@ -186,9 +186,6 @@ func (pd *PD) CreateAH(attr *AHAttr) (*AH, error) {
 	return &AH{pd: pd, e: e}, nil
 }
 
-// AHN returns the device's 16-bit number for the AH (efadv_query_ah), the value WQEs carry.
-func (ah *AH) AHN() uint16 { return ah.e.AHN() }
-
 // DGID returns the destination address.
 func (ah *AH) DGID() GID { return GID(ah.e.GID()) }
 

@@ -331,7 +331,8 @@ func (cq *CQ) ReadQPNum() uint32 { return uint32(cq.cur.QPN) }
 func (cq *CQ) ReadSrcQP() uint32 { return uint32(cq.cur.SrcQPN) }
 
 // ReadSLID returns the receiver's AH number for the sender, 0xffff if none (ibv_wc_read_slid).
-func (cq *CQ) ReadSLID() uint32 { return uint32(cq.cur.AHN) }
+// It is 16 bits wide, as WC.SLID and the AH number are (C's ibv_wc_read_slid widens it to 32).
+func (cq *CQ) ReadSLID() uint16 { return cq.cur.AHN }
 
 // ReadSL returns 0: EFA reports no service level (ibv_wc_read_sl).
 func (cq *CQ) ReadSL() uint8 { return 0 }

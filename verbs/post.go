@@ -82,7 +82,7 @@ func (qp *QP) postOne(wr *SendWR) error {
 		}
 	}
 	d.Op, d.HasImm, d.Imm = op, wr.Opcode == WRSendWithImm, wr.ImmData
-	d.AHN, d.DestQPN, d.QKey = wr.AH.AHN(), uint16(wr.RemoteQPN), wr.RemoteQKey
+	d.AHN, d.DestQPN, d.QKey = wr.AH.e.AHN(), uint16(wr.RemoteQPN), wr.RemoteQKey
 	slot := qp.claimSlot(&d, wr.WRID)
 	slot.Encode(&d)
 	return nil

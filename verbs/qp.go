@@ -9,6 +9,7 @@ import (
 
 	"github.com/softefa/softefa/efaio"
 	"github.com/softefa/softefa/internal/engine"
+	"github.com/softefa/softefa/internal/provider"
 	"github.com/softefa/softefa/internal/uapi"
 )
 
@@ -47,22 +48,6 @@ type QPInitAttrEx struct {
 	SendOpsFlags SendOpsFlags
 }
 
-// DriverQPAttr is the EFA-specific part of a QP (what efadv_qp_init_attr carries to libefa's
-// create_qp). Package efadv fills it; it is exported for that package.
-type DriverQPAttr struct {
-	DriverQPType uint32 // 0: SRD
-	Flags        uint16 // EFADV_QP_FLAGS_*: 1 UNSOLICITED_WRITE_RECV, 2 INLINE_WRITE
-	SL           uint8
-	WRFlags      uint64 // EFADV_WR_EX_WITH_PROCESSING_HINTS = 1
-}
-
-// EFA QP flags and WR flags, as DriverQPAttr carries them.
-const (
-	driverFlagUnsolicitedWriteRecv = 1 << 0
-	driverFlagInlineWrite          = 1 << 1
-	driverWRWithProcessingHints    = 1 << 0
-)
-
 // QP is a queue pair (struct ibv_qp). Posting is safe from several goroutines: the send queue
 // and the receive queue each have a lock, held by PostSend and PostRecv, and by a QPEx session
 // from WRStart to WRComplete or WRAbort.
@@ -77,7 +62,7 @@ type QP struct {
 	sqSigAll bool
 	cap      QPCap
 	sendOps  SendOpsFlags
-	drv      DriverQPAttr
+	drv      provider.QPAttr
 	userCtx  any
 	state    atomic.Int32 // recorded after each successful modify, as libefa's qp->state
 
@@ -202,8 +187,8 @@ func (pd *PD) CreateQP(attr *QPInitAttr) (*QP, error) {
 	return qp, err
 }
 
-// CreateDriverQP is PD.CreateQP with EFA's driver attributes, for efadv_create_driver_qp.
-func (pd *PD) CreateDriverQP(attr *QPInitAttr, drv *DriverQPAttr) (*QP, error) {
+// createDriverQP is PD.CreateQP with EFA's driver attributes, for efadv_create_driver_qp.
+func (pd *PD) createDriverQP(attr *QPInitAttr, drv *provider.QPAttr) (*QP, error) {
 	ex := pd.exAttr(attr)
 	qp, err := pd.ctx.createQP(&ex, drv)
 	attr.Cap = ex.Cap
@@ -221,16 +206,11 @@ func (pd *PD) exAttr(a *QPInitAttr) QPInitAttrEx {
 // attr.Cap. With QPInitAttrSendOpsFlags the QP offers the QPEx iterator for those opcodes.
 func (c *Context) CreateQPEx(attr *QPInitAttrEx) (*QP, error) { return c.createQP(attr, nil) }
 
-// CreateQPExDriver is CreateQPEx with EFA's driver attributes, for efadv_create_qp_ex.
-func (c *Context) CreateQPExDriver(attr *QPInitAttrEx, drv *DriverQPAttr) (*QP, error) {
-	return c.createQP(attr, drv)
-}
-
 // createQP is libefa's create_qp: its checks in its order, then the queue sizing, then the
-// device's create command.
-func (c *Context) createQP(attr *QPInitAttrEx, drv *DriverQPAttr) (*QP, error) {
+// device's create command. drv is nil for ibv_create_qp(_ex), the EFA part for efadv's.
+func (c *Context) createQP(attr *QPInitAttrEx, drv *provider.QPAttr) (*QP, error) {
 	cfg := &c.cfg
-	var d DriverQPAttr
+	var d provider.QPAttr
 	if drv != nil {
 		d = *drv
 	}
@@ -238,7 +218,7 @@ func (c *Context) createQP(attr *QPInitAttrEx, drv *DriverQPAttr) (*QP, error) {
 		return nil, err
 	}
 	wqeSize := efaio.TxWQESize
-	if attr.Cap.MaxInlineData > efaio.TxInlineMax || d.Flags&driverFlagInlineWrite != 0 {
+	if attr.Cap.MaxInlineData > efaio.TxInlineMax || d.Flags&uapi.DVQPFlagInlineWrite != 0 {
 		wqeSize = efaio.TxWQESize128
 	}
 	recvSGE := max(attr.Cap.MaxRecvSGE, 1)
@@ -287,7 +267,7 @@ func (c *Context) createQP(attr *QPInitAttrEx, drv *DriverQPAttr) (*QP, error) {
 		},
 		SQEntries: int(sqCnt), SQEntrySize: wqeSize, RQEntries: int(rqDesc), SL: d.SL, Owner: qp,
 	}
-	if d.Flags&driverFlagUnsolicitedWriteRecv != 0 {
+	if d.Flags&uapi.DVQPFlagUnsolicitedWriteRecv != 0 {
 		in.Flags |= uapi.QPFlagUnsolicitedWriteRecv
 	}
 	if cfg.RequestID64 {
@@ -312,8 +292,9 @@ func (c *Context) createQP(attr *QPInitAttrEx, drv *DriverQPAttr) (*QP, error) {
 	return qp, nil
 }
 
-// checkQP applies libefa's create_qp checks 1–8 (efa.md §3.3), in order.
-func (c *Context) checkQP(attr *QPInitAttrEx, drv *DriverQPAttr) error {
+// checkQP applies libefa's create_qp checks in their order (rdma-core providers/efa/verbs.c:
+// efa_check_qp_attr, then efa_check_qp_limits, with the device's inline and depth limits).
+func (c *Context) checkQP(attr *QPInitAttrEx, drv *provider.QPAttr) error {
 	caps := c.cfg.Caps
 	switch {
 	case drv == nil && attr.QPType != QPTUD:
@@ -326,9 +307,9 @@ func (c *Context) checkQP(attr *QPInitAttrEx, drv *DriverQPAttr) error {
 	if drv != nil {
 		f := drv.Flags
 		switch {
-		case f&^(driverFlagUnsolicitedWriteRecv|driverFlagInlineWrite) != 0,
-			f&driverFlagInlineWrite != 0 && caps&uapi.CapRDMAWrite == 0,
-			f&driverFlagUnsolicitedWriteRecv != 0 && caps&uapi.CapUnsolicitedWriteRecv == 0:
+		case f&^(uapi.DVQPFlagUnsolicitedWriteRecv|uapi.DVQPFlagInlineWrite) != 0,
+			f&uapi.DVQPFlagInlineWrite != 0 && caps&uapi.CapRDMAWrite == 0,
+			f&uapi.DVQPFlagUnsolicitedWriteRecv != 0 && caps&uapi.CapUnsolicitedWriteRecv == 0:
 			return fmt.Errorf("verbs: EFA QP flags %#x: %w", f, syscall.EOPNOTSUPP)
 		}
 	}
@@ -354,7 +335,7 @@ func (c *Context) checkQP(attr *QPInitAttrEx, drv *DriverQPAttr) error {
 		}
 	}
 	switch {
-	case drv != nil && drv.WRFlags&^driverWRWithProcessingHints != 0:
+	case drv != nil && drv.WRFlags&^uapi.DVWRExWithProcessingHints != 0:
 		return fmt.Errorf("verbs: EFA wr_flags %#x: %w", drv.WRFlags, syscall.EOPNOTSUPP)
 	case attr.SendCQ == nil || attr.RecvCQ == nil:
 		return fmt.Errorf("verbs: QP needs a send CQ and a receive CQ: %w", syscall.EINVAL)

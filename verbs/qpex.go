@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/uapi"
 )
 
 // QPEx is the extended send interface of a QP (struct ibv_qp_ex): a session of work requests
@@ -38,9 +39,15 @@ type session struct {
 
 var errNoSession = errors.New("verbs: QPEx call outside WRStart/WRComplete")
 
-// ToQPEx returns the QP's extended send interface (ibv_qp_to_qp_ex), or nil if the QP was created
-// without send-ops flags.
-func (qp *QP) ToQPEx() *QPEx { return qp.ex }
+// ToQPEx returns the QP's extended send interface (ibv_qp_to_qp_ex). A QP created without
+// send-ops flags (by CreateQP, or by CreateQPEx without QPInitAttrSendOpsFlags) has none:
+// EOPNOTSUPP, where libibverbs returns NULL.
+func (qp *QP) ToQPEx() (*QPEx, error) {
+	if qp.ex == nil {
+		return nil, fmt.Errorf("verbs: QP %d created without send-ops flags has no QPEx: %w", qp.qpn, syscall.EOPNOTSUPP)
+	}
+	return qp.ex, nil
+}
 
 // QP returns the QP.
 func (x *QPEx) QP() *QP { return x.qp }
@@ -201,7 +208,7 @@ func (x *QPEx) WRSetUDAddr(ah *AH, remoteQPN, remoteQKey uint32) {
 		x.fail(fmt.Errorf("verbs: nil AH: %w", syscall.EINVAL))
 		return
 	}
-	c.AHN, c.DestQPN, c.QKey = ah.AHN(), uint16(remoteQPN), remoteQKey
+	c.AHN, c.DestQPN, c.QKey = ah.e.AHN(), uint16(remoteQPN), remoteQKey
 }
 
 // WRSetSGE sets one local buffer (ibv_wr_set_sge).
@@ -274,7 +281,7 @@ func (x *QPEx) setInline(fill func([]byte) int, n int) {
 	qp := x.qp
 	switch {
 	case c.Op == efaio.OpRDMARead,
-		c.Op == efaio.OpRDMAWrite && (qp.sq.esz != efaio.TxWQESize128 || qp.drv.Flags&driverFlagInlineWrite == 0):
+		c.Op == efaio.OpRDMAWrite && (qp.sq.esz != efaio.TxWQESize128 || qp.drv.Flags&uapi.DVQPFlagInlineWrite == 0):
 		x.fail(fmt.Errorf("verbs: inline data not supported for %v on this QP: %w", c.Op, syscall.EINVAL))
 		return
 	case n > int(qp.cap.MaxInlineData):
@@ -289,15 +296,15 @@ func (x *QPEx) setInline(fill func([]byte) int, n int) {
 	}
 }
 
-// SetProcessingHints sets the current WR's processing hints (efadv_wr_set_processing_hints); the
+// setProcessingHints sets the current WR's processing hints (efadv_wr_set_processing_hints); the
 // QP must have been created with EFADV_WR_EX_WITH_PROCESSING_HINTS, else the session fails with
 // EOPNOTSUPP. Ignored once the session has an error.
-func (x *QPEx) SetProcessingHints(hints uint32) {
+func (x *QPEx) setProcessingHints(hints uint32) {
 	c := x.current()
 	if c == nil {
 		return
 	}
-	if x.qp.drv.WRFlags&driverWRWithProcessingHints == 0 {
+	if x.qp.drv.WRFlags&uapi.DVWRExWithProcessingHints == 0 {
 		x.fail(fmt.Errorf("verbs: QP created without processing hints: %w", syscall.EOPNOTSUPP))
 		return
 	}

@@ -665,7 +665,7 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 	return REAL(statx)(dirfd, path, flags, mask, stx);
 }
 
-// Ops wrapping (cabi.md §3.8). libefa rings doorbells with plain stores, which nothing traps. So
+// Ops wrapping (docs/cabi.md, "Doorbells"). libefa rings doorbells with plain stores, which nothing traps. So
 // the shim interposes ibv_open_device and ibv_qp_to_qp_ex, both exported by libibverbs, and for
 // a context on the softefa device replaces the post_send, post_recv and req_notify_cq entries of
 // its ops, and the wr_complete of each extended QP, with wrappers that call libefa's function and

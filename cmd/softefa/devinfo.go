@@ -17,7 +17,7 @@ import (
 // attributes and caps in words.
 
 var capNames = []struct {
-	bit  uint32
+	bit  efadv.DeviceCaps
 	name string
 }{
 	{efadv.DeviceAttrCapsRDMARead, "RDMA_READ"},
@@ -29,7 +29,7 @@ var capNames = []struct {
 	{efadv.DeviceAttrCapsCompCntr, "COMP_CNTR"},
 }
 
-func capWords(caps uint32) []string {
+func capWords(caps efadv.DeviceCaps) []string {
 	var out []string
 	for _, c := range capNames {
 		if caps&c.bit != 0 {

@@ -182,7 +182,10 @@ func destroyIf(ok bool, f func() error) error {
 
 // post runs one QPEx session with one WR to the peer's QP qpn.
 func (e *endpoint) post(qp *verbs.QP, wrid uint64, qpn uint32, build func(x *verbs.QPEx)) error {
-	x := qp.ToQPEx()
+	x, err := qp.ToQPEx()
+	if err != nil {
+		return err
+	}
 	x.WRStart()
 	x.WRID, x.WRFlags = wrid, verbs.SendSignaled
 	build(x)

@@ -1,7 +1,8 @@
-// Package uapi holds the numeric values shared by the provider (package verbs) and the device
-// engine: the enums of the uverbs ABI (QP types, states, attribute masks, access flags, async
-// events) and EFA's kernel ABI flags. Both sides speak in these numbers, as libibverbs and the
-// kernel do; package verbs re-exports them as typed constants.
+// Package uapi holds the numeric values shared by the provider (package verbs), package efadv,
+// the device engine and the uverbs ABI (internal/uverbs): the enums of the verbs ABI (QP types,
+// states, attribute masks, access flags, async events, port states, MTUs), EFA's direct-verbs
+// flags (efadv.h) and EFA's kernel ABI flags (efa-abi.h). Each value is defined here once; the
+// public packages re-export them as typed constants (verbs.QPState, efadv.DeviceCaps, ...).
 package uapi
 
 // QP types (enum ibv_qp_type).
@@ -62,6 +63,33 @@ const (
 	AccessHugeTLB      = 1 << 7
 	AccessRelaxedOrder = 1 << 20 // IBV_ACCESS_OPTIONAL_FIRST
 	AccessOptionalMask = 0x3ff << 20
+
+	// AccessSupported is every access bit the uverbs ABI accepts (IB_ACCESS_SUPPORTED).
+	AccessSupported = AccessHugeTLB<<1 - 1 | AccessOptionalMask
+)
+
+// QPAttrLegacyMask is every QP attribute bit of the legacy modify_qp command
+// ((IB_USER_LEGACY_LAST_QP_ATTR_MASK << 1) - 1).
+const QPAttrLegacyMask = QPAttrDestQPN<<1 - 1
+
+// Port states (enum ibv_port_state).
+const (
+	PortDown   = 1
+	PortInit   = 2
+	PortArmed  = 3
+	PortActive = 4
+)
+
+// PhysStateLinkUp is the physical port state of a port whose link is up (ib_port_phys_state).
+const PhysStateLinkUp = 5
+
+// MTUs (enum ibv_mtu).
+const (
+	MTU256  = 1
+	MTU512  = 2
+	MTU1024 = 3
+	MTU2048 = 4
+	MTU4096 = 5
 )
 
 // Async event types (enum ibv_event_type).
@@ -77,13 +105,23 @@ const (
 	EventPortErr     = 10
 )
 
-// EFA device capability bits (EFADV_DEVICE_ATTR_CAPS_*).
+// EFA device capability bits (EFADV_DEVICE_ATTR_CAPS_*). The device offers none of the last two.
 const (
 	CapRDMARead             = 1 << 0
 	CapRNRRetry             = 1 << 1
 	CapCQWithSGID           = 1 << 2
 	CapRDMAWrite            = 1 << 3
 	CapUnsolicitedWriteRecv = 1 << 4
+	CapCQWithExtMemDMABuf   = 1 << 5
+	CapCompCntr             = 1 << 6
+)
+
+// EFA direct-verbs QP flags (EFADV_QP_FLAGS_*) and WR flags (EFADV_WR_EX_*), as
+// efadv_qp_init_attr carries them to the provider.
+const (
+	DVQPFlagUnsolicitedWriteRecv = 1 << 0
+	DVQPFlagInlineWrite          = 1 << 1
+	DVWRExWithProcessingHints    = 1 << 0
 )
 
 // QP creation flags carried to the device (efa_ibv_create_qp flags).

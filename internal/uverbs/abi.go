@@ -4,7 +4,8 @@ import "encoding/binary"
 
 // The uverbs write ABI (rdma-core kernel-headers/rdma/ib_user_verbs.h, ABI version 6) and EFA's
 // driver data (efa-abi.h, EFA ABI version 1). Offsets are in bytes from the start of each
-// struct; sizes are the structs' sizeof.
+// struct; sizes are the structs' sizeof. The verbs enums the ABI carries are package uapi's, the
+// EFA descriptor sizes package efaio's.
 
 // ABI versions the sysfs tree reports.
 const (
@@ -39,17 +40,7 @@ const (
 	cmdMask          = 0xff
 	cmdFlagExtended  = 0x80000000
 	userPageSize     = 4096
-	legacyAttrMask   = 1<<21 - 1 // (IB_USER_LEGACY_LAST_QP_ATTR_MASK << 1) - 1
-	accessSupported  = 0xff | 0x3ff<<20
 	maxCompVectors   = 1
-	ibMTU4096        = 5
-	portStateActive  = 4
-	physStateLinkUp  = 5
-	cqeSize          = 16
-	cqeSizeEx        = 32
-	txWQESize        = 64
-	txWQESize128     = 128
-	rxDescSize       = 16
 	dbPageQPSQOffset = 0
 	dbPageQPRQOffset = 8
 )

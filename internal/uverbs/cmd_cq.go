@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/softefa/softefa/efaio"
 	"github.com/softefa/softefa/internal/engine"
 	"github.com/softefa/softefa/internal/uapi"
 	"golang.org/x/sys/unix"
@@ -107,7 +108,7 @@ func (f *File) newCQ(c *call, p cqParams) (uint32, uint32, error) {
 	if eflags&^(uapi.CQFlagWithCompletionChannel|uapi.CQFlagWithSGID|uapi.CQFlagSQ64BitReqID) != 0 {
 		return 0, 0, syscall.EOPNOTSUPP
 	}
-	if entrySize != cqeSizeEx && (entrySize != cqeSize || eflags&uapi.CQFlagWithSGID != 0) {
+	if entrySize != efaio.RxCQEExSize && (entrySize != efaio.RxCQESize || eflags&uapi.CQFlagWithSGID != 0) {
 		return 0, 0, syscall.EINVAL // the device writes efa_io_rx_cdesc or efa_io_rx_cdesc_ex
 	}
 	depth := uint32(1) << bits.Len32(p.cqe-1)

@@ -153,12 +153,12 @@ func (f *File) queryPort(c *call) error {
 	put32(b, 4, uint32(cfg.MTU)) // max_msg_sz
 	put32(b, 16, 1)              // gid_tbl_len
 	put16(b, 20, 1)              // pkey_tbl_len
-	b[26] = portStateActive
+	b[26] = uapi.PortActive
 	b[27], b[28] = mtuEnum(cfg.MTU), mtuEnum(cfg.MTU)
 	b[29] = 1 // lmc
 	b[30] = 1 // max_vl_num
 	b[34], b[35] = width, speed
-	b[36] = physStateLinkUp
+	b[36] = uapi.PhysStateLinkUp
 	return f.respond(c, b)
 }
 
@@ -166,7 +166,7 @@ func (f *File) queryPort(c *call) error {
 func mtuEnum(n int) uint8 {
 	switch {
 	case n >= 4096:
-		return ibMTU4096
+		return uapi.MTU4096
 	case n >= 2048:
 		return 4
 	case n >= 1024:

@@ -125,7 +125,7 @@ func (f *File) regMR(c *call) error {
 	pdh, access := u32(req, 32), int(u32(req, 36))
 	switch {
 	case start%userPageSize != va%userPageSize,
-		access&^accessSupported != 0,
+		access&^uapi.AccessSupported != 0,
 		access&(uapi.AccessRemoteWrite|uapi.AccessRemoteAtomic) != 0 && access&uapi.AccessLocalWrite == 0:
 		return syscall.EINVAL
 	}

@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/softefa/softefa/efaio"
 	"github.com/softefa/softefa/internal/engine"
 	"github.com/softefa/softefa/internal/uapi"
 )
@@ -54,11 +55,11 @@ func (f *File) createQP(c *call) error {
 		typ == uapi.QPTypeDriver && drvType != uapi.DriverQPTypeSRD {
 		return syscall.EOPNOTSUPP
 	}
-	esz := txWQESize
+	esz := efaio.TxWQESize
 	if caps.MaxInlineData > cfg.InlineBufSize {
-		esz = txWQESize128
+		esz = efaio.TxWQESize128
 	}
-	if sqSize <= 0 || sqSize%esz != 0 || rqSize < 0 || rqSize%rxDescSize != 0 {
+	if sqSize <= 0 || sqSize%esz != 0 || rqSize < 0 || rqSize%efaio.RxDescSize != 0 {
 		return syscall.EINVAL
 	}
 
@@ -91,7 +92,7 @@ func (f *File) createQP(c *call) error {
 			return fail(err)
 		}
 		keys = append(keys, rqKey)
-		in.RQEntries, in.RQRing = rqSize/rxDescSize, rqRing[:rqSize]
+		in.RQEntries, in.RQRing = rqSize/efaio.RxDescSize, rqRing[:rqSize]
 	}
 	o := &qpObj{f: f, handle: u64(req, 8), typ: typ, sigAll: req[52] != 0, keys: keys}
 	in.Owner = o
@@ -185,7 +186,7 @@ func (f *File) modifyQP(c *call) error {
 		CurState: int(req[97]), EnSQDAsyncNotify: req[100] != 0, Port: req[104], RNRRetry: req[107],
 	}
 	switch {
-	case mask&^legacyAttrMask != 0:
+	case mask&^uapi.QPAttrLegacyMask != 0:
 		return syscall.EOPNOTSUPP
 	case mask&uapi.QPAttrPort != 0 && a.Port != 1,
 		mask&uapi.QPAttrCurState != 0 && a.CurState > uapi.QPSErr,

@@ -240,7 +240,7 @@ func TestQueries(t *testing.T) {
 	port := withResp(16)
 	port[8] = 1
 	r = h.must(cmd(cmdQueryPort, 10, port, nil))
-	if u32(r, 4) != 8192 || r[26] != portStateActive || r[27] != ibMTU4096 || u32(r, 16) != 1 {
+	if u32(r, 4) != 8192 || r[26] != uapi.PortActive || r[27] != uapi.MTU4096 || u32(r, 16) != 1 {
 		t.Fatalf("query port % x", r[:40])
 	}
 	port[8] = 2

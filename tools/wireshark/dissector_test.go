@@ -167,7 +167,10 @@ func traffic(t *testing.T) {
 	if _, err := b.qp.PostRecv([]verbs.RecvWR{{WRID: 1, SGList: []verbs.SGE{b.mr.SGE(0, 4096)}}}); err != nil {
 		t.Fatal(err)
 	}
-	x := a.qp.ToQPEx()
+	x, err := a.qp.ToQPEx()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i, op := range []string{"send", "write", "read", "rnr"} {
 		x.WRStart()
 		x.WRID, x.WRFlags = uint64(i), verbs.SendSignaled

@@ -1,0 +1,7 @@
+package verbs
+
+// QPGen returns the generation of qp's number: the high bits of its 16-bit request ids.
+func QPGen(qp *QP) uint16 { return qp.e.Gen() }
+
+// AHN returns the device's number for ah (efadv_query_ah), the value completions report as SLID.
+func AHN(ah *AH) uint16 { return ah.e.AHN() }
