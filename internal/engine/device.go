@@ -6,16 +6,23 @@
 //
 // # Ownership and locking
 //
-// One goroutine per device, the engine loop (run), consumes rings. Everything the device owns —
-// its tables, each queue's consumer index and phase, each CQ's producer index and phase, parked
-// RNR retries — is guarded by Device.mu. The engine loop holds mu while it processes a batch;
-// control calls (create, modify, destroy) take mu too, so they see the device between batches.
+// Everything the device owns — its tables, each queue's consumer index and phase, each CQ's
+// producer index and phase, parked RNR retries, the transport's peer contexts — is guarded by
+// Device.mu, and whoever holds mu does the device's work: the engine loop (run: Ring's fallback
+// and the timers), the receive loop (rxLoop: arrivals), a poster that finds the device free
+// (ringInline, taking mu with TryLock so that it never waits), an application polling an empty CQ
+// (PollNetwork), or, for a driven device with no goroutines of its own, the owner (Drive). Each
+// holder reads the clock once and builds datagrams into a queue of its own (useTx), and sends
+// them after letting go of mu: no lock of the device is held across a system call. Control calls
+// (create, modify, destroy) take mu too, so they see the device between batches.
+// docs/architecture.md has the whole table of owners.
 //
 // The provider owns the other side of each ring: it writes entries and stores the producer
 // counter into the doorbell word with an atomic store; it reads CQEs after an atomic load of the
-// entry's header word, and stores its consumer count into the CQ doorbell. A doorbell store alone
-// is noticed by the engine's adaptive polling of doorbells (within PollMax); Ring makes the
-// engine look at once, and is what package verbs calls after every doorbell store.
+// entry's header word, and stores its consumer count into the CQ doorbell. Ring makes the engine
+// look at once, and is what package verbs calls after every doorbell store; a doorbell store alone
+// is noticed by the engine's polling of doorbells (within PollMax) for the QPs whose rings were
+// handed out for raw use (QP.PollDoorbells).
 //
 // Memory regions are Go byte slices; the engine reads and writes them only inside the slice
 // registered, after checking key, protection domain, bounds and access.

@@ -257,6 +257,12 @@ func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
 // waiting, handles them and sends what they produced. It reports whether any datagram came. It
 // does nothing, and reports false, when another goroutine is doing the same, or the device is
 // closed, driven, or has no link that can be polled beside its receive loop (link.BusyPoller).
+//
+// busyMu is the busy poller's owner token (its receiver and scratch), taken with TryLock: a
+// goroutine that finds another already polling has nothing to add (they read the same socket) and
+// goes back to its CQ instead of waiting, so holding the token across the receive and the send
+// blocks nobody. When nothing came, the owed ACKs are flushed only if mu is free (TryLock): a
+// holder of mu flushes what is due at the end of its own batch.
 func (d *Device) PollNetwork() bool {
 	if d.busyRx == nil || !d.busyMu.TryLock() {
 		return false

@@ -165,13 +165,15 @@ func (d *Device) flushAcks(now, minAge time.Duration) {
 	d.acksOwed.Store(keep > 0)
 }
 
-// input handles one datagram from the network. Anything malformed, addressed to another
-// incarnation of this device, or beyond the peer table is dropped and counted.
+// nonce is a sealed datagram's salt and counter, for the replay check.
 type nonce struct {
 	salt uint32
 	ctr  uint64
 }
 
+// input handles one datagram from the network. Anything malformed, from a source the named peer
+// has not proved its own (admit), addressed to another incarnation of this device, or beyond the
+// peer table is dropped and counted.
 func (d *Device) input(pk *link.Packet, now time.Duration, n *nonce) {
 	d.counts.RxPkts.Add(1)
 	d.counts.RxBytes.Add(uint64(pk.N))
