@@ -33,10 +33,24 @@ type RecvWR struct {
 // when the send queue is full — a slot frees only when its completion is polled. On failure it
 // returns the index of the WR that failed; the WRs before it are posted. The doorbell is rung
 // every max_batch WQEs and at the end.
+//
+// The doorbell stores are made under the send queue's lock; the device is woken after it is
+// released (Ring may do the device's work, and send, on this goroutine).
 func (qp *QP) PostSend(wrs []SendWR) (int, error) {
 	sq := &qp.sq
 	sq.mu.Lock()
-	defer sq.mu.Unlock()
+	start := sq.rung
+	n, err := qp.postSends(wrs)
+	rung := sq.rung != start
+	sq.mu.Unlock()
+	if rung {
+		qp.ctx.e.Ring(qp.e)
+	}
+	return n, err
+}
+
+func (qp *QP) postSends(wrs []SendWR) (int, error) {
+	sq := &qp.sq
 	for i := range wrs {
 		if err := qp.postOne(&wrs[i]); err != nil {
 			qp.ringSQ()
@@ -147,19 +161,15 @@ func (qp *QP) claimSlot(d *efaio.TxDesc, wrid uint64) efaio.TxWQE {
 	return slot
 }
 
-// ringSQ stores the producer counter into the SQ doorbell and wakes the device.
+// ringSQ stores the producer counter into the SQ doorbell (the caller wakes the device once it
+// has let go of the send queue's lock).
 func (qp *QP) ringSQ() {
 	sq := &qp.sq
 	if sq.pc == sq.rung {
 		return
 	}
 	sq.rung = sq.pc
-	qp.ringSQAt(sq.pc)
-}
-
-func (qp *QP) ringSQAt(pc uint16) {
-	atomic.StoreUint32(qp.sq.db, uint32(pc))
-	qp.ctx.e.Ring(qp.e)
+	atomic.StoreUint32(sq.db, uint32(sq.pc))
 }
 
 // PostRecv posts receive work requests (ibv_post_recv): one 16-byte descriptor per SGE (an empty
@@ -169,8 +179,15 @@ func (qp *QP) ringSQAt(pc uint16) {
 func (qp *QP) PostRecv(wrs []RecvWR) (int, error) {
 	rq := &qp.rq
 	rq.mu.Lock()
-	defer rq.mu.Unlock()
-	defer qp.ringRQ()
+	n, err := qp.postRecvs(wrs)
+	atomic.StoreUint32(rq.db, uint32(rq.pc))
+	rq.mu.Unlock()
+	qp.ctx.e.Ring(qp.e) // after letting go: Ring may do the device's work on this goroutine
+	return n, err
+}
+
+func (qp *QP) postRecvs(wrs []RecvWR) (int, error) {
+	rq := &qp.rq
 	if st := qp.State(); st == QPSReset || st == QPSErr {
 		return 0, fmt.Errorf("verbs: post receive in state %v: %w", st, syscall.EINVAL)
 	}
@@ -203,7 +220,3 @@ func (qp *QP) PostRecv(wrs []RecvWR) (int, error) {
 	return len(wrs), nil
 }
 
-func (qp *QP) ringRQ() {
-	atomic.StoreUint32(qp.rq.db, uint32(qp.rq.pc))
-	qp.ctx.e.Ring(qp.e)
-}

@@ -3,6 +3,7 @@ package verbs
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/softefa/softefa/efaio"
@@ -69,17 +70,22 @@ func (x *QPEx) WRComplete() error {
 	if !s.active {
 		return fmt.Errorf("%w: %w", errNoSession, syscall.EINVAL)
 	}
-	defer sq.mu.Unlock()
 	s.active = false
-	if s.err != nil {
+	if err := s.err; err != nil {
 		x.rollback()
-		return s.err
+		sq.mu.Unlock()
+		return err
 	}
 	x.finish()
+	rung := sq.rung != sq.pc
 	for sq.rung != sq.pc {
 		n := min(int(sq.pc-sq.rung), sq.maxBatch)
 		sq.rung += uint16(n)
-		x.qp.ringSQAt(sq.rung)
+		atomic.StoreUint32(sq.db, uint32(sq.rung))
+	}
+	sq.mu.Unlock()
+	if rung {
+		x.qp.ctx.e.Ring(x.qp.e) // after letting go: Ring may do the device's work on this goroutine
 	}
 	return nil
 }
