@@ -219,4 +219,3 @@ func (qp *QP) postRecvs(wrs []RecvWR) (int, error) {
 	}
 	return len(wrs), nil
 }
-
