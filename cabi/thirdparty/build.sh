@@ -83,7 +83,8 @@ tar -C "$work" -xzf "$src/$rdma.tar.gz"
 tar -C "$work" -xzf "$src/$fab.tar.gz"
 
 # Debian's interpreter (it has Cython; a pyenv one does not). Every path rdma-core would put
-# outside the prefix (pyverbs into the interpreter's dist-packages, systemd helpers into /lib)
+# outside the prefix (pyverbs into the interpreter's dist-packages, systemd helpers into /lib,
+# sysusers.d into /usr/lib)
 # is pointed inside it.
 py=/usr/bin/python3
 pylib=$prefix/lib/python3/dist-packages
@@ -93,6 +94,7 @@ cmake -S "$work/$rdma" -B "$work/$rdma/build" -G Ninja \
   -DCMAKE_INSTALL_PREFIX="$prefix" \
   -DCMAKE_INSTALL_PYTHON_ARCH_LIB="$pylib" \
   -DCMAKE_INSTALL_SYSTEMD_BINDIR="$prefix/lib/systemd" \
+  -DSYSUSERS_DIR="$prefix/lib/sysusers.d" \
   -DCMAKE_INSTALL_RPATH="$prefix/lib" \
   -DPYTHON_EXECUTABLE="$py" \
   -DNO_MAN_PAGES=1 -DENABLE_STATIC=0 >"$work/rdma-cmake.log" 2>&1 ||
