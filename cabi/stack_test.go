@@ -63,26 +63,44 @@ func TestStackPyverbsEFA(t *testing.T) {
 	if err != nil {
 		t.Fatalf("run_tests.py -k test_efa: %v\n%s", err, out)
 	}
-	result := regexp.MustCompile(`(?m)^(test_\w+) \(([\w.]+)\) \.\.\. (ok|skipped '(.*)'|ERROR|FAIL)$`)
+	// unittest -v prints "name (class) ... verdict", the docstring's first line between them
+	// for tests that have one (on a line of its own), and its verbose prints before the verdict.
+	name := regexp.MustCompile(`^(test_\w+) \([\w.]+\)`)
+	verdict := regexp.MustCompile(`\.\.\. (ok|skipped '(.*)'|ERROR|FAIL)$|^(ok|ERROR|FAIL)$`)
 	var ok, skipped int
-	var names []string
-	for _, m := range result.FindAllStringSubmatch(out, -1) {
-		names = append(names, m[1])
+	seen := map[string]string{}
+	current := ""
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if m := name.FindStringSubmatch(line); m != nil {
+			current = m[1]
+		}
+		m := verdict.FindStringSubmatch(line)
+		if m == nil || current == "" {
+			continue
+		}
+		v := m[1] + m[3]
+		seen[current] = v
 		switch {
-		case m[3] == "ok":
+		case v == "ok":
 			ok++
-		case strings.HasPrefix(m[3], "skipped"):
+		case strings.HasPrefix(v, "skipped"):
 			skipped++
-			why, allowed := skipsOnEFA[m[1]]
-			if !allowed || !strings.Contains(m[4], why) {
-				t.Errorf("%s skipped (%s): real EFA hardware would not skip it", m[1], m[4])
+			why, allowed := skipsOnEFA[current]
+			if !allowed || !strings.Contains(m[2], why) {
+				t.Errorf("%s skipped (%s): real EFA hardware would not skip it", current, m[2])
 			}
 		default:
-			t.Errorf("%s: %s", m[1], m[3])
+			t.Errorf("%s: %s", current, v)
 		}
+		current = ""
+	}
+	var names []string
+	for n := range seen {
+		names = append(names, n)
 	}
 	sort.Strings(names)
-	if len(names) < 21 { // rdma-core 64 has 21 EFA tests
+	if len(names) != 21 || !strings.Contains(out, "Ran 21 tests") { // rdma-core 64 has 21 EFA tests
 		t.Fatalf("ran %d EFA tests, want 21: %v\n%s", len(names), names, out)
 	}
 	if !strings.Contains(out, "\nOK") {
