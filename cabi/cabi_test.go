@@ -310,10 +310,14 @@ func runPair(t *testing.T, c pair) string {
 	cliSetup := setupOrSkip(t, c.tool)
 	port := freeTCPPort(t)
 	var srv, cli []string
-	if strings.HasPrefix(filepath.Base(c.tool), "fi_") {
+	switch base := filepath.Base(c.tool); {
+	case base == "fi_pingpong":
 		srv = append([]string{"-B", fmt.Sprint(port)}, c.args...)
 		cli = append([]string{"-P", fmt.Sprint(port)}, c.args...)
-	} else {
+	case strings.HasPrefix(base, "fi_"): // fabtests' own programs: addresses out of band
+		srv = append([]string{fmt.Sprintf("-E=%d", port)}, c.args...)
+		cli = srv
+	default:
 		srv = append([]string{"-d", "efa_0", "-c", "SRD", "-x", "0", "-n", "200", "-p", fmt.Sprint(port)}, c.args...)
 		cli = srv
 	}

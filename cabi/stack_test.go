@@ -110,17 +110,20 @@ func TestStackPyverbsEFA(t *testing.T) {
 }
 
 // TestStackTwoProcesses runs perftest (Debian's binaries, with rdma-core 64's libibverbs and
-// libefa) and libfabric 2.6's fi_pingpong on both of its fabrics, checking data (-c), between two
-// processes.
+// libefa) and libfabric 2.6's ping-pongs on both of its fabrics, checking data, between two
+// processes. fi_pingpong runs on efa-direct only: it always asks for FI_MSG_PREFIX, which
+// libfabric 2.6's efa fabric gets wrong whatever the device (docs/cabi.md, "What does not work
+// yet"); fabtests' fi_rdm_pingpong (-v: data checked; no prefix) covers that fabric. perftest
+// 4.5 refuses ib_write_* with -c SRD itself.
 func TestStackTwoProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs perftest and fi_pingpong between two processes")
 	}
 	p := stackPrefix(t)
 	lib := "LD_LIBRARY_PATH=" + filepath.Join(p, "lib")
-	ping := filepath.Join(p, "bin", "fi_pingpong")
-	pp := func(fabric, size, iters string) []string {
-		return []string{"-p", "efa", "-e", "rdm", "-f", fabric, "-c", "-S", size, "-I", iters}
+	bin := func(name string) string { return filepath.Join(p, "bin", name) }
+	rdmPing := func(fabric string) []string {
+		return []string{"-p", "efa", "-f", fabric, "-v", "-S", "64", "-I", "1000"}
 	}
 	for _, c := range []struct {
 		name string
@@ -130,10 +133,10 @@ func TestStackTwoProcesses(t *testing.T) {
 		{"ib_send_lat", pair{tool: "ib_send_lat", env: []string{lib}, want: "t_typical", timeout: time.Minute}},
 		{"ib_read_bw", pair{tool: "ib_read_bw", env: []string{lib}, want: "BW average", timeout: time.Minute}},
 		{"ib_read_lat", pair{tool: "ib_read_lat", env: []string{lib}, want: "t_typical", timeout: time.Minute}},
-		{"ib_write_bw", pair{tool: "ib_write_bw", env: []string{lib}, want: "BW average", timeout: time.Minute}},
-		{"ib_write_lat", pair{tool: "ib_write_lat", env: []string{lib}, want: "t_typical", timeout: time.Minute}},
-		{"fi_pingpong_efa", pair{tool: ping, args: pp("efa", "64", "1000"), want: "usec/xfer", timeout: time.Minute}},
-		{"fi_pingpong_efa_direct", pair{tool: ping, args: pp("efa-direct", "64", "1000"), want: "usec/xfer", timeout: time.Minute}},
+		{"fi_pingpong_efa_direct", pair{tool: bin("fi_pingpong"), want: "usec/xfer", timeout: time.Minute,
+			args: []string{"-p", "efa", "-e", "rdm", "-f", "efa-direct", "-c", "-S", "64", "-I", "1000"}}},
+		{"fi_rdm_pingpong_efa", pair{tool: bin("fi_rdm_pingpong"), args: rdmPing("efa"), want: "usec/xfer", timeout: time.Minute}},
+		{"fi_rdm_pingpong_efa_direct", pair{tool: bin("fi_rdm_pingpong"), args: rdmPing("efa-direct"), want: "usec/xfer", timeout: time.Minute}},
 	} {
 		t.Run(c.name, func(t *testing.T) { runPair(t, c.pair) })
 	}
