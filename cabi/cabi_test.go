@@ -422,8 +422,10 @@ func combinedOutputWithin(c *exec.Cmd, d time.Duration) ([]byte, error) {
 }
 
 // TestRawABI drives the device node with hand-built commands through the shim (a Python script,
-// since the node is only visible to preloaded programs): fstat, GET_CONTEXT, dup, QUERY_DEVICE on
-// the duplicate after the original is closed, ioctl refused with ENOTTY, a second context refused.
+// since the node is only visible to preloaded programs): a NETLINK_RDMA request and its ACK,
+// fstat, GET_CONTEXT, dup, QUERY_DEVICE on the duplicate after the original is closed, an ioctl
+// method answered EPROTONOSUPPORT and another ioctl ENOTTY, a second context refused, a forked
+// child refused.
 func TestRawABI(t *testing.T) {
 	s := setupOrSkip(t, "python3")
 	script, err := filepath.Abs("testdata/rawabi.py")
@@ -528,5 +530,36 @@ func TestRdmaTool(t *testing.T) {
 				t.Errorf("%s: output lacks %q:\n%s", c.cmd, w, out)
 			}
 		}
+	}
+}
+
+// TestInstalledRun installs cmd/softefa with go install into an empty directory and runs
+// `softefa run -- ibv_devinfo` from another, with no source tree above either and SOFTEFA_SRC
+// unset: the libraries are built from the sources embedded in the executable.
+func TestInstalledRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("installs softefa and builds the libraries from its embedded sources")
+	}
+	setupOrSkip(t, "ibv_devinfo")
+	bin, work := t.TempDir(), t.TempDir()
+	install := exec.Command("go", "install", "./cmd/softefa")
+	install.Dir = ".."
+	install.Env = append(os.Environ(), "GOBIN="+bin)
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Fatalf("go install: %v\n%s", err, out)
+	}
+	c := exec.Command(filepath.Join(bin, "softefa"), "run", "--", "ibv_devinfo")
+	c.Dir = work
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SOFTEFA_SRC=") && !strings.HasPrefix(kv, "SOFTEFA_LIBDIR=") {
+			c.Env = append(c.Env, kv)
+		}
+	}
+	out, err := combinedOutputWithin(c, 5*time.Minute)
+	if err != nil {
+		t.Fatalf("softefa run from %s: %v\n%s", work, err, out)
+	}
+	if !strings.Contains(string(out), "hca_id:\tefa_0") {
+		t.Fatalf("ibv_devinfo through the installed softefa lacks efa_0:\n%s", out)
 	}
 }

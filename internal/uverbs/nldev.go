@@ -60,13 +60,14 @@ func isDump(typ uint16) bool {
 }
 
 // nlError builds an NLMSG_ERROR for msg: error (-errno, or 0 for an ACK) and the request's header,
-// with the whole request after it for an error (no NETLINK_CAP_ACK), as netlink_ack does.
+// with the whole request after it for an error (no NETLINK_CAP_ACK), as netlink_ack does; an
+// ACK, which carries the header alone, is flagged NLM_F_CAPPED.
 func nlError(msg []byte, portID uint32, errno syscall.Errno) []byte {
-	body := msg[:nlmsgHdrLen]
+	body, flags := msg[:nlmsgHdrLen], uint16(nlmFCapped)
 	if errno != 0 {
-		body = msg
+		body, flags = msg, 0
 	}
-	b := nlHeader(nlmsgError, 0, u32(msg, 8), portID)
+	b := nlHeader(nlmsgError, flags, u32(msg, 8), portID)
 	e := make([]byte, 4)
 	put32(e, 0, uint32(-int32(errno)))
 	b = append(b, e...)

@@ -90,6 +90,7 @@ const (
 	nlmFMulti     = 0x2
 	nlmFAck       = 0x4
 	nlmFDump      = 0x300 // NLM_F_ROOT | NLM_F_MATCH
+	nlmFCapped    = 0x100 // on an NLMSG_ERROR: the request's payload is left out
 	nlaFNested    = 1 << 15
 	nlaTypeMask   = 0x3fff
 	rdmaDriverEFA = 17 // enum rdma_driver_id
