@@ -17,8 +17,8 @@ import (
 // instead of leaving them to the engine's timer (1 to 16 ms): it is what notices a program that
 // writes the rings itself rather than through the wrapped libibverbs entry points. It scans every
 // QP's SQ and RQ doorbell; after a change it may keep scanning for spin, yielding the CPU between
-// scans (sched_yield); then it backs off from 50 µs to 1 ms between scans, and blocks while there
-// is no QP. Pauses under a millisecond are nanosleeps on the watcher's own thread, with a timer
+// scans (sched_yield); then it scans every 50 µs until busyWindow after the last change, backs
+// off to 1 ms between scans after that, and blocks while there is no QP. Pauses under a millisecond are nanosleeps on the watcher's own thread, with a timer
 // slack of 1 µs: Go's timers do not sleep less than about a millisecond, which made every raw
 // doorbell wait 1 to 2 ms (libfabric 2.6's efa-direct fi_pingpong, 64 bytes: 1.8–3.4 ms per
 // transfer before, 0.3–0.6 ms after, on a loaded 2-vCPU machine).
@@ -52,6 +52,11 @@ const defaultSpin = 0
 // minPause is the watcher's first pause after a doorbell moved; it doubles up to a millisecond
 // while none moves.
 const minPause = 50 * time.Microsecond
+
+// busyWindow is how long after a doorbell moved the watcher keeps its shortest pause before it
+// backs off: a program that posts, waits a round trip and posts again (a ping-pong, whose round
+// trip here is a few hundred microseconds) would otherwise find it asleep for longer.
+const busyWindow = 2 * time.Millisecond
 
 func newWatcher(e *engine.Device) *watcher {
 	w := &watcher{e: e, spin: defaultSpin, wake: make(chan struct{}, 1), stop: make(chan struct{})}
@@ -145,6 +150,8 @@ func (w *watcher) loop() {
 			case <-time.After(pause):
 			}
 		}
-		pause = min(2*pause, time.Millisecond)
+		if time.Since(last) > busyWindow {
+			pause = min(2*pause, time.Millisecond)
+		}
 	}
 }
