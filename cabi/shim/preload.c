@@ -537,7 +537,8 @@ int socket(int domain, int type, int protocol) {
 	resolve_socket();
 	if (!dev_path || domain != AF_NETLINK || protocol != NETLINK_RDMA)
 		return REAL(socket)(domain, type, protocol);
-	pthread_once(&eng_once, load_engine);
+	if (!forked_child)
+		pthread_once(&eng_once, load_engine);
 	if (forked_child || eng_err) {
 		errno = EPROTONOSUPPORT; // no engine: libibverbs enumerates through SYSFS_PATH
 		return -1;
@@ -610,6 +611,10 @@ int setsockopt(int fd, int level, int name, const void *val, socklen_t len) {
 
 // nl_send hands one request (possibly several netlink messages) to the engine.
 static ssize_t nl_send(int fd, const void *buf, size_t n) {
+	if (forked_child) {
+		errno = EIO; // the engine that answered it did not survive the fork, as for device fds
+		return -1;
+	}
 	sigset_t old;
 	enter(&old);
 	int r = eng_netlink(nl_peer[fd], nl_autobind(fd), buf, n);
