@@ -563,3 +563,14 @@ func TestInstalledRun(t *testing.T) {
 		t.Fatalf("ibv_devinfo through the installed softefa lacks efa_0:\n%s", out)
 	}
 }
+
+// TestSysfsDirect reads the device's sysfs files by their /sys paths, as tools do (rdma-core's
+// tests cat a port's pkeys): the shim answers them from the process's own tree.
+func TestSysfsDirect(t *testing.T) {
+	s := setupOrSkip(t, "sh", "cat")
+	out := run(t, s, "", time.Minute, "sh", "-c",
+		"cat /sys/class/infiniband/efa_0/ports/1/pkeys/0 /sys/class/infiniband_verbs/abi_version /sys/class/infiniband/efa_0/node_type")
+	if want := "0xffff\n6\n1: CA\n"; out != want {
+		t.Fatalf("got %q, want %q", out, want)
+	}
+}

@@ -109,6 +109,21 @@ func TestStackPyverbsEFA(t *testing.T) {
 	t.Logf("rdma-core 64 -k test_efa: %d tests, %d ok, %d skipped: %s", len(names), ok, skipped, lastLines(out, 2))
 }
 
+// TestStackPyverbsAll runs rdma-core 64's whole test suite on the device: it must pass (its
+// tests for other devices and for features EFA lacks skip themselves).
+func TestStackPyverbsAll(t *testing.T) {
+	p := stackPrefix(t)
+	s := setupOrSkip(t, "rdma")
+	c := exec.Command("/usr/bin/python3", filepath.Join(p, "share", "doc", "rdma-core", "tests", "run_tests.py"), "--dev", s.Sysfs.IBDev)
+	c.Env = append(s.Environ(), "PYTHONPATH="+filepath.Join(p, "lib", "python3", "dist-packages"))
+	b, err := combinedOutputWithin(c, 10*time.Minute)
+	out := string(b)
+	if err != nil || !strings.Contains(out, "\nOK") {
+		t.Fatalf("rdma-core 64's suite did not pass: %v\n%s", err, out)
+	}
+	t.Logf("rdma-core 64, whole suite: %s", lastLines(out, 2))
+}
+
 // TestStackTwoProcesses runs perftest (Debian's binaries, with rdma-core 64's libibverbs and
 // libefa) and libfabric 2.6's ping-pongs on both of its fabrics, checking data, between two
 // processes. fi_pingpong runs on efa-direct only: it always asks for FI_MSG_PREFIX, which

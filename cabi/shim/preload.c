@@ -242,6 +242,32 @@ static void load_engine(void) {
 	engine_loaded = 1;
 }
 
+// Direct reads of the device's sysfs (docs/cabi.md, "Sysfs"): a path under
+// /sys/class/infiniband or /sys/class/infiniband_verbs, which libibverbs reads under SYSFS_PATH
+// but tools read directly (rdma-core's tests `cat` a port's pkeys), names the same file of the
+// process's own tree. The first such lookup in a process that has no device yet makes it one, as
+// the first lookup of SYSFS_PATH does.
+static char *sysfs_root(void);
+
+static const char *sys_path(const char *path, char *buf, size_t n) {
+	static const char ib[] = "/sys/class/infiniband", verbs[] = "/sys/class/infiniband_verbs";
+	if (!dev_path || !path || strncmp(path, ib, sizeof(ib) - 1) != 0)
+		return path;
+	const char *rest = path + sizeof(ib) - 1;
+	if (*rest != '/' && *rest != 0 && strncmp(path, verbs, sizeof(verbs) - 1) != 0)
+		return path;
+	if (*rest == '_' && path[sizeof(verbs) - 1] != '/' && path[sizeof(verbs) - 1] != 0)
+		return path;
+	char *root = sysfs_root();
+	if (!root || snprintf(buf, n, "%s%s", root, path + 4) >= (int)n) // path + 4: "/class/..."
+		return path;
+	return buf;
+}
+
+#define SYS_REDIRECT(path)                                                                         \
+	char sysbuf_[4096];                                                                        \
+	path = sys_path(path, sysbuf_, sizeof(sysbuf_))
+
 static int open_dev(int flags) {
 	if (forked_child) {
 		errno = ENODEV; // the engine's runtime did not survive the fork
@@ -273,6 +299,7 @@ static mode_t open_mode(int flags, va_list ap) {
 }
 
 int open(const char *path, int flags, ...) {
+	SYS_REDIRECT(path);
 	va_list ap;
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
@@ -284,6 +311,7 @@ int open(const char *path, int flags, ...) {
 }
 
 int open64(const char *path, int flags, ...) {
+	SYS_REDIRECT(path);
 	va_list ap;
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
@@ -295,6 +323,7 @@ int open64(const char *path, int flags, ...) {
 }
 
 int openat(int dirfd, const char *path, int flags, ...) {
+	SYS_REDIRECT(path);
 	va_list ap;
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
@@ -306,6 +335,7 @@ int openat(int dirfd, const char *path, int flags, ...) {
 }
 
 int openat64(int dirfd, const char *path, int flags, ...) {
+	SYS_REDIRECT(path);
 	va_list ap;
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
@@ -317,6 +347,7 @@ int openat64(int dirfd, const char *path, int flags, ...) {
 }
 
 int __open_2(const char *path, int flags) {
+	SYS_REDIRECT(path);
 	if (is_dev(path))
 		return open_dev(flags);
 	resolve___open_2();
@@ -324,6 +355,7 @@ int __open_2(const char *path, int flags) {
 }
 
 int __open64_2(const char *path, int flags) {
+	SYS_REDIRECT(path);
 	if (is_dev(path))
 		return open_dev(flags);
 	resolve___open64_2();
@@ -331,6 +363,7 @@ int __open64_2(const char *path, int flags) {
 }
 
 int __openat_2(int dirfd, const char *path, int flags) {
+	SYS_REDIRECT(path);
 	if (is_dev(path))
 		return open_dev(flags);
 	resolve___openat_2();
@@ -485,6 +518,18 @@ static char *sysfs_path_for(const char *name) {
 		return NULL;
 	pthread_once(&sysfs_once, make_sysfs);
 	return proc_sysfs[0] ? proc_sysfs : NULL;
+}
+
+// sysfs_root is the directory the process's SYSFS_PATH names (its own tree, or the launcher's
+// with --addr), or NULL.
+static char *sysfs_root(void) {
+	if (forked_child)
+		return NULL;
+	char *p = sysfs_path_for("SYSFS_PATH");
+	if (p)
+		return p;
+	resolve_getenv();
+	return REAL(getenv)("SOFTEFA_SYSFS_ROOT") ? NULL : REAL(getenv)("SYSFS_PATH");
 }
 
 char *getenv(const char *name) {
@@ -707,6 +752,7 @@ static int at_is_dev(int dirfd, const char *path, int flags) {
 }
 
 int stat(const char *path, struct stat *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -716,6 +762,7 @@ int stat(const char *path, struct stat *st) {
 }
 
 int lstat(const char *path, struct stat *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -734,6 +781,7 @@ int fstat(int fd, struct stat *st) {
 }
 
 int fstatat(int dirfd, const char *path, struct stat *st, int flags) {
+	SYS_REDIRECT(path);
 	if (at_is_dev(dirfd, path, flags)) {
 		FAKE_STAT(st);
 		return 0;
@@ -743,6 +791,7 @@ int fstatat(int dirfd, const char *path, struct stat *st, int flags) {
 }
 
 int stat64(const char *path, struct stat64 *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -752,6 +801,7 @@ int stat64(const char *path, struct stat64 *st) {
 }
 
 int lstat64(const char *path, struct stat64 *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -770,6 +820,7 @@ int fstat64(int fd, struct stat64 *st) {
 }
 
 int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
+	SYS_REDIRECT(path);
 	if (at_is_dev(dirfd, path, flags)) {
 		FAKE_STAT(st);
 		return 0;
@@ -780,6 +831,7 @@ int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
 
 // The glibc < 2.33 entry points behind stat(2) and friends.
 int __xstat(int ver, const char *path, struct stat *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -789,6 +841,7 @@ int __xstat(int ver, const char *path, struct stat *st) {
 }
 
 int __lxstat(int ver, const char *path, struct stat *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -807,6 +860,7 @@ int __fxstat(int ver, int fd, struct stat *st) {
 }
 
 int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags) {
+	SYS_REDIRECT(path);
 	if (at_is_dev(dirfd, path, flags)) {
 		FAKE_STAT(st);
 		return 0;
@@ -816,6 +870,7 @@ int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags)
 }
 
 int __xstat64(int ver, const char *path, struct stat64 *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -825,6 +880,7 @@ int __xstat64(int ver, const char *path, struct stat64 *st) {
 }
 
 int __lxstat64(int ver, const char *path, struct stat64 *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -843,6 +899,7 @@ int __fxstat64(int ver, int fd, struct stat64 *st) {
 }
 
 int __fxstatat64(int ver, int dirfd, const char *path, struct stat64 *st, int flags) {
+	SYS_REDIRECT(path);
 	if (at_is_dev(dirfd, path, flags)) {
 		FAKE_STAT(st);
 		return 0;
@@ -852,6 +909,7 @@ int __fxstatat64(int ver, int dirfd, const char *path, struct stat64 *st, int fl
 }
 
 int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *stx) {
+	SYS_REDIRECT(path);
 	if (at_is_dev(dirfd, path, flags)) {
 		memset(stx, 0, sizeof(*stx));
 		stx->stx_mask = STATX_BASIC_STATS;
