@@ -71,7 +71,13 @@ func isRoot(d string) bool {
 // source tree cached under $SOFTEFA_CACHE (default: the user cache dir, softefa/cabi) and keyed by
 // a hash of the sources and the Go and C compilers, built with go and cc when missing. Progress
 // goes to log.
-func Locate(log io.Writer) (Libs, error) {
+func Locate(log io.Writer) (Libs, error) { return LocateFrom(log, nil) }
+
+// LocateFrom is Locate with a fallback: when no source tree is found (a softefa installed with go
+// install, run outside any checkout), the sources in embedded (the root package's Source) are
+// written to the cache, under a directory named by their hash, and built from there. Building
+// needs go, cc and the module's dependencies in the module cache (go install put them there).
+func LocateFrom(log io.Writer, embedded fs.FS) (Libs, error) {
 	if d := os.Getenv("SOFTEFA_LIBDIR"); d != "" {
 		l := Libs{Shim: filepath.Join(d, ShimLib), Engine: filepath.Join(d, EngineLib)}
 		for _, p := range []string{l.Shim, l.Engine} {
@@ -81,10 +87,6 @@ func Locate(log io.Writer) (Libs, error) {
 		}
 		return l, nil
 	}
-	src, err := FindSource()
-	if err != nil {
-		return Libs{}, err
-	}
 	cache := os.Getenv("SOFTEFA_CACHE")
 	if cache == "" {
 		base, err := os.UserCacheDir()
@@ -93,7 +95,69 @@ func Locate(log io.Writer) (Libs, error) {
 		}
 		cache = filepath.Join(base, "softefa", "cabi")
 	}
+	src, err := FindSource()
+	if err != nil && embedded != nil && os.Getenv("SOFTEFA_SRC") == "" {
+		src, err = extract(embedded, filepath.Join(cache, "src"))
+	}
+	if err != nil {
+		return Libs{}, err
+	}
 	return Build(src, cache, log)
+}
+
+// extract writes the files of embedded into dir/<hash of them> (once: a later call finds them)
+// and returns that directory.
+func extract(embedded fs.FS, dir string) (string, error) {
+	h := sha256.New()
+	var files []string
+	err := fs.WalkDir(embedded, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(embedded, p)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(h, "%s %d\n", p, len(b))
+		h.Write(b)
+		files = append(files, p)
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("cabi: embedded sources: %w", err)
+	}
+	if len(files) == 0 {
+		return "", errors.New("cabi: no embedded sources")
+	}
+	dst := filepath.Join(dir, hex.EncodeToString(h.Sum(nil))[:16])
+	if isRoot(dst) {
+		return dst, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp(dir, "tmp-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	for _, p := range files {
+		b, err := fs.ReadFile(embedded, p)
+		if err != nil {
+			return "", err
+		}
+		out := filepath.Join(tmp, filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(out, b, 0o644); err != nil {
+			return "", err
+		}
+	}
+	if err := os.Rename(tmp, dst); err != nil && !isRoot(dst) { // another process may have won
+		return "", err
+	}
+	return dst, nil
 }
 
 // Build builds the libraries from the source tree src into a directory of cache named by the
@@ -179,7 +243,7 @@ func prune(cache string, keep int) {
 	}
 	var builds []build
 	for _, e := range ents {
-		if !e.IsDir() || strings.HasPrefix(e.Name(), "build-") || strings.HasPrefix(e.Name(), ".") {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), "build-") || strings.HasPrefix(e.Name(), ".") || e.Name() == "src" {
 			continue
 		}
 		if info, err := e.Info(); err == nil {

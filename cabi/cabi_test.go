@@ -287,61 +287,83 @@ func TestTwoProcesses(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			srvSetup := setupOrSkip(t, c.tool)
-			cliSetup := setupOrSkip(t, c.tool)
-			port := freeTCPPort(t)
-			var srv, cli []string
-			if c.tool == "fi_pingpong" {
-				srv = append([]string{"-B", fmt.Sprint(port)}, c.args...)
-				cli = append([]string{"-P", fmt.Sprint(port)}, c.args...)
-			} else {
-				srv = []string{"-d", "efa_0", "-c", "SRD", "-x", "0", "-n", "200", "-p", fmt.Sprint(port)}
-				cli = srv
-			}
-			server := exec.Command(c.tool, srv...)
-			server.Env = srvSetup.Environ()
-			var srvOut bytes.Buffer
-			server.Stdout, server.Stderr = &srvOut, &srvOut
-			if err := server.Start(); err != nil {
-				t.Fatal(err)
-			}
-			srvDone := make(chan error, 1)
-			go func() { srvDone <- server.Wait() }()
-			stopped := false
-			stop := func() string { // ends the server; then its output may be read
-				if !stopped {
-					server.Process.Kill()
-					<-srvDone
-					stopped = true
-				}
-				return srvOut.String()
-			}
-			defer stop()
-			if err := awaitListening(port, srvDone, 30*time.Second); err != nil {
-				t.Fatalf("server: %v\n%s", err, stop())
-			}
-			client := exec.Command(c.tool, append(cli, "127.0.0.1")...)
-			client.Env = cliSetup.Environ()
-			b, err := combinedOutputWithin(client, c.timeout)
-			out := string(b)
-			if err != nil {
-				t.Fatalf("client: %v\n%s\nserver:\n%s", err, out, stop())
-			}
-			if !strings.Contains(out, c.want) {
-				t.Fatalf("client output lacks %q:\n%s", c.want, out)
-			}
-			select {
-			case err := <-srvDone:
-				stopped = true
-				if err != nil {
-					t.Fatalf("server: %v\n%s", err, srvOut.String())
-				}
-			case <-time.After(30 * time.Second):
-				t.Fatalf("the server did not finish:\n%s", stop())
-			}
-			t.Log(lastLines(out, 2))
+			runPair(t, pair{tool: c.tool, args: c.args, want: c.want, timeout: c.timeout})
 		})
 	}
+}
+
+// pair is one two-process run: a server and a client of tool, each under softefa run with a
+// device of its own.
+type pair struct {
+	tool    string        // the program (a path, or a name looked up in PATH)
+	args    []string      // fi_pingpong: its arguments; perftest: none (the SRD arguments are added)
+	env     []string      // added to both processes' environment
+	want    string        // what the client's output must contain
+	timeout time.Duration // for the client
+}
+
+// runPair runs c's server and then its client against it on 127.0.0.1, fails the test unless
+// both exit successfully and the client printed c.want, and returns the client's output.
+func runPair(t *testing.T, c pair) string {
+	t.Helper()
+	srvSetup := setupOrSkip(t, c.tool)
+	cliSetup := setupOrSkip(t, c.tool)
+	port := freeTCPPort(t)
+	var srv, cli []string
+	switch base := filepath.Base(c.tool); {
+	case base == "fi_pingpong":
+		srv = append([]string{"-B", fmt.Sprint(port)}, c.args...)
+		cli = append([]string{"-P", fmt.Sprint(port)}, c.args...)
+	case strings.HasPrefix(base, "fi_"): // fabtests' own programs: addresses out of band
+		srv = append([]string{fmt.Sprintf("-E=%d", port)}, c.args...)
+		cli = srv
+	default:
+		srv = append([]string{"-d", "efa_0", "-c", "SRD", "-x", "0", "-n", "200", "-p", fmt.Sprint(port)}, c.args...)
+		cli = srv
+	}
+	server := exec.Command(c.tool, srv...)
+	server.Env = append(srvSetup.Environ(), c.env...)
+	var srvOut bytes.Buffer
+	server.Stdout, server.Stderr = &srvOut, &srvOut
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- server.Wait() }()
+	stopped := false
+	stop := func() string { // ends the server; then its output may be read
+		if !stopped {
+			server.Process.Kill()
+			<-srvDone
+			stopped = true
+		}
+		return srvOut.String()
+	}
+	defer stop()
+	if err := awaitListening(port, srvDone, 30*time.Second); err != nil {
+		t.Fatalf("server: %v\n%s", err, stop())
+	}
+	client := exec.Command(c.tool, append(cli, "127.0.0.1")...)
+	client.Env = append(cliSetup.Environ(), c.env...)
+	b, err := combinedOutputWithin(client, c.timeout)
+	out := string(b)
+	if err != nil {
+		t.Fatalf("client: %v\n%s\nserver:\n%s", err, out, stop())
+	}
+	if !strings.Contains(out, c.want) {
+		t.Fatalf("client output lacks %q:\n%s", c.want, out)
+	}
+	select {
+	case err := <-srvDone:
+		stopped = true
+		if err != nil {
+			t.Fatalf("server: %v\n%s", err, srvOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the server did not finish:\n%s", stop())
+	}
+	t.Log(lastLines(out, 2))
+	return out
 }
 
 // awaitListening waits until a TCP socket listens on port (the server's out-of-band channel), as
@@ -400,8 +422,10 @@ func combinedOutputWithin(c *exec.Cmd, d time.Duration) ([]byte, error) {
 }
 
 // TestRawABI drives the device node with hand-built commands through the shim (a Python script,
-// since the node is only visible to preloaded programs): fstat, GET_CONTEXT, dup, QUERY_DEVICE on
-// the duplicate after the original is closed, ioctl refused with ENOTTY, a second context refused.
+// since the node is only visible to preloaded programs): a NETLINK_RDMA request and its ACK,
+// fstat, GET_CONTEXT, dup, QUERY_DEVICE on the duplicate after the original is closed, an ioctl
+// method answered EPROTONOSUPPORT and another ioctl ENOTTY, a second context refused, a forked
+// child refused.
 func TestRawABI(t *testing.T) {
 	s := setupOrSkip(t, "python3")
 	script, err := filepath.Abs("testdata/rawabi.py")
@@ -481,5 +505,72 @@ func TestPerftestNoGID(t *testing.T) {
 	if cliErr == nil || srvErr == nil || !strings.Contains(string(out)+srvOut.String(), "Failed to create AH") {
 		t.Fatalf("want both ends to fail, one with \"Failed to create AH\"; client: %v\n%s\nserver: %v\n%s",
 			cliErr, out, srvErr, srvOut.String())
+	}
+}
+
+// TestRdmaTool runs iproute2's rdma tool, which speaks RDMA netlink (NETLINK_RDMA), on the
+// device: rdma-core 64's tests find a device's netdev with `rdma link show -j` (an EFA device has
+// none), and the counters show under EFA's hw_counters names.
+func TestRdmaTool(t *testing.T) {
+	s := setupOrSkip(t, "rdma", "sh")
+	for _, c := range []struct {
+		cmd  string
+		want []string
+	}{
+		{"rdma link show -j", []string{`[{"ifindex":0,"ifname":"efa_0","port":1,"state":"ACTIVE","physical_state":"LINK_UP"}]`}},
+		{"rdma dev", []string{"0: efa_0: node_type ca fw 0.0.0.0 node_guid "}},
+		{"rdma link", []string{"link efa_0/1 state ACTIVE physical_state LINK_UP"}},
+		{"rdma resource", []string{"0: efa_0: pd 0 cq 0 qp 0 cm_id 0 mr 0 ctx 0 srq 0"}},
+		{"rdma statistic show link efa_0/1", []string{"link efa_0/1 tx_bytes 0 tx_pkts 0 rx_bytes 0", "rdma_read_resp_bytes 0", "impaired_remote_conn_events 0"}},
+		{"rdma system", []string{"netns shared copy-on-fork on"}},
+	} {
+		out := run(t, s, "", time.Minute, "sh", "-c", c.cmd)
+		for _, w := range c.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("%s: output lacks %q:\n%s", c.cmd, w, out)
+			}
+		}
+	}
+}
+
+// TestInstalledRun installs cmd/softefa with go install into an empty directory and runs
+// `softefa run -- ibv_devinfo` from another, with no source tree above either and SOFTEFA_SRC
+// unset: the libraries are built from the sources embedded in the executable.
+func TestInstalledRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("installs softefa and builds the libraries from its embedded sources")
+	}
+	setupOrSkip(t, "ibv_devinfo")
+	bin, work := t.TempDir(), t.TempDir()
+	install := exec.Command("go", "install", "./cmd/softefa")
+	install.Dir = ".."
+	install.Env = append(os.Environ(), "GOBIN="+bin)
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Fatalf("go install: %v\n%s", err, out)
+	}
+	c := exec.Command(filepath.Join(bin, "softefa"), "run", "--", "ibv_devinfo")
+	c.Dir = work
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SOFTEFA_SRC=") && !strings.HasPrefix(kv, "SOFTEFA_LIBDIR=") {
+			c.Env = append(c.Env, kv)
+		}
+	}
+	out, err := combinedOutputWithin(c, 5*time.Minute)
+	if err != nil {
+		t.Fatalf("softefa run from %s: %v\n%s", work, err, out)
+	}
+	if !strings.Contains(string(out), "hca_id:\tefa_0") {
+		t.Fatalf("ibv_devinfo through the installed softefa lacks efa_0:\n%s", out)
+	}
+}
+
+// TestSysfsDirect reads the device's sysfs files by their /sys paths, as tools do (rdma-core's
+// tests cat a port's pkeys): the shim answers them from the process's own tree.
+func TestSysfsDirect(t *testing.T) {
+	s := setupOrSkip(t, "sh", "cat")
+	out := run(t, s, "", time.Minute, "sh", "-c",
+		"cat /sys/class/infiniband/efa_0/ports/1/pkeys/0 /sys/class/infiniband_verbs/abi_version /sys/class/infiniband/efa_0/node_type")
+	if want := "0xffff\n6\n1: CA\n"; out != want {
+		t.Fatalf("got %q, want %q", out, want)
 	}
 }

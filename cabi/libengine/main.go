@@ -22,7 +22,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -186,6 +188,56 @@ func softefa_sysfs(buf *C.char, n C.size_t) C.int {
 	out := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
 	out[copy(out, dir)] = 0
 	return 0
+}
+
+//export softefa_ioctl
+func softefa_ioctl(fd C.int, req C.ulong, arg unsafe.Pointer) C.int {
+	o := lookup(fd)
+	if o == nil {
+		return -C.int(syscall.EBADF)
+	}
+	if err := o.f.Ioctl(uint32(req), uint64(uintptr(arg))); err != nil {
+		return -C.int(uverbs.Errno(err))
+	}
+	return 0
+}
+
+// softefa_netlink answers the RDMA netlink request in buf, sent by the program on its socket
+// with port id port, by writing the replies into peer, the other end of that socket's pair.
+//
+//export softefa_netlink
+func softefa_netlink(peer C.int, port C.uint32_t, buf unsafe.Pointer, n C.size_t) C.int {
+	if n > 1<<20 {
+		return -C.int(syscall.EMSGSIZE)
+	}
+	req := make([]byte, int(n))
+	if err := (procMem{}).Read(uint64(uintptr(buf)), req); err != nil {
+		return -C.int(syscall.EFAULT)
+	}
+	state.Lock()
+	d, err := device()
+	state.Unlock()
+	if err != nil {
+		return fail(err)
+	}
+	for _, msg := range d.Netlink(req, uint32(port), chardev()) {
+		if _, err := unix.Write(int(peer), msg); err != nil {
+			return -C.int(uverbs.Errno(err))
+		}
+	}
+	return 0
+}
+
+// chardev describes the device node as the launcher named it (SOFTEFA_DEV_PATH,
+// SOFTEFA_DEV_RDEV): what RDMA netlink's GET_CHARDEV reports.
+func chardev() uverbs.Chardev {
+	c := uverbs.Chardev{Name: filepath.Base(os.Getenv("SOFTEFA_DEV_PATH"))}
+	if maj, min, ok := strings.Cut(os.Getenv("SOFTEFA_DEV_RDEV"), ":"); ok {
+		a, _ := strconv.ParseUint(maj, 10, 32)
+		b, _ := strconv.ParseUint(min, 10, 32)
+		c.Major, c.Minor = uint32(a), uint32(b)
+	}
+	return c
 }
 
 //export softefa_kick_qp

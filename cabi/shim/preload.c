@@ -9,9 +9,10 @@
 //
 // The fd a program gets for the node is a memfd created by the engine: libefa's mmap(2) of
 // ring and doorbell keys works on it unintercepted, and the engine maps the same offsets.
-// write(2) on it carries uverbs commands to the engine; ioctl(2) answers ENOTTY, which makes
-// libibverbs use the write interface; socket(AF_NETLINK, ..., NETLINK_RDMA) answers
-// EPROTONOSUPPORT, which makes it enumerate devices through SYSFS_PATH.
+// write(2) on it carries uverbs commands to the engine, and so does ioctl(2) (RDMA_VERBS_IOCTL).
+// socket(AF_NETLINK, ..., NETLINK_RDMA) gets one end of a local socket pair whose requests the
+// engine answers as the kernel's RDMA netlink does (the bind, name, send and receive calls on it
+// are adjusted here to look like netlink's).
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -56,6 +57,24 @@ static void mark(int fd, int on) {
 		atomic_fetch_or(&fds[fd >> 6], bit);
 	else
 		atomic_fetch_and(&fds[fd >> 6], ~bit);
+}
+
+// RDMA netlink sockets (see socket below): the fds, their pair's other end and port ids.
+#ifndef SOL_NETLINK
+#define SOL_NETLINK 270
+#endif
+struct sx_sockaddr_nl {
+	sa_family_t nl_family;
+	unsigned short nl_pad;
+	uint32_t nl_pid, nl_groups;
+};
+static _Atomic uint64_t nlfds[MAX_FD / 64];
+static int nl_peer[MAX_FD];
+static uint32_t nl_port[MAX_FD];
+
+static int nl_ours(int fd) {
+	return fd >= 0 && fd < MAX_FD &&
+	       (atomic_load_explicit(&nlfds[fd >> 6], memory_order_relaxed) >> (fd & 63) & 1);
 }
 
 static const char *dev_path; // NULL: the shim is inert
@@ -119,6 +138,14 @@ DECLARE_REAL(ssize_t, write, int, const void *, size_t)
 DECLARE_REAL(int, close, int)
 DECLARE_REAL(int, ioctl, int, unsigned long, ...)
 DECLARE_REAL(int, socket, int, int, int)
+DECLARE_REAL(int, bind, int, const struct sockaddr *, socklen_t)
+DECLARE_REAL(int, getsockname, int, struct sockaddr *, socklen_t *)
+DECLARE_REAL(int, setsockopt, int, int, int, const void *, socklen_t)
+DECLARE_REAL(ssize_t, send, int, const void *, size_t, int)
+DECLARE_REAL(ssize_t, sendto, int, const void *, size_t, int, const struct sockaddr *, socklen_t)
+DECLARE_REAL(ssize_t, sendmsg, int, const struct msghdr *, int)
+DECLARE_REAL(ssize_t, recvfrom, int, void *, size_t, int, struct sockaddr *, socklen_t *)
+DECLARE_REAL(ssize_t, recvmsg, int, struct msghdr *, int)
 DECLARE_REAL(int, dup, int)
 DECLARE_REAL(int, dup2, int, int)
 DECLARE_REAL(int, dup3, int, int, int)
@@ -153,6 +180,8 @@ static void (*eng_arm_cq)(int fd, uint32_t handle);
 static int (*eng_poll_net)(void);
 static void (*eng_dup)(int fd, int nfd);
 static int (*eng_sysfs)(char *buf, size_t n);
+static int (*eng_ioctl)(int fd, unsigned long req, void *arg);
+static int (*eng_netlink)(int peer, uint32_t port, const void *buf, size_t n);
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
 static int eng_err;
 
@@ -202,14 +231,42 @@ static void load_engine(void) {
 	eng_poll_net = (int (*)(void))dlsym(h, "softefa_poll_net");
 	eng_dup = (void (*)(int, int))dlsym(h, "softefa_dup");
 	eng_sysfs = (int (*)(char *, size_t))dlsym(h, "softefa_sysfs");
+	eng_ioctl = (int (*)(int, unsigned long, void *))dlsym(h, "softefa_ioctl");
+	eng_netlink = (int (*)(int, uint32_t, const void *, size_t))dlsym(h, "softefa_netlink");
 	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq || !eng_poll_net || !eng_dup ||
-	    !eng_sysfs) {
+	    !eng_sysfs || !eng_ioctl || !eng_netlink) {
 		fprintf(stderr, "softefa: %s lacks the engine entry points\n", lib);
 		eng_err = ENODEV;
 		return;
 	}
 	engine_loaded = 1;
 }
+
+// Direct reads of the device's sysfs (docs/cabi.md, "Sysfs"): a path under
+// /sys/class/infiniband or /sys/class/infiniband_verbs, which libibverbs reads under SYSFS_PATH
+// but tools read directly (rdma-core's tests `cat` a port's pkeys), names the same file of the
+// process's own tree. The first such lookup in a process that has no device yet makes it one, as
+// the first lookup of SYSFS_PATH does.
+static char *sysfs_root(void);
+
+static const char *sys_path(const char *path, char *buf, size_t n) {
+	static const char ib[] = "/sys/class/infiniband", verbs[] = "/sys/class/infiniband_verbs";
+	if (!dev_path || !path || strncmp(path, ib, sizeof(ib) - 1) != 0)
+		return path;
+	const char *rest = path + sizeof(ib) - 1;
+	if (*rest != '/' && *rest != 0 && strncmp(path, verbs, sizeof(verbs) - 1) != 0)
+		return path;
+	if (*rest == '_' && path[sizeof(verbs) - 1] != '/' && path[sizeof(verbs) - 1] != 0)
+		return path;
+	char *root = sysfs_root();
+	if (!root || snprintf(buf, n, "%s%s", root, path + 4) >= (int)n) // path + 4: "/class/..."
+		return path;
+	return buf;
+}
+
+#define SYS_REDIRECT(path)                                                                         \
+	char sysbuf_[4096];                                                                        \
+	path = sys_path(path, sysbuf_, sizeof(sysbuf_))
 
 static int open_dev(int flags) {
 	if (forked_child) {
@@ -242,6 +299,7 @@ static mode_t open_mode(int flags, va_list ap) {
 }
 
 int open(const char *path, int flags, ...) {
+	SYS_REDIRECT(path);
 	va_list ap;
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
@@ -253,6 +311,7 @@ int open(const char *path, int flags, ...) {
 }
 
 int open64(const char *path, int flags, ...) {
+	SYS_REDIRECT(path);
 	va_list ap;
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
@@ -264,6 +323,7 @@ int open64(const char *path, int flags, ...) {
 }
 
 int openat(int dirfd, const char *path, int flags, ...) {
+	SYS_REDIRECT(path);
 	va_list ap;
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
@@ -275,6 +335,7 @@ int openat(int dirfd, const char *path, int flags, ...) {
 }
 
 int openat64(int dirfd, const char *path, int flags, ...) {
+	SYS_REDIRECT(path);
 	va_list ap;
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
@@ -286,6 +347,7 @@ int openat64(int dirfd, const char *path, int flags, ...) {
 }
 
 int __open_2(const char *path, int flags) {
+	SYS_REDIRECT(path);
 	if (is_dev(path))
 		return open_dev(flags);
 	resolve___open_2();
@@ -293,6 +355,7 @@ int __open_2(const char *path, int flags) {
 }
 
 int __open64_2(const char *path, int flags) {
+	SYS_REDIRECT(path);
 	if (is_dev(path))
 		return open_dev(flags);
 	resolve___open64_2();
@@ -300,13 +363,18 @@ int __open64_2(const char *path, int flags) {
 }
 
 int __openat_2(int dirfd, const char *path, int flags) {
+	SYS_REDIRECT(path);
 	if (is_dev(path))
 		return open_dev(flags);
 	resolve___openat_2();
 	return REAL(__openat_2)(dirfd, path, flags);
 }
 
+static ssize_t nl_send(int fd, const void *buf, size_t n);
+
 ssize_t write(int fd, const void *buf, size_t n) {
+	if (nl_ours(fd))
+		return nl_send(fd, buf, n);
 	if (ours(fd)) {
 		sigset_t old;
 		enter(&old);
@@ -335,7 +403,11 @@ static void eng_close_fd(int fd) {
 }
 
 int close(int fd) {
-	if (ours(fd)) {
+	if (nl_ours(fd)) {
+		atomic_fetch_and(&nlfds[fd >> 6], ~((uint64_t)1 << (fd & 63)));
+		resolve_close();
+		REAL(close)(nl_peer[fd]);
+	} else if (ours(fd)) {
 		mark(fd, 0);
 		eng_close_fd(fd); // tears the ucontext down, as ib_uverbs_close does
 	} else if (orphan(fd)) {
@@ -448,6 +520,18 @@ static char *sysfs_path_for(const char *name) {
 	return proc_sysfs[0] ? proc_sysfs : NULL;
 }
 
+// sysfs_root is the directory the process's SYSFS_PATH names (its own tree, or the launcher's
+// with --addr), or NULL.
+static char *sysfs_root(void) {
+	if (forked_child)
+		return NULL;
+	char *p = sysfs_path_for("SYSFS_PATH");
+	if (p)
+		return p;
+	resolve_getenv();
+	return REAL(getenv)("SOFTEFA_SYSFS_ROOT") ? NULL : REAL(getenv)("SYSFS_PATH");
+}
+
 char *getenv(const char *name) {
 	char *p = sysfs_path_for(name);
 	if (p)
@@ -469,21 +553,187 @@ int ioctl(int fd, unsigned long req, ...) {
 	va_start(ap, req);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
-	if (dev_fd(fd)) {
-		errno = ENOTTY; // no ioctl framework: libibverbs falls back to write()
+	if (ours(fd)) {
+		sigset_t old;
+		enter(&old);
+		int r = eng_ioctl(fd, req, arg);
+		leave(&old);
+		if (r < 0) {
+			errno = -r;
+			return -1;
+		}
+		return r;
+	}
+	if (orphan(fd)) {
+		errno = EIO;
 		return -1;
 	}
 	resolve_ioctl();
 	return REAL(ioctl)(fd, req, arg);
 }
 
+// RDMA netlink (docs/cabi.md, "Netlink"). A NETLINK_RDMA socket is one end of an AF_UNIX
+// SOCK_SEQPACKET pair (datagrams with boundaries, like netlink's); what the program sends on it
+// goes to the engine, which writes the kernel's answers into the other end, where the program
+// reads them. bind and getsockname give it a netlink port id; receives report the kernel
+// (port 0) as the sender; SOL_NETLINK options are accepted and ignored. A process that never
+// opens such a socket pays one bitmap test per socket call.
 int socket(int domain, int type, int protocol) {
-	if (dev_path && domain == AF_NETLINK && protocol == NETLINK_RDMA) {
-		errno = EPROTONOSUPPORT; // enumerate through SYSFS_PATH instead
+	resolve_socket();
+	if (!dev_path || domain != AF_NETLINK || protocol != NETLINK_RDMA)
+		return REAL(socket)(domain, type, protocol);
+	if (!forked_child)
+		pthread_once(&eng_once, load_engine);
+	if (forked_child || eng_err) {
+		errno = EPROTONOSUPPORT; // no engine: libibverbs enumerates through SYSFS_PATH
 		return -1;
 	}
-	resolve_socket();
-	return REAL(socket)(domain, type, protocol);
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | (type & (SOCK_CLOEXEC | SOCK_NONBLOCK)), 0, sv) < 0)
+		return -1;
+	if (sv[0] >= MAX_FD) {
+		REAL(close)(sv[0]);
+		REAL(close)(sv[1]);
+		errno = EMFILE;
+		return -1;
+	}
+	resolve_fcntl();
+	REAL(fcntl)(sv[1], F_SETFD, FD_CLOEXEC);
+	nl_peer[sv[0]] = sv[1];
+	nl_port[sv[0]] = 0;
+	atomic_fetch_or(&nlfds[sv[0] >> 6], (uint64_t)1 << (sv[0] & 63));
+	return sv[0];
+}
+
+// nl_autobind gives an unbound socket its port id, as the kernel does on first use: the pid for
+// the first, then distinct negative ids.
+static uint32_t nl_autobind(int fd) {
+	static _Atomic int32_t next = -4096;
+	static _Atomic int pid_used;
+	if (!nl_port[fd])
+		nl_port[fd] = atomic_exchange(&pid_used, 1) ? (uint32_t)atomic_fetch_sub(&next, 1) : (uint32_t)getpid();
+	return nl_port[fd];
+}
+
+int bind(int fd, const struct sockaddr *addr, socklen_t len) {
+	if (nl_ours(fd)) {
+		const struct sx_sockaddr_nl *nl = (const void *)addr;
+		if (!addr || len < sizeof(*nl) || nl->nl_family != AF_NETLINK) {
+			errno = EINVAL;
+			return -1;
+		}
+		nl_port[fd] = nl->nl_pid;
+		nl_autobind(fd);
+		return 0;
+	}
+	resolve_bind();
+	return REAL(bind)(fd, addr, len);
+}
+
+static void nl_name(struct sockaddr *addr, socklen_t *len, uint32_t port) {
+	if (!addr || !len)
+		return;
+	struct sx_sockaddr_nl nl = {.nl_family = AF_NETLINK, .nl_pid = port};
+	memcpy(addr, &nl, *len < sizeof(nl) ? *len : sizeof(nl));
+	*len = sizeof(nl);
+}
+
+int getsockname(int fd, struct sockaddr *addr, socklen_t *len) {
+	if (nl_ours(fd)) {
+		nl_name(addr, len, nl_autobind(fd));
+		return 0;
+	}
+	resolve_getsockname();
+	return REAL(getsockname)(fd, addr, len);
+}
+
+int setsockopt(int fd, int level, int name, const void *val, socklen_t len) {
+	if (nl_ours(fd) && level == SOL_NETLINK)
+		return 0; // NETLINK_EXT_ACK, NETLINK_CAP_ACK, ...: the answers do not depend on them
+	resolve_setsockopt();
+	return REAL(setsockopt)(fd, level, name, val, len);
+}
+
+// nl_send hands one request (possibly several netlink messages) to the engine.
+static ssize_t nl_send(int fd, const void *buf, size_t n) {
+	if (forked_child) {
+		errno = EIO; // the engine that answered it did not survive the fork, as for device fds
+		return -1;
+	}
+	sigset_t old;
+	enter(&old);
+	int r = eng_netlink(nl_peer[fd], nl_autobind(fd), buf, n);
+	leave(&old);
+	if (r < 0) {
+		errno = -r;
+		return -1;
+	}
+	return (ssize_t)n;
+}
+
+ssize_t send(int fd, const void *buf, size_t n, int flags) {
+	if (nl_ours(fd))
+		return nl_send(fd, buf, n);
+	resolve_send();
+	return REAL(send)(fd, buf, n, flags);
+}
+
+ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *to, socklen_t tolen) {
+	if (nl_ours(fd))
+		return nl_send(fd, buf, n);
+	resolve_sendto();
+	return REAL(sendto)(fd, buf, n, flags, to, tolen);
+}
+
+ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
+	if (nl_ours(fd)) {
+		size_t n = 0;
+		for (size_t i = 0; i < msg->msg_iovlen; i++)
+			n += msg->msg_iov[i].iov_len;
+		char *buf = malloc(n ? n : 1);
+		if (!buf) {
+			errno = ENOBUFS;
+			return -1;
+		}
+		size_t off = 0;
+		for (size_t i = 0; i < msg->msg_iovlen; i++) {
+			memcpy(buf + off, msg->msg_iov[i].iov_base, msg->msg_iov[i].iov_len);
+			off += msg->msg_iov[i].iov_len;
+		}
+		ssize_t r = nl_send(fd, buf, n);
+		free(buf);
+		return r;
+	}
+	resolve_sendmsg();
+	return REAL(sendmsg)(fd, msg, flags);
+}
+
+ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *from, socklen_t *fromlen) {
+	resolve_recvfrom();
+	if (nl_ours(fd)) {
+		ssize_t r = REAL(recvfrom)(fd, buf, n, flags, NULL, NULL);
+		if (r >= 0)
+			nl_name(from, fromlen, 0);
+		return r;
+	}
+	return REAL(recvfrom)(fd, buf, n, flags, from, fromlen);
+}
+
+ssize_t recvmsg(int fd, struct msghdr *msg, int flags) {
+	resolve_recvmsg();
+	if (nl_ours(fd)) {
+		void *name = msg->msg_name;
+		socklen_t namelen = msg->msg_namelen;
+		msg->msg_name = NULL;
+		msg->msg_namelen = 0;
+		ssize_t r = REAL(recvmsg)(fd, msg, flags);
+		msg->msg_name = name;
+		msg->msg_namelen = namelen;
+		if (r >= 0)
+			nl_name(name, &msg->msg_namelen, 0);
+		return r;
+	}
+	return REAL(recvmsg)(fd, msg, flags);
 }
 
 // The device node as stat(2) describes it: a character device with the sysfs dev numbers (for
@@ -502,6 +752,7 @@ static int at_is_dev(int dirfd, const char *path, int flags) {
 }
 
 int stat(const char *path, struct stat *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -511,6 +762,7 @@ int stat(const char *path, struct stat *st) {
 }
 
 int lstat(const char *path, struct stat *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -529,6 +781,7 @@ int fstat(int fd, struct stat *st) {
 }
 
 int fstatat(int dirfd, const char *path, struct stat *st, int flags) {
+	SYS_REDIRECT(path);
 	if (at_is_dev(dirfd, path, flags)) {
 		FAKE_STAT(st);
 		return 0;
@@ -538,6 +791,7 @@ int fstatat(int dirfd, const char *path, struct stat *st, int flags) {
 }
 
 int stat64(const char *path, struct stat64 *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -547,6 +801,7 @@ int stat64(const char *path, struct stat64 *st) {
 }
 
 int lstat64(const char *path, struct stat64 *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -565,6 +820,7 @@ int fstat64(int fd, struct stat64 *st) {
 }
 
 int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
+	SYS_REDIRECT(path);
 	if (at_is_dev(dirfd, path, flags)) {
 		FAKE_STAT(st);
 		return 0;
@@ -575,6 +831,7 @@ int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
 
 // The glibc < 2.33 entry points behind stat(2) and friends.
 int __xstat(int ver, const char *path, struct stat *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -584,6 +841,7 @@ int __xstat(int ver, const char *path, struct stat *st) {
 }
 
 int __lxstat(int ver, const char *path, struct stat *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -602,6 +860,7 @@ int __fxstat(int ver, int fd, struct stat *st) {
 }
 
 int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags) {
+	SYS_REDIRECT(path);
 	if (at_is_dev(dirfd, path, flags)) {
 		FAKE_STAT(st);
 		return 0;
@@ -611,6 +870,7 @@ int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags)
 }
 
 int __xstat64(int ver, const char *path, struct stat64 *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -620,6 +880,7 @@ int __xstat64(int ver, const char *path, struct stat64 *st) {
 }
 
 int __lxstat64(int ver, const char *path, struct stat64 *st) {
+	SYS_REDIRECT(path);
 	if (is_dev(path)) {
 		FAKE_STAT(st);
 		return 0;
@@ -638,6 +899,7 @@ int __fxstat64(int ver, int fd, struct stat64 *st) {
 }
 
 int __fxstatat64(int ver, int dirfd, const char *path, struct stat64 *st, int flags) {
+	SYS_REDIRECT(path);
 	if (at_is_dev(dirfd, path, flags)) {
 		FAKE_STAT(st);
 		return 0;
@@ -647,6 +909,7 @@ int __fxstatat64(int ver, int dirfd, const char *path, struct stat64 *st, int fl
 }
 
 int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *stx) {
+	SYS_REDIRECT(path);
 	if (at_is_dev(dirfd, path, flags)) {
 		memset(stx, 0, sizeof(*stx));
 		stx->stx_mask = STATX_BASIC_STATS;

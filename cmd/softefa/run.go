@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/softefa/softefa"
 	"github.com/softefa/softefa/cabi"
 )
 
@@ -50,7 +51,7 @@ func runRun(args []string) error {
 		}
 		o.Addr = ap
 	}
-	libs, err := cabi.Locate(os.Stderr)
+	libs, err := cabi.LocateFrom(os.Stderr, softefa.Source)
 	if err != nil {
 		return err
 	}
