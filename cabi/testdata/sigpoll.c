@@ -4,8 +4,9 @@
 //
 // Each thread (the main one included) has a CQ and a UD QP that sends to itself: it posts a SEND
 // and a receive, and polls with ibv_poll_cq until both complete (an empty poll goes through the
-// shim's busy-poll path into the engine), over and over. Once the other threads have made 100
-// round trips each, the program prints "ready".
+// shim's busy-poll path into the engine), over and over. Every thread's objects are made before
+// any polling starts; once the other threads have made 100 round trips each, the program prints
+// "ready" (so that a signal after it never interrupts an allocation: the handler frees memory).
 //
 // Without -h, SIGTERM keeps its default action: the process must die of it. With -h, a handler
 // does what a library's cleanup handler does: it calls verbs that enter the device (it queries
@@ -57,8 +58,20 @@ static void handler(int sig) {
 	raise(sig);
 }
 
-static void *worker(void *arg) {
-	long id = (long)arg;
+// poller is one thread's objects: everything setup allocates, so that the signal handler, which
+// frees memory, can never interrupt an allocation (malloc is not async-signal-safe on EFA
+// either): "ready" comes only once every thread has finished its setup.
+struct poller {
+	long id;
+	uint8_t *buf;
+	struct ibv_mr *mr;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	struct ibv_ah *ah;
+};
+
+static struct poller *setup(long id) {
+	struct poller *p = calloc(1, sizeof *p);
 	uint8_t *buf = calloc(1, GRH + 2 * MSG);
 	struct ibv_mr *mr = ibv_reg_mr(pd, buf, GRH + 2 * MSG, IBV_ACCESS_LOCAL_WRITE);
 	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
@@ -85,6 +98,19 @@ static void *worker(void *arg) {
 	struct ibv_ah *ah = ibv_create_ah(pd, &aa);
 	if (!ah)
 		die("ibv_create_ah", errno);
+	*p = (struct poller){.id = id, .buf = buf, .mr = mr, .cq = cq, .qp = qp, .ah = ah};
+	return p;
+}
+
+// poll_loop posts a receive and a SEND to itself and polls for both, over and over.
+static void poll_loop(struct poller *p) {
+	long id = p->id;
+	uint8_t *buf = p->buf;
+	struct ibv_mr *mr = p->mr;
+	struct ibv_cq *cq = p->cq;
+	struct ibv_qp *qp = p->qp;
+	struct ibv_ah *ah = p->ah;
+	int r;
 	for (long round = 0;; round++) {
 		struct ibv_sge rs = {(uintptr_t)buf, GRH + MSG, mr->lkey}, ss = {(uintptr_t)(buf + GRH + MSG), MSG, mr->lkey};
 		struct ibv_recv_wr rw = {.wr_id = 1, .sg_list = &rs, .num_sge = 1}, *rbad;
@@ -111,6 +137,10 @@ static void *worker(void *arg) {
 			die("payload", EIO);
 		progress[id] = round + 1;
 	}
+}
+
+static void *worker(void *arg) {
+	poll_loop(arg);
 	return NULL;
 }
 
@@ -150,9 +180,10 @@ int main(int argc, char **argv) {
 		sigemptyset(&sa.sa_mask);
 		sigaction(SIGTERM, &sa, NULL);
 	}
+	struct poller *mine = setup(0);
 	for (long i = 1; i < threads; i++) {
 		pthread_t t;
-		if (pthread_create(&t, NULL, worker, (void *)i))
+		if (pthread_create(&t, NULL, worker, setup(i)))
 			die("pthread_create", EAGAIN);
 	}
 	// "ready" once the other threads have made 100 round trips each; then this one polls too.
@@ -162,6 +193,6 @@ int main(int argc, char **argv) {
 			all &= progress[i] >= 100;
 	}
 	say("ready\n");
-	worker((void *)0);
+	poll_loop(mine);
 	return 0;
 }
