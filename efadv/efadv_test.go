@@ -8,6 +8,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efadv"
+	"github.com/softefa/softefa/internal/testkit"
 	"github.com/softefa/softefa/verbs"
 )
 
@@ -15,12 +16,7 @@ import (
 
 func openCtx(t *testing.T, dev *verbs.Device) *verbs.Context {
 	t.Helper()
-	ctx, err := dev.Open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { check(t, ctx.Close()) })
-	return ctx
+	return testkit.Context(t, dev)
 }
 
 // EfaQueryDeviceTest.test_efadv_query, with the values checked.

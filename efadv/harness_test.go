@@ -2,7 +2,6 @@ package efadv_test
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efadv"
+	"github.com/softefa/softefa/internal/testkit"
 	"github.com/softefa/softefa/verbs"
 )
 
@@ -25,20 +25,7 @@ const (
 
 func newDevice(t testing.TB, mod func(*config.Device)) *verbs.Device {
 	t.Helper()
-	cfg := config.Device{}
-	if mod != nil {
-		mod(&cfg)
-	}
-	d, err := verbs.NewDevice(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := d.Close(); err != nil {
-			t.Errorf("device close: %v", err)
-		}
-	})
-	return d
+	return testkit.Device(t, mod)
 }
 
 type srdOpts struct {
@@ -141,9 +128,7 @@ func (r *srdRes) close() {
 
 func check(t testing.TB, err error) {
 	t.Helper()
-	if err != nil {
-		t.Error(err)
-	}
+	testkit.Check(t, err)
 }
 
 // toRTS brings every QP up as efa_base.py's SRDQPEx does: INIT with STATE|PKEY_INDEX|PORT|QKEY,
@@ -244,9 +229,7 @@ func wantSuccess(t testing.TB, wcs []verbs.WC) {
 
 func wantErrno(t testing.TB, err error, want syscall.Errno) {
 	t.Helper()
-	if !errors.Is(err, want) {
-		t.Fatalf("err = %v, want %v", err, want)
-	}
+	testkit.WantErrno(t, err, want)
 }
 
 // ahn returns the device's number for ah (efadv_query_ah).

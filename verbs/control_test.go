@@ -9,58 +9,27 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efadv"
+	"github.com/softefa/softefa/internal/testkit"
 	"github.com/softefa/softefa/link/memlink"
 	"github.com/softefa/softefa/verbs"
 )
 
 func newDevice(t testing.TB, mod func(*config.Device)) *verbs.Device {
 	t.Helper()
-	var cfg config.Device
-	if mod != nil {
-		mod(&cfg)
-	}
-	d, err := verbs.NewDevice(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := d.Close(); err != nil {
-			t.Errorf("device close: %v", err)
-		}
-	})
-	return d
+	return testkit.Device(t, mod)
 }
 
 func openCtx(t testing.TB, d *verbs.Device) *verbs.Context {
 	t.Helper()
-	ctx, err := d.Open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := ctx.Close(); err != nil {
-			t.Errorf("context close: %v", err)
-		}
-	})
-	return ctx
+	return testkit.Context(t, d)
 }
 
 func wantErrno(t testing.TB, err error, want syscall.Errno) {
 	t.Helper()
-	if !errors.Is(err, want) {
-		t.Fatalf("err = %v, want %v", err, want)
-	}
+	testkit.WantErrno(t, err, want)
 }
 
-func must[T any](t testing.TB) func(T, error) T {
-	return func(v T, err error) T {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
-}
+func must[T any](t testing.TB) func(T, error) T { return testkit.Must[T](t) }
 
 func TestQueryDeviceAndPort(t *testing.T) {
 	dev := newDevice(t, func(c *config.Device) { c.MTU = 4000; c.MaxRDMASize = 1 << 20; c.MaxQP = 100 })
@@ -196,9 +165,7 @@ func TestMRKeysAndAccess(t *testing.T) {
 
 func check(t testing.TB, err error) {
 	t.Helper()
-	if err != nil {
-		t.Error(err)
-	}
+	testkit.Check(t, err)
 }
 
 func TestCQCreation(t *testing.T) {
