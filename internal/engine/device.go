@@ -37,6 +37,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/qpn"
+	"github.com/softefa/softefa/internal/seal"
 	"github.com/softefa/softefa/link"
 )
 
@@ -85,11 +86,11 @@ type Device struct {
 	ackForce   bool              // writeSeg is writing a message withAck: the datagram carries an ACK (room)
 	freeMsgs   []*outMsg
 	freeIn     []*inbound
-	secret     [32]byte // the cookie key (admit.go)
-	ports      []uint16 // the UDP source ports of our paths, which our COOKIE frames list
-	ip         [16]byte // our IP address as sealed datagrams name it (IPv4-mapped for IPv4)
-	seal       *sealer  // authenticated encryption, with a key (seal.go)
-	stranger   peer     // scratch context for datagrams from devices not yet validated
+	secret     [32]byte     // the cookie key (admit.go)
+	ports      []uint16     // the UDP source ports of our paths, which our COOKIE frames list
+	ip         [16]byte     // our IP address as sealed datagrams name it (IPv4-mapped for IPv4)
+	seal       *seal.Sealer // authenticated encryption, with a key (seal.go)
+	stranger   peer         // scratch context for datagrams from devices not yet validated
 
 	txqs     chan *txq   // free list of datagram queues for posters working inline (ringInline)
 	inlineQ  [1]*QP      // ringInline's batch of one, under mu
@@ -142,7 +143,7 @@ func NewDevice(cfg config.Device) (*Device, error) {
 	}
 	d.mrs.init(cfg.MaxMR, rng)
 	if len(cfg.Key) > 0 {
-		if d.seal, err = newSealer(cfg.Key, rng); err != nil {
+		if d.seal, err = seal.New(cfg.Key, rng); err != nil {
 			return nil, err
 		}
 	}

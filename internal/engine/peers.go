@@ -34,8 +34,9 @@ func (d *Device) forget(p *peer) {
 			break
 		}
 	}
+	salt, top, old := p.replay.State()
 	d.memos[p.gid] = memo{inc: p.inc, txEpoch: p.tx.epoch, rxEpoch: p.rx.epoch, rxCum: p.rx.cum,
-		rxStarted: p.rx.started, salt: p.replay.salt, top: p.replay.top, old: p.replay.old}
+		rxStarted: p.rx.started, salt: salt, top: top, old: old}
 	delete(d.peers, p.gid)
 	if d.txq != nil && d.txq.cur == p {
 		d.txq.cur = nil
@@ -61,11 +62,7 @@ func (d *Device) recall(p *peer) {
 		r.started, r.epoch, r.cum, r.highest = true, m.rxEpoch, m.rxCum, m.rxCum-1
 	}
 	if m.salt != 0 {
-		rs := &p.replay
-		rs.salt, rs.top, rs.old = m.salt, m.top, m.old
-		for i := range rs.win {
-			rs.win[i] = ^uint64(0)
-		}
+		p.replay.Resume(m.salt, m.top, m.old)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/seal"
 	"github.com/softefa/softefa/internal/wire"
 	"github.com/softefa/softefa/link"
 )
@@ -55,7 +56,7 @@ type peer struct {
 	pathRR int // path of the current data burst
 	ctrlRR int // path of the last ACK or PROBE_ACK
 
-	replay replayState // sealed datagrams seen from the peer
+	replay seal.Replay // sealed datagrams seen from the peer
 	// Address validation (admit.go). ports: the UDP ports the peer sends from, as its COOKIE
 	// listed them (nil: not known yet, and we challenge it in every datagram until they are).
 	// cookie: the peer's challenge to us, echoed with our ports while echo is set.
@@ -125,10 +126,10 @@ func (d *Device) segSize() int {
 		wire.FrameHeaderSize - wire.DataHeaderSize
 }
 
-// maxDatagram is the most bytes of one plain datagram (sealing adds sealOverhead).
+// maxDatagram is the most bytes of one plain datagram (sealing adds seal.Overhead).
 func (d *Device) maxDatagram() int {
 	if d.seal != nil {
-		return d.cfg.PathMTU - datagramSlack - sealOverhead
+		return d.cfg.PathMTU - datagramSlack - seal.Overhead
 	}
 	return d.cfg.PathMTU - datagramSlack
 }
@@ -138,8 +139,8 @@ func (d *Device) maxDatagram() int {
 // frames share datagrams.
 type txq struct {
 	pkts   []link.Packet
-	sealed []link.Packet // the sealed copies, with a key
-	aad    [aadSize]byte // sealing's scratch
+	sealed []link.Packet      // the sealed copies, with a key
+	aad    [seal.AADSize]byte // sealing's scratch
 	n      int
 	cur    *peer
 	path   int

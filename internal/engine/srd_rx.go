@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/seal"
 	"github.com/softefa/softefa/internal/uapi"
 	"github.com/softefa/softefa/internal/wire"
 	"github.com/softefa/softefa/link"
@@ -93,13 +94,13 @@ func (d *Device) rxLoop() {
 // rxScratch is what a receiver reuses for every batch.
 type rxScratch struct {
 	pkts   []link.Packet
-	opened link.Packet   // a sealed datagram's plain form
-	aad    [aadSize]byte // opening's scratch
+	opened link.Packet        // a sealed datagram's plain form
+	aad    [seal.AADSize]byte // opening's scratch
 	q      *txq
 }
 
 func (d *Device) newRxScratch() *rxScratch {
-	size := max(d.maxDatagram(), d.cfg.MTU+wire.DatagramHeaderSize+wire.FrameHeaderSize+wire.DataHeaderSize) + sealOverhead
+	size := max(d.maxDatagram(), d.cfg.MTU+wire.DatagramHeaderSize+wire.FrameHeaderSize+wire.DataHeaderSize) + seal.Overhead
 	rx := &rxScratch{pkts: make([]link.Packet, 32), opened: link.Packet{Buf: make([]byte, size)}, q: newTxq(d.maxDatagram(), 64)}
 	for i := range rx.pkts {
 		rx.pkts[i].Buf = make([]byte, size)
@@ -119,7 +120,7 @@ func (d *Device) inputBatch(rx *rxScratch, n int, lazy bool) {
 			continue
 		}
 		from := pk.Addr.Addr().Unmap().As16()
-		plain, salt, ctr, ok := d.seal.open(rx.opened.Buf[:0], pk.Buf[:pk.N], &rx.aad, &from, &d.gid)
+		plain, salt, ctr, ok := d.seal.Open(rx.opened.Buf[:0], pk.Buf[:pk.N], &rx.aad, &from, &d.gid)
 		if !ok {
 			d.counts.AuthFailures.Add(1)
 			continue
@@ -194,7 +195,7 @@ func (d *Device) input(pk *link.Packet, now time.Duration, n *nonce) {
 			return
 		}
 	}
-	if n != nil && !p.replay.fresh(n.salt, n.ctr) {
+	if n != nil && !p.replay.Fresh(n.salt, n.ctr) {
 		d.counts.Replays.Add(1)
 		return
 	}

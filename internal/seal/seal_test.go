@@ -1,17 +1,19 @@
-package engine
+package seal
 
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/softefa/softefa/config"
 )
 
-// The replay window takes each counter once, in any order within replayWindow of the highest,
+// The replay window takes each counter once, in any order within Window of the highest,
 // and nothing older; a new salt starts afresh, an earlier one is a replay.
 func TestReplayWindow(t *testing.T) {
-	var r replayState
+	var r Replay
 	want := func(salt uint32, ctr uint64, fresh bool) {
 		t.Helper()
-		if got := r.fresh(salt, ctr); got != fresh {
+		if got := r.Fresh(salt, ctr); got != fresh {
 			t.Fatalf("salt %d counter %d: fresh %v, want %v", salt, ctr, got, fresh)
 		}
 	}
@@ -20,9 +22,9 @@ func TestReplayWindow(t *testing.T) {
 	want(7, 5000, true) // far ahead: the window moves, nothing in it seen but 5000
 	want(7, 4999, true)
 	want(7, 4999, false)
-	want(7, 5000-replayWindow+1, true) // the oldest counter the window holds
-	want(7, 5000-replayWindow, false)  // one older
-	want(7, 5000-replayWindow+1, false)
+	want(7, 5000-Window+1, true) // the oldest counter the window holds
+	want(7, 5000-Window, false)  // one older
+	want(7, 5000-Window+1, false)
 	// A batch held back while the other receiver took 900 newer datagrams.
 	for c := uint64(5001); c <= 5900; c++ {
 		want(7, c, true)
@@ -32,7 +34,7 @@ func TestReplayWindow(t *testing.T) {
 	}
 	want(7, 4990, false)
 	// Moving by less than the window forgets the counters it passes, not the ones it keeps.
-	want(7, 5900+replayWindow-1, true)
+	want(7, 5900+Window-1, true)
 	want(7, 5900, false) // kept: seen
 	want(7, 5899, false) // passed: older than the window
 	want(7, 6000, true)  // passed over, never seen
@@ -45,22 +47,22 @@ func TestReplayWindow(t *testing.T) {
 // sealed for: replayed from another IP, or to another device with the key, it fails.
 func TestSealBindsAddresses(t *testing.T) {
 	key := make([]byte, 32)
-	s, err := newSealer(key, zeroReader{})
+	s, err := New(key, zeroReader{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var aad [aadSize]byte
+	var aad [AADSize]byte
 	from := netip.MustParseAddr("127.0.0.1").As16()
 	other := netip.MustParseAddr("127.0.0.2").As16()
-	to := GIDFromAddr(netip.MustParseAddrPort("127.0.0.1:4791"))
-	elsewhere := GIDFromAddr(netip.MustParseAddrPort("127.0.0.1:4792"))
-	sealed := s.seal(nil, []byte("a datagram"), &aad, &from, &to)
+	to := config.GIDFromAddr(netip.MustParseAddrPort("127.0.0.1:4791"))
+	elsewhere := config.GIDFromAddr(netip.MustParseAddrPort("127.0.0.1:4792"))
+	sealed := s.Seal(nil, []byte("a datagram"), &aad, &from, &to)
 	for _, c := range []struct {
 		name     string
 		from, to *[16]byte
 		ok       bool
 	}{{"as sent", &from, &to, true}, {"from another IP", &other, &to, false}, {"to another device", &from, &elsewhere, false}} {
-		plain, _, _, ok := s.open(nil, sealed, &aad, c.from, c.to)
+		plain, _, _, ok := s.Open(nil, sealed, &aad, c.from, c.to)
 		if ok != c.ok || ok && string(plain) != "a datagram" {
 			t.Errorf("%s: opened %v (%q), want %v", c.name, ok, plain, c.ok)
 		}
