@@ -33,7 +33,7 @@ func TestDissector(t *testing.T) {
 	pcap := filepath.Join(t.TempDir(), "softefa.pcap")
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	capture := exec.CommandContext(ctx, tshark, "-i", "lo", "-f", "udp and host 127.0.0.1", "-w", pcap)
+	capture := exec.CommandContext(ctx, tshark, "-i", "lo", "-f", "udp and host 127.0.0.77", "-w", pcap)
 	stderr, _ := capture.StderrPipe()
 	if err := capture.Start(); err != nil {
 		t.Fatal(err)
@@ -114,7 +114,7 @@ func TestDissector(t *testing.T) {
 // then a SEND that finds no receive posted (RNR, retries 0): its RESP frame is what a failure
 // looks like (success needs none).
 func traffic(t *testing.T) {
-	lo := netip.MustParseAddrPort("127.0.0.1:0")
+	lo := netip.MustParseAddrPort("127.0.0.77:0") // an address of its own: the capture sees no other test's traffic
 	var ends [2]struct {
 		dev *verbs.Device
 		ctx *verbs.Context
