@@ -50,24 +50,11 @@ func run(t *testing.T, s *Setup, dir string, timeout time.Duration, name string,
 	c := exec.Command(name, args...)
 	c.Dir = dir
 	c.Env = s.Environ()
-	var out bytes.Buffer
-	c.Stdout, c.Stderr = &out, &out
-	if err := c.Start(); err != nil {
-		t.Fatal(err)
+	out, err := combinedOutputWithin(c, timeout)
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 	}
-	done := make(chan error, 1)
-	go func() { done <- c.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out.String())
-		}
-	case <-time.After(timeout):
-		c.Process.Kill()
-		<-done
-		t.Fatalf("%s %s: no exit within %v\n%s", name, strings.Join(args, " "), timeout, out.String())
-	}
-	return out.String()
+	return string(out)
 }
 
 func TestIbvDevinfo(t *testing.T) {
