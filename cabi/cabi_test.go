@@ -310,13 +310,7 @@ func runPair(t *testing.T, c pair) string {
 	}
 	server := exec.Command(c.tool, srv...)
 	server.Env = append(srvSetup.Environ(), c.env...)
-	var srvOut bytes.Buffer
-	server.Stdout, server.Stderr = &srvOut, &srvOut
-	if err := server.Start(); err != nil {
-		t.Fatal(err)
-	}
-	srvDone := make(chan error, 1)
-	go func() { srvDone <- server.Wait() }()
+	srvOut, srvDone := startServer(t, server)
 	stopped := false
 	stop := func() string { // ends the server; then its output may be read
 		if !stopped {
@@ -390,6 +384,20 @@ func freeTCPPort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// startServer starts c in the background with its output collected, and returns the output and
+// a channel that gets c's exit.
+func startServer(t *testing.T, c *exec.Cmd) (*bytes.Buffer, chan error) {
+	t.Helper()
+	out := new(bytes.Buffer)
+	c.Stdout, c.Stderr = out, out
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	return out, done
+}
+
 func combinedOutputWithin(c *exec.Cmd, d time.Duration) ([]byte, error) {
 	var out bytes.Buffer
 	c.Stdout, c.Stderr = &out, &out
@@ -461,13 +469,7 @@ func TestPerftestNoGID(t *testing.T) {
 	args := []string{"-d", "efa_0", "-c", "SRD", "-n", "200", "-p", fmt.Sprint(port)}
 	server := exec.Command("ib_send_bw", args...)
 	server.Env = srvSetup.Environ()
-	var srvOut bytes.Buffer
-	server.Stdout, server.Stderr = &srvOut, &srvOut
-	if err := server.Start(); err != nil {
-		t.Fatal(err)
-	}
-	srvDone := make(chan error, 1)
-	go func() { srvDone <- server.Wait() }()
+	srvOut, srvDone := startServer(t, server)
 	if err := awaitListening(port, srvDone, 30*time.Second); err != nil {
 		server.Process.Kill()
 		<-srvDone

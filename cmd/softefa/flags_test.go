@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
@@ -162,18 +161,7 @@ func TestHelp(t *testing.T) {
 func TestPerfDefaultSizes(t *testing.T) {
 	want := map[string]float64{"send_bw": 8192, "send_lat": 2, "write_bw": 65536, "write_lat": 2, "read_bw": 65536, "read_lat": 2}
 	for _, test := range perfTests {
-		var out bytes.Buffer
-		o, err := parsePerf([]string{test, "--loopback", "-n", "20", "--json"}, &out)
-		if err != nil {
-			t.Fatalf("%s: %v", test, err)
-		}
-		if err := perf(o); err != nil {
-			t.Fatalf("%s: %v", test, err)
-		}
-		var res map[string]any
-		if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-			t.Fatalf("%s: %v: %s", test, err, out.Bytes())
-		}
+		res := perfJSON(t, test, "--loopback", "-n", "20", "--json")
 		if res["size"] != want[test] || res["iterations"] != 20.0 || res["errors"] != 0.0 {
 			t.Errorf("%s: %v", test, res)
 		}
@@ -194,18 +182,7 @@ func TestPerfDuration(t *testing.T) {
 // A latency test with -D runs for that long rather than -n round trips: with -D 1ns the clock
 // has passed the end after the first round trip at the latest.
 func TestPerfLatencyDuration(t *testing.T) {
-	var out bytes.Buffer
-	o, err := parsePerf([]string{"send_lat", "--loopback", "-s", "64", "-D", "1ns", "--json"}, &out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := perf(o); err != nil {
-		t.Fatal(err)
-	}
-	var res map[string]any
-	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-		t.Fatalf("%v: %s", err, out.Bytes())
-	}
+	res := perfJSON(t, "send_lat", "--loopback", "-s", "64", "-D", "1ns", "--json")
 	if n, _ := res["iterations"].(float64); n > 1 || res["errors"] != 0.0 {
 		t.Fatalf("-D 1ns: %v", res)
 	}

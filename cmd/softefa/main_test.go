@@ -43,26 +43,33 @@ func TestParsePerf(t *testing.T) {
 	}
 }
 
+// perfJSON runs softefa perf with args (which include --json) and returns its result object.
+func perfJSON(t *testing.T, args ...string) map[string]any {
+	t.Helper()
+	var out bytes.Buffer
+	o, err := parsePerf(args, &out)
+	if err != nil {
+		t.Fatalf("%v: %v", args, err)
+	}
+	if err := perf(o); err != nil {
+		t.Fatalf("%v: %v", args, err)
+	}
+	var res map[string]any
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("%v: %v: %s", args, err, out.Bytes())
+	}
+	return res
+}
+
 // Each perf test runs in loopback mode, over UDP, with 0 errors and the JSON keys users rely on.
 func TestPerfLoopback(t *testing.T) {
 	for _, test := range perfTests {
 		t.Run(test, func(t *testing.T) {
-			var out bytes.Buffer
 			args := []string{test, "--loopback", "-n", "50", "-s", "4096", "--json"}
 			if strings.HasSuffix(test, "_bw") {
 				args = append(args, "-q", "2")
 			}
-			o, err := parsePerf(args, &out)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := perf(o); err != nil {
-				t.Fatal(err)
-			}
-			var res map[string]any
-			if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-				t.Fatalf("%v: %s", err, out.Bytes())
-			}
+			res := perfJSON(t, args...)
 			keys := []string{"test", "size", "errors", "iterations"}
 			if strings.HasSuffix(test, "_bw") {
 				keys = append(keys, "bw_gbps", "msg_rate_mpps", "bytes")
@@ -71,7 +78,7 @@ func TestPerfLoopback(t *testing.T) {
 			}
 			for _, k := range keys {
 				if _, ok := res[k]; !ok {
-					t.Errorf("JSON lacks %q: %s", k, out.Bytes())
+					t.Errorf("JSON lacks %q: %v", k, res)
 				}
 			}
 			if res["errors"] != 0.0 || res["iterations"] != 50.0 || res["test"] != test {

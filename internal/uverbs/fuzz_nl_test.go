@@ -12,13 +12,7 @@ import (
 // FuzzNetlink feeds arbitrary bytes to the RDMA netlink server as one send. It must never
 // panic, and every reply must be a well-formed netlink message whose length field is its size.
 func FuzzNetlink(f *testing.F) {
-	e, err := engine.NewDevice(config.Device{})
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer e.Close()
-	d := NewDevice(e)
-	defer d.Close()
+	_, d := fuzzDevice(f)
 	ch := Chardev{Name: "uverbs_softefa0", Major: 231, Minor: 250}
 	f.Add(nlReq(nldevCmdGet, nlmFDump, 1, nil))
 	f.Add(nlReq(nldevCmdPortGet, nlmFDump|nlmFAck, 2, devIdx))
@@ -37,27 +31,9 @@ func FuzzNetlink(f *testing.F) {
 // FuzzIoctl feeds arbitrary header and attribute bytes to the ioctl interface of a File with a
 // context, a PD and an MR. It must never panic, and must answer an errno or success.
 func FuzzIoctl(f *testing.F) {
-	e, err := engine.NewDevice(config.Device{})
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer e.Close()
-	d := NewDevice(e)
-	defer d.Close()
+	e, d := fuzzDevice(f)
 	seed := func(object, method uint16, attrs []ioctlAttrIn) []byte {
-		b := make([]byte, ioctlHdrSize+len(attrs)*ioctlAttrSize)
-		put16(b, 0, uint16(len(b)))
-		put16(b, 2, object)
-		put16(b, 4, method)
-		put16(b, 6, uint16(len(attrs)))
-		for i, a := range attrs {
-			at := b[ioctlHdrSize+i*ioctlAttrSize:]
-			put16(at, 0, a.id)
-			put16(at, 2, a.len)
-			put16(at, 4, a.flags)
-			put64(at, 8, a.data)
-		}
-		return b
+		return putIoctl(make([]byte, ioctlHdrSize+len(attrs)*ioctlAttrSize), object, method, attrs)
 	}
 	f.Add(seed(uverbsObjectMR, efaMethodMRQuery, mrQueryAttrs(1))) // PD 0, MR 1
 	f.Add(seed(0, 1, nil))
@@ -74,4 +50,16 @@ func FuzzIoctl(f *testing.F) {
 		copy(mem.segs[respAddr][2048:], b)
 		_ = h.f.Ioctl(rdmaVerbsIoctl, ioctlAddr)
 	})
+}
+
+// fuzzDevice makes an engine device and the uverbs device on it, closed when the fuzz target ends.
+func fuzzDevice(f *testing.F) (*engine.Device, *Device) {
+	e, err := engine.NewDevice(config.Device{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { e.Close() })
+	d := NewDevice(e)
+	f.Cleanup(func() { d.Close() })
+	return e, d
 }

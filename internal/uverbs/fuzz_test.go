@@ -7,8 +7,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/softefa/softefa/config"
-	"github.com/softefa/softefa/internal/engine"
 	"github.com/softefa/softefa/internal/uapi"
 )
 
@@ -16,13 +14,7 @@ import (
 // PD (handle 0) and a CQ (handle 1), with response buffers at respAddr. Every write must return
 // the whole count or an errno, never panic; Close must then free every region.
 func FuzzUverbsWrite(f *testing.F) {
-	e, err := engine.NewDevice(config.Device{})
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer e.Close()
-	d := NewDevice(e)
-	defer d.Close()
+	_, d := fuzzDevice(f)
 
 	drv := make([]byte, 8)
 	put32(drv, 0, efaAllocUcontextCmdTxBatch|efaAllocUcontextCmdMinSQWR)

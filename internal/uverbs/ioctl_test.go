@@ -19,19 +19,26 @@ func (h *harness) ioctl(object, method uint16, attrs []ioctlAttrIn) error {
 	h.t.Helper()
 	b := h.mem.segs[respAddr]
 	clear(b)
-	hdr := b[2048:]
-	put16(hdr, 0, uint16(ioctlHdrSize+len(attrs)*ioctlAttrSize))
-	put16(hdr, 2, object)
-	put16(hdr, 4, method)
-	put16(hdr, 6, uint16(len(attrs)))
+	putIoctl(b[2048:], object, method, attrs)
+	return h.f.Ioctl(rdmaVerbsIoctl, ioctlAddr)
+}
+
+// putIoctl writes an ioctl header for object and method with attrs at the start of b (which has
+// room for them) and returns those bytes.
+func putIoctl(b []byte, object, method uint16, attrs []ioctlAttrIn) []byte {
+	n := ioctlHdrSize + len(attrs)*ioctlAttrSize
+	put16(b, 0, uint16(n))
+	put16(b, 2, object)
+	put16(b, 4, method)
+	put16(b, 6, uint16(len(attrs)))
 	for i, a := range attrs {
-		at := hdr[ioctlHdrSize+i*ioctlAttrSize:]
+		at := b[ioctlHdrSize+i*ioctlAttrSize:]
 		put16(at, 0, a.id)
 		put16(at, 2, a.len)
 		put16(at, 4, a.flags)
 		put64(at, 8, a.data)
 	}
-	return h.f.Ioctl(rdmaVerbsIoctl, ioctlAddr)
+	return b[:n]
 }
 
 func (h *harness) regMR(pd uint32, access uint32) uint32 {
