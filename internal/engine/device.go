@@ -3,11 +3,14 @@
 // provider writes into SQ and RQ rings, carries out each operation, and writes completions with
 // phase bits into CQ rings. Its control calls are what EFA's kernel driver does for uverbs
 // commands, with the kernel's checks and errnos; the libefa-level checks live in package verbs.
+// Messages to other devices go through the SRD transport (package srd), which the device meets
+// in host.go: requests go down with their send WR as owner, and arriving data, read requests and
+// outcomes come up through srd.Host.
 //
 // # Ownership and locking
 //
 // Everything the device owns — its tables, each queue's consumer index and phase, each CQ's
-// producer index and phase, parked RNR retries, the transport's peer contexts — is guarded by
+// producer index and phase, parked RNR retries, its transport (srd.Transport) — is guarded by
 // Device.mu, and whoever holds mu does the device's work: the engine loop (run: Ring's fallback
 // and the timers), the receive loop (rxLoop: arrivals), a poster that finds the device free
 // (ringInline, taking mu with TryLock so that it never waits), an application polling an empty CQ
@@ -38,6 +41,7 @@ import (
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/qpn"
 	"github.com/softefa/softefa/internal/seal"
+	"github.com/softefa/softefa/internal/srd"
 	"github.com/softefa/softefa/link"
 )
 
@@ -70,32 +74,18 @@ type Device struct {
 	counts     Counters
 	pending    pendingQueue // QPs whose doorbells a provider rang (own lock)
 
-	// SRD over the link (srd*.go).
-	link       link.Link // nil: the device reaches only itself
-	inc        uint32    // this device's incarnation
-	start      time.Time
-	peers      map[[16]byte]*peer
-	peerList   []*peer           // the same, in the order they came: what loops over peers follow
-	memos      map[[16]byte]memo // what forgotten peers left (peers.go)
-	nextExpiry time.Duration     // when expirePeers looks next
-	txq        *txq              // where frames go: the queue of the goroutine holding mu
-	now        time.Duration     // the clock, read once per batch by the goroutine holding mu (useTx)
-	ackList    []*peer           // peers owed an ACK (flushAcks)
-	acksOwed   atomic.Bool       // ackList is not empty
-	ackCopy    bool              // copySeg is writing: the datagram carries an ACK (room)
-	ackForce   bool              // writeSeg is writing a message withAck: the datagram carries an ACK (room)
-	freeMsgs   []*outMsg
-	freeIn     []*inbound
-	secret     [32]byte     // the cookie key (admit.go)
-	ports      []uint16     // the UDP source ports of our paths, which our COOKIE frames list
-	ip         [16]byte     // our IP address as sealed datagrams name it (IPv4-mapped for IPv4)
-	seal       *seal.Sealer // authenticated encryption, with a key (seal.go)
-	stranger   peer         // scratch context for datagrams from devices not yet validated
+	// SRD over the link (package srd); nil without a link: the device reaches only itself.
+	link    link.Link
+	srd     *srd.Transport
+	now     time.Duration // the clock, read once per batch by the goroutine holding mu (useTx)
+	start   time.Time
+	freeIn  []*inbound
+	freeWRs []*sendWR
 
-	txqs     chan *txq   // free list of datagram queues for posters working inline (ringInline)
-	inlineQ  [1]*QP      // ringInline's batch of one, under mu
-	inlined  atomic.Bool // set by ringInline after work, for the engine loop to poll fast
-	fastPoll atomic.Bool // the engine loop polls every PollMin
+	txqs     chan *srd.Queue // free list of datagram queues for posters working inline (ringInline)
+	inlineQ  [1]*QP          // ringInline's batch of one, under mu
+	inlined  atomic.Bool     // set by ringInline after work, for the engine loop to poll fast
+	fastPoll atomic.Bool     // the engine loop polls every PollMin
 
 	drv *driver // config.Device.Driven: the state Drive reuses; nil otherwise
 
@@ -128,37 +118,33 @@ func NewDevice(cfg config.Device) (*Device, error) {
 		cfg:      cfg,
 		gid:      GIDFromAddr(cfg.Addr),
 		link:     cfg.Link,
-		inc:      newIncarnation(rng),
 		start:    time.Now(),
-		peers:    make(map[[16]byte]*peer),
-		memos:    make(map[[16]byte]memo),
-		secret:   newSecret(rng),
 		qpns:     tab,
 		qps:      make(map[uint32]*QP),
 		pds:      make(map[uint16]*PD),
 		kick:     make(chan struct{}, 1),
-		txqs:     make(chan *txq, 8),
+		txqs:     make(chan *srd.Queue, 8),
 		evNotify: make(chan struct{}, 1),
 		done:     make(chan struct{}),
 	}
-	d.mrs.init(cfg.MaxMR, rng)
 	if len(cfg.Key) > 0 {
-		if d.seal, err = seal.New(cfg.Key, rng); err != nil {
+		if err := seal.CheckKey(cfg.Key); err != nil {
 			return nil, err
 		}
 	}
+	inc := srd.NewIncarnation(rng)
+	d.mrs.init(cfg.MaxMR, rng)
 	if d.link != nil {
 		d.gid = GIDFromAddr(d.link.LocalAddr())
-		d.ip = d.link.LocalAddr().Addr().Unmap().As16()
-		d.ports = []uint16{d.link.LocalAddr().Port()}
-		if pp, ok := d.link.(link.PathPorter); ok {
-			d.ports = pp.PathPorts()
+		if d.srd, err = srd.New(cfg, d.link, inc, rng, (*host)(d), &d.counts.Counters); err != nil {
+			return nil, err
 		}
 	}
 	if cfg.Driven {
-		d.drv = &driver{q: newTxq(d.maxDatagram(), 64)}
+		d.drv = &driver{}
 		if d.link != nil {
-			d.drv.rx = d.newRxScratch()
+			d.drv.q = d.srd.NewQueue()
+			d.drv.rx = d.srd.NewInbox()
 			d.drv.poller = d.link.(link.Poller) // config.Fill checked
 		}
 		return d, nil
@@ -184,16 +170,16 @@ func (d *Device) Close() error {
 		return nil
 	}
 	d.closed = true
-	var owed *txq
-	if d.acksOwed.Load() && d.link != nil {
+	var owed *srd.Queue
+	if d.srd != nil && d.srd.AcksOwed() {
 		// What a busy poll left owed goes now: the peers are waiting for it.
-		owed = newTxq(d.maxDatagram(), 8)
+		owed = d.srd.NewQueue()
 		d.useTx(owed)
-		d.flushAcks(d.now, 0)
+		d.srd.FlushAcks(0)
 	}
 	d.mu.Unlock()
 	if owed != nil {
-		d.sendTx(owed)
+		d.srd.Flush(owed)
 	}
 	close(d.done)
 	if d.link != nil {
@@ -217,21 +203,26 @@ var (
 
 // Counters are the device's port counters, with EFA's names (efa_verbs.c port stats).
 type Counters struct {
-	TxBytes, TxPkts, RxBytes, RxPkts, RxDrops                        atomic.Uint64
+	srd.Counters                                                     // the transport's
 	SendBytes, SendWRs, RecvBytes, RecvWRs                           atomic.Uint64
 	RDMAReadWRs, RDMAReadBytes, RDMAReadWRErr, RDMAReadRespBytes     atomic.Uint64
 	RDMAWriteWRs, RDMAWriteBytes, RDMAWriteWRErr, RDMAWriteRecvBytes atomic.Uint64
-	RetransBytes, RetransPkts, RetransTimeoutEvents                  atomic.Uint64
-	UnresponsiveRemoteEvents, ImpairedRemoteConnEvents               atomic.Uint64
 	CQOverruns                                                       atomic.Uint64
-	BadPackets, StalePackets                                         atomic.Uint64 // dropped: malformed; for another incarnation
-	Unvalidated                                                      atomic.Uint64 // from devices not yet validated: challenged
-	AuthFailures, Replays                                            atomic.Uint64 // sealed datagrams dropped
-	SpuriousRetrans                                                  atomic.Uint64 // packets counted lost that arrived after all (softefa's own)
-	SparseCopies                                                     atomic.Uint64 // second copies of packets sent while few were in flight (softefa's own)
 	EngineWakeups                                                    atomic.Uint64 // times the engine loop woke, by a kick or its timer (softefa's own)
-	PeersForgotten                                                   atomic.Uint64 // peer contexts dropped idle, by age or for room (softefa's own)
 }
 
 // Counters returns the device's live counters.
 func (d *Device) Counters() *Counters { return &d.counts }
+
+// PathStat is one path's scoreboard towards one peer.
+type PathStat = srd.PathStat
+
+// PathStats returns every peer's path scoreboards.
+func (d *Device) PathStats() []PathStat {
+	if d.srd == nil {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.srd.PathStats()
+}

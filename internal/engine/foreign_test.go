@@ -74,10 +74,10 @@ func TestForeignRegionFaults(t *testing.T) {
 		t.Error("a copy from a read-only page into a writable one failed")
 	}
 	scratch := make([]byte, 0, 128)
-	if _, ok := guardedRange(scratch, [][]byte{mem[page-32 : page], mem[2*page : 2*page+64]}, 0, 96); ok {
+	if _, ok := (*host)(r.d).Gather(scratch, [][]byte{mem[page-32 : page], mem[2*page : 2*page+64]}, 0, 96); ok {
 		t.Error("a segment reaching into an inaccessible page was read")
 	}
-	if _, ok := guardedRange(scratch, [][]byte{mem[page-32 : page], mem[page : page+64]}, 16, 64); !ok {
+	if _, ok := (*host)(r.d).Gather(scratch, [][]byte{mem[page-32 : page], mem[page : page+64]}, 16, 64); !ok {
 		t.Error("a segment over two readable pages could not be read")
 	}
 	// A SEND from the inaccessible page completes in error instead of crashing the process.

@@ -54,7 +54,7 @@ type QP struct {
 	rq   recvQueue
 
 	parked   []parkedWR // sends waiting to retry after RNR
-	out      []*outMsg  // sends on the network, waiting for the peer's answer
+	out      []*sendWR  // sends on the network, waiting for the peer's answer
 	drainReq bool       // raise SQ_DRAINED when nothing is in flight
 	kicked   atomic.Bool
 	polled   bool // its doorbells may be stored without Ring: the engine polls them (PollDoorbells)

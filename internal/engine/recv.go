@@ -84,6 +84,7 @@ func canReceive(s int) bool {
 // receive WR and its buffers, or the target region) and the status so far. A same-device message
 // arrives whole; one from the network arrives as segments in any order, each placed once.
 type inbound struct {
+	d       *Device // whose free list it goes back to (Abort)
 	t       *QP
 	m       message // the message's header fields (src and sink unused)
 	status  efaio.Status

@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"runtime"
 	"sync/atomic"
 	"time"
 
+	"github.com/softefa/softefa/internal/srd"
 	"github.com/softefa/softefa/link"
 )
 
@@ -65,17 +67,17 @@ func (d *Device) ringInline(q *QP) bool {
 
 // takeTxq takes a datagram queue from the free list, or makes one (the free list holds what the
 // goroutines that ever posted at once needed: in steady state nothing is allocated).
-func (d *Device) takeTxq() *txq {
+func (d *Device) takeTxq() *srd.Queue {
 	select {
 	case q := <-d.txqs:
 		return q
 	default:
-		return newTxq(d.maxDatagram(), 64)
+		return d.newQueue()
 	}
 }
 
 // putTxq gives an empty queue back to the free list.
-func (d *Device) putTxq(q *txq) {
+func (d *Device) putTxq(q *srd.Queue) {
 	select {
 	case d.txqs <- q:
 	default:
@@ -84,16 +86,16 @@ func (d *Device) putTxq(q *txq) {
 
 // driver is what Drive reuses from call to call.
 type driver struct {
-	rx     *rxScratch
+	rx     *srd.Inbox
 	poller link.Poller
-	q      *txq
+	q      *srd.Queue
 	batch  []*QP
 }
 
 // busyPoll is what PollNetwork reuses from call to call.
 type busyPoll struct {
 	poller link.Poller
-	rx     *rxScratch
+	rx     *srd.Inbox
 }
 
 // Drive moves a driven device (config.Device.Driven) one step, on the caller's goroutine: it
@@ -114,11 +116,11 @@ func (d *Device) Drive() (worked bool) {
 	}
 	d.useTx(dr.q)
 	for dr.poller != nil {
-		n, err := dr.poller.TryReceive(dr.rx.pkts)
+		n, err := dr.poller.TryReceive(dr.rx.Pkts)
 		if n == 0 || err != nil {
 			break
 		}
-		d.inputBatch(dr.rx, n, false)
+		d.srd.Input(dr.rx, n, false)
 		worked = true
 	}
 	dr.batch = d.pending.drain(dr.batch)
@@ -150,7 +152,7 @@ func (d *Device) run() {
 	defer timer.Stop()
 	armed, armedFor := true, period
 	var batch []*QP
-	q := newTxq(d.maxDatagram(), 64)
+	q := d.newQueue()
 	for {
 		polled := false
 		select {
@@ -170,7 +172,7 @@ func (d *Device) run() {
 		}
 		// Idle: nothing to time (no stream has anything outstanding, nothing parked or owed)
 		// and no QP whose doorbells only a poll notices. An idle device sleeps until kicked.
-		idle := !worked && !busy && !d.txBusy && d.polledQPs == 0
+		idle := !worked && !busy && (d.srd == nil || !d.srd.Busy()) && d.polledQPs == 0
 		switch {
 		case worked || busy:
 			period = d.cfg.PollMin
@@ -236,18 +238,20 @@ func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
 			busy = true
 		}
 	}
-	if polled {
-		d.txBusy = d.transportTick(d.now)
-		busy = busy || d.txBusy
+	if d.srd == nil {
+		return worked || rqMoved, busy
 	}
-	if d.acksOwed.Load() {
+	if polled {
+		busy = d.srd.Tick() || busy
+	}
+	if d.srd.AcksOwed() {
 		// Owed ACKs (a busy poll's): the engine loop's tick sends them, so it must keep ticking.
 		if polled {
-			d.flushAcks(d.now, 0)
+			d.srd.FlushAcks(0)
 		} else {
-			d.flushAcks(d.now, ackDelay)
+			d.srd.FlushAcks(srd.AckDelay)
 		}
-		busy = busy || d.acksOwed.Load()
+		busy = busy || d.srd.AcksOwed()
 	}
 	return worked || rqMoved, busy
 }
@@ -270,18 +274,18 @@ func (d *Device) PollNetwork() bool {
 	defer d.busyMu.Unlock()
 	rx := d.busyRx
 	if rx.rx == nil {
-		rx.rx = d.newRxScratch()
+		rx.rx = d.srd.NewInbox()
 	}
-	n, err := rx.poller.TryReceive(rx.rx.pkts)
+	n, err := rx.poller.TryReceive(rx.rx.Pkts)
 	if n == 0 || err != nil {
-		if d.acksOwed.Load() && d.mu.TryLock() {
+		if d.srd.AcksOwed() && d.mu.TryLock() {
 			// Nothing came, and the ACKs the last poll left owed may be due.
-			d.useTx(rx.rx.q)
+			d.useTx(rx.rx.Out)
 			if !d.closed {
-				d.flushAcks(d.now, ackDelay)
+				d.srd.FlushAcks(srd.AckDelay)
 			}
 			d.mu.Unlock()
-			d.sendTx(rx.rx.q)
+			d.sendTx(rx.rx.Out)
 		}
 		return false
 	}
@@ -290,10 +294,93 @@ func (d *Device) PollNetwork() bool {
 		d.mu.Unlock()
 		return false
 	}
-	d.useTx(rx.rx.q)
-	d.inputBatch(rx.rx, n, true)
+	d.useTx(rx.rx.Out)
+	d.srd.Input(rx.rx, n, true)
 	d.mu.Unlock()
-	d.sendTx(rx.rx.q)
+	d.sendTx(rx.rx.Out)
 	d.wake() // parked retries and raw doorbells get a look, as after the receive loop's batches
 	return true
+}
+
+// rxLoop is the receive goroutine: it reads batches from the link and has the transport handle
+// them under the device lock, then sends the ACKs and frames the batch produced.
+func (d *Device) rxLoop() {
+	defer d.wg.Done()
+	rx := d.srd.NewInbox()
+	pkts, q := rx.Pkts, rx.Out
+	poller, _ := d.link.(link.Poller)
+	var last time.Time // when the last datagram came
+	for {
+		var n int
+		var err error
+		if poller != nil && d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin {
+			if n, err = poller.TryReceive(pkts); n == 0 && err == nil {
+				t := time.Now()
+				runtime.Gosched()
+				if time.Since(t) > spinYield {
+					// Other goroutines were waiting for the processor: spinning takes it from
+					// them. Wait in the network poller until the next traffic.
+					last = time.Time{}
+				}
+				continue
+			}
+		} else {
+			n, err = d.link.Receive(pkts)
+		}
+		if err != nil {
+			select {
+			case <-d.done:
+				return
+			default:
+			}
+			if err == link.ErrClosed {
+				return
+			}
+			continue
+		}
+		last = time.Now()
+		d.mu.Lock()
+		d.useTx(q)
+		d.srd.Input(rx, n, false)
+		d.mu.Unlock()
+		d.sendTx(q)
+		d.wake() // parked retries and raw doorbells get a look
+	}
+}
+
+// spinYield: a yield longer than this ends the receive loop's spin.
+const spinYield = 40 * time.Microsecond
+
+// useTx makes q the queue the transport's frames go to until the lock is released, and reads the
+// clock for the batch the caller is about to do (d.now: one read per batch, not per packet); the
+// caller sends what q holds afterwards with sendTx.
+func (d *Device) useTx(q *srd.Queue) {
+	d.now = d.clock()
+	if d.srd != nil {
+		d.srd.Use(q, d.now)
+	}
+}
+
+// sendTx sends q's datagrams; called without the lock.
+func (d *Device) sendTx(q *srd.Queue) {
+	if d.srd != nil {
+		d.srd.Flush(q)
+	}
+}
+
+// newQueue makes a datagram queue for a goroutine that works for the device (nil without a
+// link: nothing is ever sent).
+func (d *Device) newQueue() *srd.Queue {
+	if d.srd == nil {
+		return nil
+	}
+	return d.srd.NewQueue()
+}
+
+// clock is the device's monotonic time, as a duration since it started.
+func (d *Device) clock() time.Duration {
+	if d.cfg.Clock != nil {
+		return d.cfg.Clock()
+	}
+	return time.Since(d.start)
 }

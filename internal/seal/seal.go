@@ -46,11 +46,19 @@ type Sealer struct {
 	ctr  atomic.Uint64
 }
 
+// CheckKey reports whether key can seal: EINVAL unless it has 32 bytes.
+func CheckKey(key []byte) error {
+	if len(key) != 32 {
+		return fmt.Errorf("seal: key of %d bytes; AES-256-GCM takes 32: %w", len(key), syscall.EINVAL)
+	}
+	return nil
+}
+
 // New makes a Sealer for a 32-byte key, drawing its salt and first counter from rng; EINVAL for
 // a key of another length.
 func New(key []byte, rng io.Reader) (*Sealer, error) {
-	if len(key) != 32 {
-		return nil, fmt.Errorf("seal: key of %d bytes; AES-256-GCM takes 32: %w", len(key), syscall.EINVAL)
+	if err := CheckKey(key); err != nil {
+		return nil, err
 	}
 	blk, err := aes.NewCipher(key)
 	if err != nil {

@@ -1,4 +1,4 @@
-package engine
+package srd
 
 import "time"
 
@@ -27,37 +27,37 @@ func (p *peer) idle() bool {
 }
 
 // forget drops idle peer p's context, keeping its memo. The caller takes p out of peerList.
-func (d *Device) forget(p *peer) {
-	if len(d.memos) >= d.cfg.MaxPeers {
-		for k := range d.memos { // full: any one goes (the map's order is as good as any)
-			delete(d.memos, k)
+func (t *Transport) forget(p *peer) {
+	if len(t.memos) >= t.cfg.MaxPeers {
+		for k := range t.memos { // full: any one goes (the map's order is as good as any)
+			delete(t.memos, k)
 			break
 		}
 	}
 	salt, top, old := p.replay.State()
-	d.memos[p.gid] = memo{inc: p.inc, txEpoch: p.tx.epoch, rxEpoch: p.rx.epoch, rxCum: p.rx.cum,
+	t.memos[p.gid] = memo{inc: p.inc, txEpoch: p.tx.epoch, rxEpoch: p.rx.epoch, rxCum: p.rx.cum,
 		rxStarted: p.rx.started, salt: salt, top: top, old: old}
-	delete(d.peers, p.gid)
-	if d.txq != nil && d.txq.cur == p {
-		d.txq.cur = nil
+	delete(t.peers, p.gid)
+	if t.txq != nil && t.txq.cur == p {
+		t.txq.cur = nil
 	}
-	d.counts.PeersForgotten.Add(1)
+	t.counts.PeersForgotten.Add(1)
 }
 
 // recall gives new context p what its memo kept, if it has one: the peer's incarnation, the
 // peer's stream where it was, its sealing state (everything up to the highest counter seen
 // counts as seen: a replay of the earlier exchange is refused), and a new epoch for ours, which
 // the peer takes as a new stream.
-func (d *Device) recall(p *peer) {
-	m, ok := d.memos[p.gid]
+func (t *Transport) recall(p *peer) {
+	m, ok := t.memos[p.gid]
 	if !ok {
 		return
 	}
-	delete(d.memos, p.gid)
+	delete(t.memos, p.gid)
 	p.inc = m.inc
 	p.tx.epoch = m.txEpoch + 1
 	if m.rxStarted {
-		d.resetRx(p)
+		t.resetRx(p)
 		r := &p.rx
 		r.started, r.epoch, r.cum, r.highest = true, m.rxEpoch, m.rxCum, m.rxCum-1
 	}
@@ -68,36 +68,36 @@ func (d *Device) recall(p *peer) {
 
 // makeRoom forgets the peer idle longest, to make room for a new one; false if every peer has
 // something outstanding.
-func (d *Device) makeRoom() bool {
+func (t *Transport) makeRoom() bool {
 	at := -1
-	for i, p := range d.peerList {
-		if p.idle() && (at < 0 || p.seen < d.peerList[at].seen) {
+	for i, p := range t.peerList {
+		if p.idle() && (at < 0 || p.seen < t.peerList[at].seen) {
 			at = i
 		}
 	}
 	if at < 0 {
 		return false
 	}
-	d.forget(d.peerList[at])
-	d.peerList = append(d.peerList[:at], d.peerList[at+1:]...)
+	t.forget(t.peerList[at])
+	t.peerList = append(t.peerList[:at], t.peerList[at+1:]...)
 	return true
 }
 
 // expirePeers forgets the peers idle for longer than PeerIdleTimeout; it looks at most once a
 // second (it runs on the transport's tick, which runs only while something is outstanding).
-func (d *Device) expirePeers(now time.Duration) {
-	if d.cfg.PeerIdleTimeout <= 0 || now < d.nextExpiry {
+func (t *Transport) expirePeers(now time.Duration) {
+	if t.cfg.PeerIdleTimeout <= 0 || now < t.nextExpiry {
 		return
 	}
-	d.nextExpiry = now + time.Second
-	keep := d.peerList[:0]
-	for _, p := range d.peerList {
-		if now-p.seen > d.cfg.PeerIdleTimeout && p.idle() {
-			d.forget(p)
+	t.nextExpiry = now + time.Second
+	keep := t.peerList[:0]
+	for _, p := range t.peerList {
+		if now-p.seen > t.cfg.PeerIdleTimeout && p.idle() {
+			t.forget(p)
 			continue
 		}
 		keep = append(keep, p)
 	}
-	clear(d.peerList[len(keep):])
-	d.peerList = keep
+	clear(t.peerList[len(keep):])
+	t.peerList = keep
 }

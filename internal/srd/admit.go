@@ -1,4 +1,4 @@
-package engine
+package srd
 
 import (
 	"crypto/sha256"
@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/wire"
 )
 
@@ -39,9 +40,9 @@ func newSecret(rng io.Reader) (s [32]byte) {
 }
 
 // cookie is the cookie for endpoint addr in the given time bucket.
-func (d *Device) cookie(addr netip.AddrPort, bucket int64) uint64 {
+func (t *Transport) cookie(addr netip.AddrPort, bucket int64) uint64 {
 	var in [32 + 16 + 2 + 8]byte
-	copy(in[:32], d.secret[:])
+	copy(in[:32], t.secret[:])
 	a := addr.Addr().As16()
 	copy(in[32:48], a[:])
 	binary.BigEndian.PutUint16(in[48:], addr.Port())
@@ -50,15 +51,15 @@ func (d *Device) cookie(addr netip.AddrPort, bucket int64) uint64 {
 	return binary.BigEndian.Uint64(sum[:8]) | 1 // never 0: 0 means "no cookie"
 }
 
-func (d *Device) cookieOK(addr netip.AddrPort, c uint64) bool {
-	b := int64(d.now / cookiePeriod)
-	return c == d.cookie(addr, b) || c == d.cookie(addr, b-1)
+func (t *Transport) cookieOK(addr netip.AddrPort, c uint64) bool {
+	b := int64(t.now / cookiePeriod)
+	return c == t.cookie(addr, b) || c == t.cookie(addr, b-1)
 }
 
 // challengeFor is the cookie this device challenges p with now (cached per bucket).
-func (d *Device) challengeFor(p *peer) uint64 {
-	if b := int64(d.now / cookiePeriod); p.myCookie == 0 || p.myBucket != b {
-		p.myCookie, p.myBucket = d.cookie(p.addr, b), b
+func (t *Transport) challengeFor(p *peer) uint64 {
+	if b := int64(t.now / cookiePeriod); p.myCookie == 0 || p.myBucket != b {
+		p.myCookie, p.myBucket = t.cookie(p.addr, b), b
 	}
 	return p.myCookie
 }
@@ -74,21 +75,21 @@ func (p *peer) trusts(port, gidPort uint16) bool {
 // COOKIE frame with a valid cookie for gid's endpoint, listing src's port, it returns the context
 // (made if need be, with the listed ports trusted from now on). Otherwise it delivers the
 // datagram's UD messages, challenges the endpoint if anything else came, and returns nil.
-func (d *Device) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Header, frames []byte, n int) *peer {
-	addr := AddrFromGID(gid, d.link.LocalAddr().Port())
-	var f wire.Frame
+func (t *Transport) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Header, frames []byte, n int) *peer {
+	addr := config.AddrFromGID(gid, t.link.LocalAddr().Port())
+	f := &t.strangerFrame
 	var stateful bool
 	for rest := frames; len(rest) > 0; {
 		var err error
-		if rest, err = wire.NextFrame(rest, &f); err != nil {
-			d.counts.BadPackets.Add(1)
+		if rest, err = wire.NextFrame(rest, f); err != nil {
+			t.counts.BadPackets.Add(1)
 			return nil
 		}
 		switch {
-		case f.Type == wire.TypeCookie && f.Ports.Has(src.Port()) && d.cookieOK(addr, f.Cookie):
+		case f.Type == wire.TypeCookie && f.Ports.Has(src.Port()) && t.cookieOK(addr, f.Cookie):
 			if p == nil {
-				if p = d.peerFor(gid); p == nil {
-					d.counts.RxDrops.Add(1) // MaxPeers, none idle to give way
+				if p = t.peerFor(gid); p == nil {
+					t.counts.RxDrops.Add(1) // MaxPeers, none idle to give way
 					return nil
 				}
 			}
@@ -102,20 +103,20 @@ func (d *Device) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Header
 			stateful = true
 		}
 	}
-	s := &d.stranger
+	s := &t.stranger
 	*s = peer{gid: gid, addr: addr, inc: h.SrcInc, paths: s.paths[:0]}
 	for rest := frames; len(rest) > 0; {
-		rest, _ = wire.NextFrame(rest, &f)
+		rest, _ = wire.NextFrame(rest, f)
 		if f.Type == wire.TypeData && f.Data.Flags&wire.FlagUD != 0 {
-			d.onUD(s, &f.Data)
+			t.onUD(s, &f.Data)
 		}
 	}
 	if stateful {
-		d.counts.Unvalidated.Add(1)
+		t.counts.Unvalidated.Add(1)
 		if n >= wire.DatagramHeaderSize+challengeFrameSize { // never answer with more than came
 			s.paths = append(s.paths, pathState{})
-			d.commit(wire.AppendChallenge(d.room(s, 0, challengeFrameSize), d.cookie(addr, int64(d.now/cookiePeriod))))
-			d.txq.cur = nil // no other frame joins a stranger's datagram
+			t.commit(wire.AppendChallenge(t.room(s, 0, challengeFrameSize), t.cookie(addr, int64(t.now/cookiePeriod))))
+			t.txq.cur = nil // no other frame joins a stranger's datagram
 		}
 	}
 	return nil
@@ -129,7 +130,7 @@ const challengeFrameSize = wire.FrameHeaderSize + wire.CookieSize
 // before the cookie does, and resending the whole flight for each of those challenges was a
 // storm (thousands of packets in a short run). An ACK goes too if we receive the peer's stream:
 // the peer may have dropped our ACKs as well.
-func (d *Device) onChallenge(p *peer, cookie uint64) {
+func (t *Transport) onChallenge(p *peer, cookie uint64) {
 	p.echo = true
 	if p.cookie == cookie {
 		return
@@ -144,7 +145,7 @@ func (d *Device) onChallenge(p *peer, cookie uint64) {
 		}
 	}
 	if p.rx.started {
-		d.oweAck(p, d.now)
+		t.oweAck(p, t.now)
 	}
-	d.pump(p)
+	t.pump(p)
 }

@@ -1,4 +1,4 @@
-package engine
+package srd
 
 import (
 	"net/netip"
@@ -6,13 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efaio"
-	"github.com/softefa/softefa/internal/uapi"
 	"github.com/softefa/softefa/internal/wire"
 )
 
-// Trace tests: each checks one rule of docs/wire.md or docs/congestion.md against one device, the
-// test playing its peer (trace_test.go). The rule is named in each test's comment.
+// Trace tests: each checks one rule of docs/wire.md or docs/congestion.md against one transport,
+// the test playing its peer (trace_test.go). The rule is named in each test's comment.
 
 // wire.md "Completion": a SEND succeeds once ACKs cover all its segments and, with horizon 0,
 // nothing more is needed.
@@ -32,15 +32,15 @@ func TestTraceAckCompletesSend(t *testing.T) {
 // H, and succeeds then, no RESP among it having failed it.
 func TestTraceHorizonHoldsSuccess(t *testing.T) {
 	r := newTrace(t, 2, nil)
-	r.recv(7, 0, 1000) // the peer's data below lands here
+	r.recv(7) // the peer's data below lands here
 	r.post(1, efaio.OpSend, 100)
 	d := r.data()
 	r.horizon = 1 // the peer says: PSN 0 of my stream may answer you
 	r.ack(1, nil, d[0].h.Path)
 	r.noCompletion()
-	r.peerData(wire.Data{Op: wire.OpSend, Length: 10, DstQPN: uint16(r.qp.qpn), QKey: traceQKey, Payload: make([]byte, 10)})
+	r.peerData(wire.Data{Op: wire.OpSend, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)})
 	cs := r.completions()
-	if len(cs) != 2 || !slices.ContainsFunc(cs, func(c efaio.Completion) bool { return c.ReqID == 1 && c.Status == efaio.StatusOK }) {
+	if len(cs) != 2 || !slices.ContainsFunc(cs, func(c completion) bool { return c.ReqID == 1 && c.Status == efaio.StatusOK }) {
 		t.Fatalf("completions %+v, want the SEND's success and the receive", cs)
 	}
 }
@@ -144,9 +144,9 @@ func TestTraceTransportTimeoutStartsNewEpoch(t *testing.T) {
 func TestTraceReceiverAcknowledgesOnce(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	r.meet()
-	r.recv(7, 0, 1000)
-	r.recv(8, 0, 1000)
-	send := wire.Data{Op: wire.OpSend, Length: 10, DstQPN: uint16(r.qp.qpn), QKey: traceQKey, Payload: make([]byte, 10)}
+	r.recv(7)
+	r.recv(8)
+	send := wire.Data{Op: wire.OpSend, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)}
 	send.PSN = 0
 	dgram := func(path uint8) {
 		r.send(path, func(b []byte) []byte { return wire.AppendData(b, &send) })
@@ -170,19 +170,19 @@ func TestTracePeerEpochStartsAfresh(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	r.meet()
 	for i := range 3 {
-		r.recv(uint16(i), 0, 1000)
+		r.recv(uint16(i))
 	}
-	send := wire.Data{Op: wire.OpSend, Length: 10, DstQPN: uint16(r.qp.qpn), QKey: traceQKey, Payload: make([]byte, 10)}
+	send := wire.Data{Op: wire.OpSend, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)}
 	r.peerData(send)
 	r.wantCompletion(0, efaio.StatusOK)
 	r.epoch, r.next = 1, 0
 	r.peerData(send) // PSN 0 of epoch 1
 	r.wantCompletion(1, efaio.StatusOK)
 	r.epoch, r.next = 0, 1
-	stale := r.d.counts.StalePackets.Load()
+	stale := r.counts.StalePackets.Load()
 	r.peerData(send) // PSN 1 of the abandoned epoch 0
 	r.noCompletion()
-	if r.d.counts.StalePackets.Load() != stale+1 {
+	if r.counts.StalePackets.Load() != stale+1 {
 		t.Fatal("a frame of the abandoned epoch was not counted stale")
 	}
 }
@@ -191,7 +191,7 @@ func TestTracePeerEpochStartsAfresh(t *testing.T) {
 // halves once per round trip with losses.
 func TestTraceWindowGrowsAndHalves(t *testing.T) {
 	r := newTrace(t, 2, nil)
-	cwnd := func() float64 { return r.d.PathStats()[0].Cwnd }
+	cwnd := func() float64 { return r.tr.PathStats()[0].Cwnd }
 	d := r.sends(4)
 	start := cwnd()
 	r.ack(2, nil, d[0].h.Path)
@@ -216,7 +216,7 @@ func TestTracePathFailsAndIsProbed(t *testing.T) {
 	if got := psns(again); !slices.Equal(got, []uint32{0, 1, 2}) || slices.Contains(paths(again), bad) {
 		t.Fatalf("resent %v on paths %v, want 0-2 off path %d", got, paths(again), bad)
 	}
-	if !r.d.PathStats()[bad].Failed {
+	if !r.tr.PathStats()[bad].Failed {
 		t.Fatalf("path %d not marked failed", bad)
 	}
 	r.ack(4, nil, again[0].h.Path)
@@ -230,7 +230,7 @@ func TestTracePathFailsAndIsProbed(t *testing.T) {
 		t.Fatalf("probes %+v, want one on path %d", probes, bad)
 	}
 	r.send(0, func(b []byte) []byte { return wire.AppendProbe(b, probes[0].f.Nonce, true) })
-	if r.d.PathStats()[bad].Failed {
+	if r.tr.PathStats()[bad].Failed {
 		t.Fatal("the PROBE_ACK did not put the path back")
 	}
 }
@@ -282,10 +282,10 @@ func TestTraceRestartedPeer(t *testing.T) {
 // gets one CHALLENGE, sent to the peer's endpoint, and nothing else, whatever it carries.
 func TestTraceOtherPortIsChallenged(t *testing.T) {
 	r := newTrace(t, 2, nil)
-	r.recv(7, 0, 1000)
-	h := wire.Header{SrcPort: tracePeer.Port(), SrcInc: r.inc, DstInc: r.d.inc}
+	r.recv(7)
+	h := wire.Header{SrcPort: tracePeer.Port(), SrcInc: r.inc, DstInc: r.tr.inc}
 	b := wire.AppendHeader(nil, &h)
-	b = wire.AppendData(b, &wire.Data{Op: wire.OpSend, Length: 10, DstQPN: uint16(r.qp.qpn), QKey: traceQKey, Payload: make([]byte, 10)})
+	b = wire.AppendData(b, &wire.Data{Op: wire.OpSend, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)})
 	wire.PutChecksum(b)
 	r.f.Inject(netip.AddrPortFrom(tracePeer.Addr(), 9999), traceDev, b)
 	r.drive()
@@ -301,14 +301,14 @@ func TestTraceOtherPortIsChallenged(t *testing.T) {
 // on its own when it is due.
 func TestTraceOwedAckRidesOnAnswer(t *testing.T) {
 	r := newTrace(t, 2, nil)
-	r.recv(7, 0, 1000)
-	r.recv(8, 0, 1000)
+	r.recv(7)
+	r.recv(8)
 	r.advance(time.Millisecond) // (a send time of 0 reads as "never sent")
 	r.post(1, efaio.OpSend, 100)
 	d := r.data()
 	r.ack(1, nil, d[0].h.Path) // proves the path, and the device talks to the peer
 	r.wantCompletion(1, efaio.StatusOK)
-	send := wire.Data{Op: wire.OpSend, Length: 10, DstQPN: uint16(r.qp.qpn), QKey: traceQKey, Payload: make([]byte, 10)}
+	send := wire.Data{Op: wire.OpSend, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)}
 	send.PSN = r.next
 	r.next++
 	r.inject(0, func(b []byte) []byte { return wire.AppendData(b, &send) })
@@ -338,9 +338,9 @@ func TestTraceAckEvery16Frames(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	r.meet()
 	for i := range 40 {
-		r.recv(uint16(i), 0, 1000)
+		r.recv(uint16(i))
 	}
-	send := wire.Data{Op: wire.OpSend, Length: 10, DstQPN: uint16(r.qp.qpn), QKey: traceQKey, Payload: make([]byte, 10)}
+	send := wire.Data{Op: wire.OpSend, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)}
 	for range 40 { // one batch: the device reads them all at once
 		send.PSN = r.next
 		r.next++
@@ -356,29 +356,25 @@ func TestTraceAckEvery16Frames(t *testing.T) {
 	}
 }
 
-// wire.md "RESP": a message answered with status 10 (RNR) goes again as a new message after the
-// RNR interval, as rnr_retry allows; with the retries used up the WR completes with RNR.
+// wire.md "RESP": a message answered with status 10 (RNR) ends with that status, and the host
+// may try it again (its retries, paced by the RNR interval, are the device's): the transport says
+// so; a retry is a new message.
 func TestTraceRNRRetries(t *testing.T) {
 	r := newTrace(t, 2, nil)
-	if err := r.d.ModifyQP(r.qp, &QPAttr{State: uapi.QPSReset}, uapi.QPAttrState); err != nil {
-		t.Fatal(err)
-	}
-	r.toRTS(1)
 	r.post(1, efaio.OpSend, 100)
-	for try := range 2 {
-		d := r.data()
-		if len(d) != 1 {
-			t.Fatalf("try %d: sent %v", try, psns(d))
-		}
-		r.horizon = r.next + 1
-		r.ack(d[0].f.Data.PSN+1, nil, d[0].h.Path)
-		r.peerData(wire.Data{Op: wire.OpResp, MsgID: d[0].f.Data.MsgID, Status: uint8(efaio.StatusRemoteRNR)})
-		if try == 0 {
-			r.noCompletion()
-			r.advance(2 * time.Millisecond) // the RNR interval
-		}
+	d := r.data()
+	r.horizon = r.next + 1
+	r.ack(d[0].f.Data.PSN+1, nil, d[0].h.Path)
+	r.noCompletion()
+	r.peerData(wire.Data{Op: wire.OpResp, MsgID: d[0].f.Data.MsgID, Status: uint8(efaio.StatusRemoteRNR)})
+	if cs := r.completions(); len(cs) != 1 || cs[0].ReqID != 1 || cs[0].Status != efaio.StatusRemoteRNR || !cs[0].MayRetry {
+		t.Fatalf("outcomes %+v, want RNR for WR 1, to be retried", cs)
 	}
-	r.wantCompletion(1, efaio.StatusRemoteRNR)
+	r.post(1, efaio.OpSend, 100)
+	again := r.data()
+	if len(again) != 1 || again[0].f.Data.MsgID == d[0].f.Data.MsgID || again[0].f.Data.PSN != d[0].f.Data.PSN+1 {
+		t.Fatalf("the retry went as %+v, want a new message at the next PSN", again)
+	}
 }
 
 // congestion.md "Reordering": a packet counted lost that is acknowledged after all was only
@@ -387,12 +383,12 @@ func TestTraceRNRRetries(t *testing.T) {
 func TestTraceSpuriousLossWidensAllowance(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	d := r.sends(4)
-	steps := r.d.peers[GIDFromAddr(tracePeer)].tx.reoSteps
+	steps := r.tr.peers[config.GIDFromAddr(tracePeer)].tx.reoSteps
 	r.ack(0, []uint32{3}, d[0].h.Path) // 0-2 counted lost
 	r.data()                           // (sent again)
 	r.ack(4, nil, d[0].h.Path)         // the originals arrive after all
-	if r.d.counts.SpuriousRetrans.Load() == 0 || r.d.peers[GIDFromAddr(tracePeer)].tx.reoSteps <= steps {
+	if r.counts.SpuriousRetrans.Load() == 0 || r.tr.peers[config.GIDFromAddr(tracePeer)].tx.reoSteps <= steps {
 		t.Fatalf("spurious %d, allowance steps %d (from %d): want the losses taken back and the allowance wider",
-			r.d.counts.SpuriousRetrans.Load(), r.d.peers[GIDFromAddr(tracePeer)].tx.reoSteps, steps)
+			r.counts.SpuriousRetrans.Load(), r.tr.peers[config.GIDFromAddr(tracePeer)].tx.reoSteps, steps)
 	}
 }

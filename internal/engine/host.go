@@ -1,0 +1,204 @@
+package engine
+
+import (
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/srd"
+	"github.com/softefa/softefa/internal/uapi"
+	"github.com/softefa/softefa/internal/wire"
+)
+
+// The device and its transport (package srd) meet here: requests go down as srd.Requests with a
+// sendWR as their owner, and the transport calls the device back through host (srd.Host).
+
+// sendWR is a send WR on the network: the owner of its transport request. It is in its QP's out
+// list until the outcome comes (host.Done) or the QP is flushed (cancel).
+type sendWR struct {
+	q      *QP
+	w      efaio.TxDesc
+	tries  int
+	length uint64
+	idx    int      // position in q.out
+	m      *srd.Msg // the transport's request
+}
+
+// statusPending is execute's "the WR is on the network": not an EFA status.
+const statusPending efaio.Status = 0xff
+
+// sendRemote starts a request to another device: q's WR completes when the peer answers (or the
+// transport gives up).
+func (d *Device) sendRemote(q *QP, w *efaio.TxDesc, m *message, tries int) efaio.Status {
+	r := m.request()
+	switch m.op {
+	case efaio.OpRDMAWrite:
+		r.Op = wire.OpWrite
+	case efaio.OpRDMARead:
+		r.Op = wire.OpReadReq
+	}
+	sw := d.newSendWR()
+	sw.q, sw.w, sw.tries, sw.length = q, *w, tries, m.length
+	sw.idx = len(q.out)
+	q.out = append(q.out, sw) // before Request: a request can end inside it
+	msg, st := d.srd.Request(m.dstGID, &r, sw)
+	if st != efaio.StatusOK {
+		q.dropOut(sw)
+		d.freeWRs = append(d.freeWRs, sw)
+		return st
+	}
+	if sw.q != nil {
+		sw.m = msg
+	}
+	return statusPending
+}
+
+// sendUD sends a UD message as one datagram; the WR succeeds once it is sent.
+func (d *Device) sendUD(m *message) efaio.Status {
+	r := m.request()
+	return d.srd.UD(m.dstGID, &r)
+}
+
+// request is m as the transport takes it (a SEND; the caller sets other operations).
+func (m *message) request() srd.Request {
+	return srd.Request{Op: wire.OpSend, SrcQPN: m.srcQPN, DstQPN: m.dstQPN, QKey: m.qkey, Imm: m.imm,
+		HasImm: m.hasImm, RKey: m.rkey, RAddr: m.raddr, Src: m.src, NSrc: m.nsrc, Length: m.length, Sink: m.sink}
+}
+
+func (d *Device) newSendWR() *sendWR {
+	if n := len(d.freeWRs); n > 0 {
+		sw := d.freeWRs[n-1]
+		d.freeWRs = d.freeWRs[:n-1]
+		return sw
+	}
+	return new(sendWR)
+}
+
+// cancel takes a WR being flushed off the network: the transport stops waiting for its answer.
+func (d *Device) cancel(sw *sendWR) {
+	sw.q.dropOut(sw)
+	if sw.m != nil {
+		d.srd.Cancel(sw.m)
+	}
+	*sw = sendWR{}
+	d.freeWRs = append(d.freeWRs, sw)
+}
+
+// dropOut removes sw from q's list of WRs on the network.
+func (q *QP) dropOut(sw *sendWR) {
+	last := len(q.out) - 1
+	q.out[sw.idx] = q.out[last]
+	q.out[sw.idx].idx = sw.idx
+	q.out[last] = nil
+	q.out = q.out[:last]
+	sw.q = nil
+}
+
+// host is the device as its transport sees it (srd.Host).
+type host Device
+
+// Done finishes a WR the transport has an outcome for: it completes, or after RNR waits to be
+// tried again as a new request.
+func (h *host) Done(owner any, st efaio.Status, mayRetry bool) {
+	d := (*Device)(h)
+	sw := owner.(*sendWR)
+	if q := sw.q; q != nil {
+		q.dropOut(sw)
+		if mayRetry && st == efaio.StatusRemoteRNR && (q.attr.RNRRetry == uapi.RNRRetryInfinite || sw.tries < int(q.attr.RNRRetry)) &&
+			(q.attr.State == uapi.QPSRTS || q.attr.State == uapi.QPSSQD) {
+			q.parked = append(q.parked, parkedWR{desc: sw.w, tries: sw.tries + 1, due: d.now + d.cfg.RNRInterval})
+		} else {
+			msg := message{length: sw.length}
+			d.count(q, &sw.w, &msg, st)
+			q.completeSend(&sw.w, st)
+		}
+	}
+	*sw = sendWR{}
+	d.freeWRs = append(d.freeWRs, sw)
+}
+
+// Receive places a SEND or RDMA write segment from src: the whole message at once if it came in
+// one frame, otherwise into what accept reserved for it with its first segment.
+func (h *host) Receive(src [16]byte, f *wire.Data, prev srd.Inbound) (srd.Inbound, efaio.Status, bool) {
+	d := (*Device)(h)
+	op := efaio.OpSend
+	if f.Op == wire.OpWrite {
+		op = efaio.OpRDMAWrite
+	}
+	if prev == nil && f.Offset == 0 && len(f.Payload) == int(f.Length) {
+		m := d.message(src, f, op, uapi.QPTypeDriver)
+		m.src[0], m.nsrc = f.Payload, 1
+		return nil, d.respond(&m), true
+	}
+	in, _ := prev.(*inbound)
+	if in == nil {
+		in = d.newInbound()
+		m := d.message(src, f, op, uapi.QPTypeDriver)
+		d.accept(&m, in)
+		in.d = d
+	}
+	d.place(in, uint64(f.Offset), f.Payload)
+	if in.got < in.m.length {
+		return in, efaio.StatusOK, false
+	}
+	st := d.finish(in)
+	d.freeIn = append(d.freeIn, in)
+	return nil, st, true
+}
+
+// Read checks an RDMA read request from src and returns the memory it reads.
+func (h *host) Read(src [16]byte, f *wire.Data) ([]byte, efaio.Status) {
+	d := (*Device)(h)
+	m := d.message(src, f, efaio.OpRDMARead, uapi.QPTypeDriver)
+	var in inbound
+	if st := d.accept(&m, &in); st != efaio.StatusOK {
+		return nil, st
+	}
+	b, _ := d.remoteSpan(in.t.pd, m.rkey, m.raddr, m.length, uapi.AccessRemoteRead)
+	d.counts.RDMAReadRespBytes.Add(m.length)
+	return b, efaio.StatusOK
+}
+
+// UD delivers a UD message from src.
+func (h *host) UD(src [16]byte, f *wire.Data) {
+	d := (*Device)(h)
+	m := d.message(src, f, efaio.OpSend, uapi.QPTypeUD)
+	m.src[0], m.nsrc = f.Payload, 1
+	d.respond(&m)
+}
+
+// Gather appends bytes [off, off+n) of src, under a fault guard while foreign regions exist.
+func (h *host) Gather(b []byte, src [][]byte, off uint64, n int) ([]byte, bool) {
+	if h.foreignMRs == 0 {
+		return srd.AppendRange(b, src, off, n), true
+	}
+	ok := catchFault(func() { b = srd.AppendRange(b, src, off, n) })
+	return b, ok
+}
+
+// Copy copies read data into application memory (copyMem).
+func (h *host) Copy(dst, src []byte) bool { return (*Device)(h).copyMem(dst, src) }
+
+// Abort ends a message that arrived in part: its receive WR, if it took one, completes with
+// REMOTE_ABORT.
+func (in *inbound) Abort() {
+	if in.hasWR {
+		in.t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: efaio.StatusRemoteAbort})
+	}
+	in.d.freeIn = append(in.d.freeIn, in)
+}
+
+// message builds the responder's view of a request frame from src.
+func (d *Device) message(src [16]byte, f *wire.Data, op efaio.OpType, typ int) message {
+	return message{
+		op: op, typ: typ, hasImm: f.Flags&wire.FlagImm != 0, imm: f.Imm, qkey: f.QKey,
+		srcGID: src, dstGID: d.gid, srcQPN: f.SrcQPN, dstQPN: f.DstQPN, length: uint64(f.Length),
+		raddr: f.RAddr, rkey: f.RKey,
+	}
+}
+
+func (d *Device) newInbound() *inbound {
+	if n := len(d.freeIn); n > 0 {
+		in := d.freeIn[n-1]
+		d.freeIn = d.freeIn[:n-1]
+		return in
+	}
+	return new(inbound)
+}

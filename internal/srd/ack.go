@@ -1,0 +1,231 @@
+package srd
+
+import (
+	"cmp"
+	"math/bits"
+	"time"
+
+	"github.com/softefa/softefa/internal/wire"
+)
+
+// ackDelay is how long a busy poll leaves an acknowledgement owed: long enough for the
+// application to answer what it received (the answer's datagram carries the ACK), short next
+// to the peer's retransmission timeout (2 ms at least).
+const (
+	ackDelay   = 50 * time.Microsecond
+	talkWindow = 10 * time.Millisecond
+)
+
+// flushAcks sends the ACKs owed for at least minAge; younger ones stay owed, but only to a peer
+// we sent data to within talkWindow (an answer is likely to carry the ACK: a peer that only
+// sends to us, or that we reach by another address, as through a relay, gets it at once).
+// Called by every goroutine doing the device's work (under its lock): whoever comes by first after ackDelay
+// sends them, and the device's timer keeps ticking while any are owed (AcksOwed).
+func (t *Transport) flushAcks(now, minAge time.Duration) {
+	keep := 0
+	for _, p := range t.ackList {
+		switch r := &p.rx; {
+		case !r.ackDue: // sent already, or a second entry for the peer
+		case now-r.ackSince >= minAge || p.tx.sentAt == 0 || now-p.tx.sentAt > talkWindow:
+			t.sendAck(p)
+		default:
+			t.ackList[keep] = p
+			keep++
+		}
+	}
+	clear(t.ackList[keep:])
+	t.ackList = t.ackList[:keep]
+	t.acksOwed.Store(keep > 0)
+}
+
+// oweAck notes that p is owed an acknowledgement of its stream (flushAcks sends it).
+func (t *Transport) oweAck(p *peer, now time.Duration) {
+	if r := &p.rx; !r.ackDue {
+		r.ackDue, r.ackSince = true, now
+		t.ackList = append(t.ackList, p)
+		t.acksOwed.Store(true)
+	}
+}
+
+// sendAck acknowledges p's stream: the cumulative point, the next 256 PSNs bit by bit, the
+// highest PSN seen, and the path of the newest frame.
+func (t *Transport) sendAck(p *peer) {
+	a := p.ack()
+	p.rx.ackDue, p.rx.sinceAck = false, 0 // before room, which would carry the ACK itself
+	var path int
+	if q := t.txq; q.cur == p && q.pkts[q.n-1].N+wire.FrameHeaderSize+wire.AckSize <= q.maxLen && t.proven(p, q.path) {
+		path = q.path // ride in the datagram going to p already (an answer, data) on a path known to work
+	} else {
+		path = t.controlPath(p) // (only now: it moves the rotation)
+	}
+	t.commit(wire.AppendAck(t.room(p, path, wire.FrameHeaderSize+wire.AckSize), &a))
+}
+
+// ack is the acknowledgement of p's stream as it stands.
+func (p *peer) ack() wire.Ack {
+	r := &p.rx
+	a := wire.Ack{Cum: r.cum, Highest: r.highest, Path: r.ackPath, Horizon: p.tx.respEnd}
+	for i := range wire.SackWords * 64 {
+		if psn := r.cum + 1 + uint32(i); !psnLess(r.highest, psn) && r.seen.has(psn) {
+			a.Sack[i/64] |= 1 << (i % 64)
+		}
+	}
+	return a
+}
+
+// onAck takes an acknowledgement of our stream: it frees acknowledged packets, samples the RTT,
+// counts as lost the packets that later ones overtook, adjusts the window and sends what it
+// allows.
+func (t *Transport) onAck(p *peer, a *wire.Ack, epoch uint16, now time.Duration) {
+	s := &p.tx
+	switch {
+	case psnLess(s.next, a.Cum):
+		t.counts.BadPackets.Add(1) // acknowledges what we never sent
+		return
+	case psnLess(a.Cum, s.una-rxWindow):
+		// Older than the window: a datagram held back, by the network or by a receiving
+		// goroutine that lost the processor for a while with its batch read (the receive loop
+		// and a busy poller read side by side).
+		t.counts.StalePackets.Add(1)
+		return
+	}
+	s.newly, s.rtt, s.hzn, s.hznEpoch = 0, -1, a.Horizon, epoch
+	ack := func(psn uint32) { t.ackSlot(p, s.slot(psn), now) }
+	for psn := s.una; psnLess(psn, a.Cum); psn++ {
+		ack(psn)
+	}
+	for w, word := range a.Sack {
+		for word != 0 {
+			i := bits.TrailingZeros64(word)
+			word &^= 1 << i
+			psn := a.Cum + 1 + uint32(w*64+i)
+			if psnLess(psn, s.next) && !psnLess(psn, s.una) {
+				ack(psn)
+			}
+		}
+	}
+	for s.una != s.next && s.slot(s.una).acked {
+		*s.slot(s.una) = sentPkt{}
+		s.una++
+	}
+	if s.newly > 0 {
+		s.progress = now
+	}
+	if s.rtt >= 0 {
+		t.sampleRTT(s, s.rtt)
+	} else if s.newly > 0 {
+		// Only retransmitted packets acknowledged (no RTT sample, Karn's rule), but acknowledged:
+		// the backoff has done its job. Left doubled, it would pace every loss that follows at
+		// up to maxRTO while the window is too small for acknowledgements to reveal losses.
+		s.resetRTO()
+	}
+	// A packet is lost when one sent after it on the same path has been acknowledged (each path
+	// is taken to keep its own order, with a reordering allowance of an eighth of the RTT), or
+	// when one sent no earlier on any path has and the packet has waited two of its own path's
+	// RTTs (paths differ in delay, but one that far behind has dropped it: this is what finds a
+	// dead path within a few RTTs).
+	lost := 0
+	reo := s.reorderWindow()
+	var anyAcked time.Duration
+	for i := range p.paths {
+		anyAcked = max(anyAcked, p.paths[i].ackedAt)
+	}
+	for psn := s.una; psnLess(psn, s.next); psn++ {
+		e := s.slot(psn)
+		if e.acked || e.lost || e.msg == nil {
+			continue
+		}
+		ps := &p.paths[e.path]
+		if e.at+reo >= ps.ackedAt && (anyAcked < e.at || now-e.at <= 2*cmp.Or(ps.srtt, s.srtt)+reo) {
+			continue
+		}
+		e.lost = true
+		s.inflight--
+		s.retx = append(s.retx, psn)
+		s.countFate(true)
+		lost++
+		t.pathLoss(p, int(e.path), now)
+	}
+	if lost > 0 {
+		s.lossAt = now
+	}
+	if len(s.waiting) > 0 {
+		t.settle(p)
+	}
+	t.congestion(s, s.newly, lost)
+	t.pump(p)
+}
+
+// ackSlot records the acknowledgement of one stream slot: the packet leaves the flight, credits
+// its path, gives an RTT sample unless it was sent twice, and lets go of its message.
+func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration) {
+	s := &p.tx
+	if e.acked || e.msg == nil {
+		return
+	}
+	e.acked = true
+	if !e.lost {
+		s.inflight--
+	}
+	spurious := e.lost || e.retx > 0 && now-e.at < s.minRTT/2
+	if spurious {
+		// Counted lost, but the packet (not a copy sent again) arrived: the loss was reordering.
+		s.reoSteps = min(s.reoSteps+1, 64)
+		s.reoClean = 0
+		t.counts.SpuriousRetrans.Add(1)
+		s.lossRate = max(s.lossRate-1.0/lossGain, 0) // take the loss back
+		// Nor was it the path's fault: take back the count, and the failure if it was the last.
+		if ps := &p.paths[e.path]; ps.losses > 0 {
+			ps.losses--
+			if ps.failed && ps.losses < pathFailLoss {
+				ps.failed = false
+			}
+		}
+	} else if e.suspect != 0 && e.suspect-1 != e.path {
+		t.pathLoss(p, int(e.suspect-1), now) // it timed out on that path and came through on this one
+	}
+	s.newly++
+	switch {
+	case spurious:
+	case e.copied:
+		// Either copy may be the one that came: the arrival says little about loss. Counted
+		// in full, the copies would hide the losses that turned them on and turn themselves off
+		// within a few hundred packets; not counted, they would never turn off. A quarter.
+		s.lossRate -= s.lossRate / (4 * lossGain)
+	default:
+		s.countFate(false)
+	}
+	if e.retx == 0 {
+		s.rtt = now - e.at // a copy left with the packet: its arrival times the round trip as well
+	}
+	if !e.copied { // either copy of a copied packet may be the one that arrived: credit no path
+		creditPath(&p.paths[e.path], e, now)
+	}
+	m := e.msg
+	e.msg = nil
+	m.pending--
+	if m.pending == 0 && m.sent == m.nseg && m.kind == kindRequest && m.owner != nil && !m.answered && !m.faulted &&
+		(m.hdr.Op == wire.OpSend || m.hdr.Op == wire.OpWrite) {
+		// Every segment is in: it succeeded unless a RESP below the peer's horizon says not.
+		m.waits, m.horizon, m.hEpoch = true, s.hzn, s.hznEpoch
+		s.waiting = append(s.waiting, m)
+	}
+	t.release(m)
+}
+
+// creditPath records on the path that carried e that it was acknowledged: the path is healthy
+// again, and (if e went once) an RTT sample and the send time of its latest acknowledged packet.
+func creditPath(ps *pathState, e *sentPkt, now time.Duration) {
+	if !ps.failed || e.at >= ps.failedAt { // an acknowledgement of a packet from before the failure proves nothing
+		ps.losses, ps.failed = 0, false
+	}
+	if e.retx != 0 {
+		return
+	}
+	if rtt := now - e.at; ps.srtt == 0 {
+		ps.srtt = rtt
+	} else {
+		ps.srtt = (7*ps.srtt + rtt) / 8
+	}
+	ps.ackedAt = max(ps.ackedAt, e.at)
+}

@@ -1,0 +1,106 @@
+package srd
+
+import (
+	"time"
+
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/wire"
+)
+
+// reorderWindow is how much later than a packet another may be sent and still be acknowledged
+// first without the packet counting as lost: a quarter of the least RTT seen, times reoSteps,
+// which grows each time a loss proves spurious (the packet was acknowledged after all) and falls
+// back after 16 loss episodes without one; never above the smoothed RTT.
+func (s *txStream) reorderWindow() time.Duration {
+	base := max(s.minRTT/4, minReorder)
+	return min(base*time.Duration(s.reoSteps), max(s.srtt, minReorder))
+}
+
+// sparseFlight is the most packets in flight at which a new packet also goes as a copy on a
+// second path, if the stream's recent loss rate is at least sparseLoss and it lost a packet within
+// lossMemory (and unless config.Device.NoSparseCopies): a network that loses nothing pays nothing,
+// nor one that lost a packet once. lossGain is the loss rate's averaging length, in packets:
+// after a single loss the rate stays above sparseLoss for about 500 packets, so that at 1% loss
+// copies are on nearly all the time (at 64 and 0.2% they were off a quarter of it, and a loss
+// then waited for the 2 ms timer: the ping-pong's p99 with 1% loss).
+const (
+	sparseFlight = 4
+	sparseLoss   = 0.0005
+	lossGain     = 256
+	lossMemory   = time.Second
+)
+
+// countFate moves the stream's loss rate by one packet's fate.
+func (s *txStream) countFate(lost bool) {
+	if lost {
+		s.lossRate += (1 - s.lossRate) / lossGain
+	} else {
+		s.lossRate -= s.lossRate / lossGain
+	}
+}
+
+// transportTick runs on the device's timer (Tick): path probes, transport timeouts and
+// retransmission timeouts. It reports whether any stream has something outstanding.
+func (t *Transport) transportTick(now time.Duration) bool {
+	t.expirePeers(now)
+	busy := false
+	for _, p := range t.peerList {
+		for i := range p.paths {
+			if ps := &p.paths[i]; ps.failed && now >= ps.probeAt {
+				ps.nonce, ps.probeSent, ps.probeAt = uint32(now)^uint32(i)<<24|1, true, now+probeInterval
+				t.commit(wire.AppendProbe(t.room(p, i, wire.FrameHeaderSize+wire.ProbeSize), ps.nonce, false))
+			}
+		}
+		s := &p.tx
+		if !s.busy() {
+			s.progress = now
+			continue
+		}
+		if now-s.progress > t.cfg.TransportTimeout {
+			st := efaio.StatusLocalUnreachRemote
+			if p.heard {
+				st = efaio.StatusLocalUnrespRemote
+				t.counts.UnresponsiveRemoteEvents.Add(1)
+			}
+			t.resetTx(p, st, resetTimeout)
+			busy = busy || s.busy() // answers queued again in the new stream
+			continue
+		}
+		busy = true
+		t.checkRTO(p, now)
+		t.pump(p)
+	}
+	return busy
+}
+
+// checkRTO counts as lost every packet that has waited longer than the retransmission timeout:
+// the fallback for losses no later acknowledgement reveals (the last packets of a burst).
+func (t *Transport) checkRTO(p *peer, now time.Duration) {
+	s := &p.tx
+	fired := false
+	for psn := s.una; psn != s.next; psn++ {
+		e := s.slot(psn)
+		if e.acked || e.lost || e.msg == nil || now-e.at < s.rto {
+			continue
+		}
+		// Not held against the packet's path yet: the timeout may as well be a lost
+		// acknowledgement (they travel on the peer's paths), a peer gone, or a scheduler's
+		// delay. If the packet then arrives by another path, ackSlot blames this one. Without
+		// that, a path that swallows whole bursts is never marked failed (no later packet on it
+		// is acknowledged to reveal the losses), and every timeout goes back to it in turn.
+		e.suspect = e.path + 1
+		e.lost = true
+		s.inflight--
+		s.retx = append(s.retx, psn)
+		s.countFate(true)
+		fired = true
+	}
+	if fired {
+		s.lossAt = now
+		t.counts.RetransTimeoutEvents.Add(1)
+		s.rto = min(2*s.rto, maxRTO)
+		s.ssthresh = max(s.cwnd/2, 2)
+		s.cwnd = s.ssthresh
+		s.recovering, s.recoverPSN = true, s.next
+	}
+}

@@ -1,0 +1,211 @@
+package srd
+
+import (
+	"encoding/binary"
+	"io"
+	"net/netip"
+	"time"
+
+	"github.com/softefa/softefa/config"
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/seal"
+)
+
+// peer is this device's context for one other device.
+type peer struct {
+	gid   [16]byte
+	addr  netip.AddrPort
+	inc   uint32 // the peer's incarnation; 0 until heard from
+	heard bool   // the peer has sent us something: a timeout means unresponsive, not unreachable
+
+	tx txStream
+	rx rxStream
+
+	paths  []pathState
+	pathRR int // path of the current data burst
+	ctrlRR int // path of the last ACK or PROBE_ACK
+
+	replay seal.Replay // sealed datagrams seen from the peer
+	// Address validation (admit.go). ports: the UDP ports the peer sends from, as its COOKIE
+	// listed them (nil: not known yet, and we challenge it in every datagram until they are).
+	// cookie: the peer's challenge to us, echoed with our ports while echo is set.
+	ports    []uint16
+	cookie   uint64
+	echo     bool
+	myCookie uint64 // our challenge to the peer, for the bucket myBucket
+	myBucket int64
+	seen     time.Duration // when the peer last sent us a datagram we took, or we queued it work
+}
+
+// pathState is the scoreboard of one of our paths towards a peer.
+type pathState struct {
+	srtt      time.Duration
+	losses    int           // consecutive packets lost on this path
+	ackedAt   time.Duration // send time of the latest packet on this path acknowledged
+	failed    bool
+	failedAt  time.Duration // when it was marked failed
+	probeAt   time.Duration // when to probe a failed path next
+	probeSent bool
+	nonce     uint32
+	sent      uint64
+	lost      uint64
+}
+
+// NewIncarnation draws a device's incarnation: random, never 0.
+func NewIncarnation(rng io.Reader) uint32 {
+	var b [4]byte
+	for {
+		_, _ = io.ReadFull(rng, b[:])
+		if v := binary.BigEndian.Uint32(b[:]); v != 0 {
+			return v
+		}
+	}
+}
+
+// peerFor returns the context for gid, creating it (nil if MaxPeers are in use and none is idle).
+func (t *Transport) peerFor(gid [16]byte) *peer {
+	if p := t.peers[gid]; p != nil {
+		return p
+	}
+	if len(t.peers) >= t.cfg.MaxPeers && !t.makeRoom() {
+		return nil
+	}
+	p := &peer{gid: gid, addr: config.AddrFromGID(gid, t.link.LocalAddr().Port()), paths: make([]pathState, t.link.Paths()),
+		seen: t.now}
+	p.tx.init()
+	p.rx.init()
+	t.recall(p)
+	t.peers[gid] = p
+	t.peerList = append(t.peerList, p)
+	return p
+}
+
+// resetPeer forgets everything about the peer's streams when it restarts as incarnation inc:
+// partly received messages from it are dropped; requests its earlier life had any of fail with
+// st (REMOTE_ABORT), the others go to the new life (resetRestart).
+func (t *Transport) resetPeer(p *peer, st efaio.Status, inc uint32) {
+	t.resetRx(p)
+	p.inc = inc // before resetTx: the requests it sends again are for the new life
+	p.rx.epoch = 0
+	p.heard = false
+	p.ports, p.cookie, p.echo = nil, 0, false // the new life sends from ports of its own, and challenges anew
+	t.resetTx(p, st, resetRestart)            // the answers were for the peer's earlier life
+}
+
+// pickPath chooses the path for the next packet to p: the current one for a burst of packets,
+// so that GSO/GRO-style batching survives, then the next healthy one; never avoid if another
+// healthy path exists.
+func (t *Transport) pickPath(p *peer, avoid int) int {
+	const burst = 16
+	n := len(p.paths)
+	if n == 1 {
+		return 0
+	}
+	if avoid < 0 && p.tx.burst < burst && !p.paths[p.pathRR].failed {
+		p.tx.burst++
+		return p.pathRR
+	}
+	for i := 1; i <= n; i++ {
+		c := (p.pathRR + i) % n
+		if !p.paths[c].failed && c != avoid {
+			p.pathRR, p.tx.burst = c, 1
+			return c
+		}
+	}
+	// Every other path has failed: use them anyway, in turn.
+	p.pathRR = (p.pathRR + 1) % n
+	return p.pathRR
+}
+
+// controlPath picks the path for an ACK or PROBE_ACK: the next healthy one each time. Nothing
+// acknowledges these frames, so a device that only answers never learns that a path has gone
+// dark; rotating keeps most of its answers getting through, and its data frames (which are
+// acknowledged) mark the path failed as soon as it sends any.
+//
+// Better than healthy is proven: when some of our recent data was acknowledged, the rotation keeps
+// to the paths that carried it (a packet sent within a few RTTs of the newest acknowledged one).
+// A path that swallows everything may never carry data of ours and so never be marked failed;
+// without this, every ACK sent on it is lost and the peer waits for its timer. Proof goes stale
+// as fast, though: a device that only receives (successes get no RESP) sends no data to refresh
+// it, and a proven path that has since died would take every ACK; with no recent proof, every
+// healthy path takes its turn.
+func (t *Transport) controlPath(p *peer) int {
+	n := len(p.paths)
+	newest, recent := p.provenSince(t.now)
+	for _, proven := range [2]bool{true, false} {
+		for range n {
+			p.ctrlRR = (p.ctrlRR + 1) % n
+			ps := &p.paths[p.ctrlRR]
+			if !ps.failed && (!proven || newest > 0 && ps.ackedAt >= recent) {
+				return p.ctrlRR
+			}
+		}
+	}
+	return p.ctrlRR
+}
+
+// provenSince returns when p's newest acknowledged packet was sent, and the time from which an
+// acknowledged packet proves its path: within a few RTTs of the newest; (0, 0) if even the newest
+// is older than that now.
+func (p *peer) provenSince(now time.Duration) (newest, recent time.Duration) {
+	for i := range p.paths {
+		newest = max(newest, p.paths[i].ackedAt)
+	}
+	window := 4 * max(p.tx.srtt, minRTO)
+	if now-newest > window {
+		return 0, 0
+	}
+	return newest, newest - window
+}
+
+// proven reports whether path carried recently acknowledged data to p (see controlPath).
+func (t *Transport) proven(p *peer, path int) bool {
+	newest, recent := p.provenSince(t.now)
+	ps := &p.paths[path]
+	return !ps.failed && newest > 0 && ps.ackedAt >= recent
+}
+
+// pathLoss counts a loss against one of our paths; consecutive losses mark it failed (as long as
+// another path is left), and it is probed until it answers again. Only losses that later
+// acknowledgements reveal count: they show the packet, not an acknowledgement, went missing.
+func (t *Transport) pathLoss(p *peer, i int, now time.Duration) {
+	ps := &p.paths[i]
+	ps.losses++
+	ps.lost++
+	if ps.failed || ps.losses < pathFailLoss {
+		return
+	}
+	healthy := 0
+	for j := range p.paths {
+		if j != i && !p.paths[j].failed {
+			healthy++
+		}
+	}
+	if healthy > 0 {
+		ps.failed, ps.failedAt, ps.probeAt, ps.probeSent = true, now, now+probeInterval, false
+		t.counts.ImpairedRemoteConnEvents.Add(1)
+	}
+}
+
+// PathStat is one path's scoreboard towards one peer.
+type PathStat struct {
+	Peer   [16]byte
+	Path   int
+	SRTT   time.Duration
+	Sent   uint64
+	Lost   uint64
+	Failed bool
+	Cwnd   float64 // the peer's stream's window, in packets
+}
+
+// PathStats returns every peer's path scoreboards.
+func (t *Transport) PathStats() []PathStat {
+	var out []PathStat
+	for _, p := range t.peerList {
+		for i, ps := range p.paths {
+			out = append(out, PathStat{Peer: p.gid, Path: i, SRTT: ps.srtt, Sent: ps.sent, Lost: ps.lost,
+				Failed: ps.failed, Cwnd: p.tx.cwnd})
+		}
+	}
+	return out
+}

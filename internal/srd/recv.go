@@ -1,0 +1,324 @@
+package srd
+
+import (
+	"maps"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/softefa/softefa/config"
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/seal"
+	"github.com/softefa/softefa/internal/wire"
+	"github.com/softefa/softefa/link"
+)
+
+// rxStream is the receiving half of a peer context: which PSNs of the peer's stream have
+// arrived, and the multi-segment messages being put together.
+type rxStream struct {
+	epoch    uint16
+	started  bool
+	cum      uint32 // every PSN below has arrived
+	highest  uint32 // highest PSN seen
+	seen     window // which PSNs in [cum, cum+rxWindow) arrived
+	ackDue   bool
+	ackSince time.Duration // when the ACK became due
+	ackPath  uint8
+	sinceAck int
+	in       map[uint32]Inbound // messages arriving in segments, by the peer's message id
+}
+
+func (r *rxStream) init() { r.in = make(map[uint32]Inbound) }
+
+// Inbox is what a goroutine receiving for the device reuses for every batch: Pkts to receive
+// datagrams into, and Out, the queue for what handling them produces.
+type Inbox struct {
+	Pkts   []link.Packet
+	Out    *Queue
+	opened link.Packet        // a sealed datagram's plain form
+	aad    [seal.AADSize]byte // opening's scratch
+}
+
+// NewInbox makes what a goroutine that receives for the device reuses for every batch.
+func (t *Transport) NewInbox() *Inbox {
+	size := max(t.maxDatagram(), t.cfg.MTU+wire.DatagramHeaderSize+wire.FrameHeaderSize+wire.DataHeaderSize) + seal.Overhead
+	rx := &Inbox{Pkts: make([]link.Packet, 32), opened: link.Packet{Buf: make([]byte, size)}, Out: t.NewQueue()}
+	for i := range rx.Pkts {
+		rx.Pkts[i].Buf = make([]byte, size)
+	}
+	return rx
+}
+
+// inputBatch handles the first n datagrams of rx.Pkts and acknowledges what they brought; lazy
+// (a busy poll) leaves the acknowledgements owed for up to ackDelay, so that the application's
+// answer can carry them (room).
+func (t *Transport) inputBatch(rx *Inbox, n int, lazy bool) {
+	now := t.now
+	for i := range rx.Pkts[:n] {
+		pk := &rx.Pkts[i]
+		if t.seal == nil {
+			t.input(pk, now, nil)
+			continue
+		}
+		from := pk.Addr.Addr().Unmap().As16()
+		plain, salt, ctr, ok := t.seal.Open(rx.opened.Buf[:0], pk.Buf[:pk.N], &rx.aad, &from, &t.gid)
+		if !ok {
+			t.counts.AuthFailures.Add(1)
+			continue
+		}
+		rx.opened.N, rx.opened.Addr = len(plain), pk.Addr
+		rx.opened.Buf = plain[:cap(plain)]
+		t.input(&rx.opened, now, &nonce{salt, ctr})
+	}
+	if lazy {
+		t.flushAcks(now, ackDelay)
+	} else {
+		t.flushAcks(now, 0)
+	}
+}
+
+// nonce is a sealed datagram's salt and counter, for the replay check.
+type nonce struct {
+	salt uint32
+	ctr  uint64
+}
+
+// input handles one datagram from the network. Anything malformed, from a source the named peer
+// has not proved its own (admit), addressed to another incarnation of this device, or beyond the
+// peer table is dropped and counted.
+func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
+	t.counts.RxPkts.Add(1)
+	t.counts.RxBytes.Add(uint64(pk.N))
+	h, frames, err := wire.ParseHeader(pk.Buf[:pk.N])
+	if err != nil {
+		t.counts.BadPackets.Add(1)
+		return
+	}
+	from := netip.AddrPortFrom(pk.Addr.Addr().Unmap(), pk.Addr.Port())
+	gid := config.GIDFromAddr(netip.AddrPortFrom(from.Addr(), h.SrcPort))
+	if gid == t.gid {
+		t.counts.BadPackets.Add(1)
+		return
+	}
+	p := t.peers[gid]
+	if p == nil || !p.trusts(from.Port(), h.SrcPort) {
+		if p = t.admit(p, gid, from, &h, frames, pk.N); p == nil {
+			return
+		}
+	}
+	if n != nil && !p.replay.Fresh(n.salt, n.ctr) {
+		t.counts.Replays.Add(1)
+		return
+	}
+	if h.DstInc != 0 && h.DstInc != t.inc {
+		// Sent to an earlier life of this device: say so, so that the sender starts afresh.
+		t.counts.StalePackets.Add(1)
+		saved := p.inc
+		p.inc = h.SrcInc
+		t.commit(wire.AppendReset(t.room(p, p.pathRR, wire.FrameHeaderSize)))
+		p.inc = saved
+		return
+	}
+	if p.inc != 0 && h.SrcInc != p.inc {
+		t.resetPeer(p, efaio.StatusRemoteAbort, h.SrcInc) // the peer restarted
+	}
+	p.inc, p.heard, p.seen = h.SrcInc, true, now
+	f := &t.frame // (not on the stack: the host's methods take pointers into it)
+	answered, challenged := false, false
+	for len(frames) > 0 {
+		if frames, err = wire.NextFrame(frames, f); err != nil {
+			t.counts.BadPackets.Add(1)
+			return
+		}
+		switch f.Type {
+		case wire.TypeData:
+			answered = true
+			t.onData(p, &h, &f.Data, now)
+		case wire.TypeAck:
+			answered = true
+			if h.RxEpoch == p.tx.epoch {
+				t.onAck(p, &f.Ack, h.TxEpoch, now)
+			}
+		case wire.TypeProbe:
+			t.commit(wire.AppendProbe(t.room(p, t.controlPath(p), wire.FrameHeaderSize+wire.ProbeSize), f.Nonce, true))
+		case wire.TypeProbeAck:
+			for i := range p.paths {
+				if ps := &p.paths[i]; ps.failed && ps.probeSent && ps.nonce == f.Nonce {
+					ps.failed, ps.losses, ps.probeSent = false, 0, false
+				}
+			}
+		case wire.TypeReset, wire.TypeCookie:
+			// Handled by the incarnation check and by admit.
+		case wire.TypeChallenge:
+			challenged = true
+			t.onChallenge(p, f.Cookie)
+		}
+	}
+	if answered && !challenged {
+		p.echo = false // the peer takes our datagrams without a cookie: it knows our ports
+	}
+}
+
+// onData takes a DATA frame: UD frames at once; stream frames once each, in any order.
+func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Duration) {
+	if f.Flags&wire.FlagUD != 0 {
+		t.onUD(p, f)
+		return
+	}
+	r := &p.rx
+	if !r.started || h.TxEpoch != r.epoch {
+		if r.started && epochLess(h.TxEpoch, r.epoch) {
+			t.counts.StalePackets.Add(1) // from a stream the peer has since abandoned
+			return
+		}
+		t.resetRx(p)
+		r.started, r.epoch = true, h.TxEpoch
+	}
+	t.oweAck(p, now)
+	r.ackPath = h.Path
+	r.sinceAck++
+	psn := f.PSN
+	switch {
+	case psnLess(psn, r.cum):
+		return // a duplicate: the ACK tells the sender again
+	case psn-r.cum >= rxWindow:
+		t.counts.RxDrops.Add(1) // beyond the window: the sender must not have sent it yet
+		return
+	case r.seen.has(psn):
+		return // a duplicate
+	}
+	r.seen.flip(psn)
+	// New data from the peer is progress for our side too: the answers and read data we wait
+	// for may be queued behind it in its stream, so the transport timeout must not run.
+	p.tx.progress = now
+	if psnLess(r.highest, psn) {
+		r.highest = psn
+	}
+	for r.seen.has(r.cum) {
+		r.seen.flip(r.cum)
+		r.cum++
+	}
+	switch f.Op {
+	case wire.OpSend, wire.OpWrite:
+		t.onSegment(p, f)
+	case wire.OpReadReq:
+		t.onReadReq(p, f)
+	case wire.OpReadResp:
+		t.onReadResp(p, f, h.TxEpoch)
+	case wire.OpResp:
+		if o := p.tx.reqs[f.MsgID]; o != nil {
+			t.completeReq(o, efaio.Status(f.Status), true)
+		}
+	case wire.OpAbort:
+		if in := p.rx.in[f.MsgID]; in != nil {
+			delete(p.rx.in, f.MsgID)
+			in.Abort()
+		}
+	}
+	// Only now, with the frame handled, may an ACK cover it: a failed message's RESP must lie
+	// below the horizon of the ACK that covers its last segment.
+	if r.sinceAck >= ackEvery {
+		t.sendAck(p)
+	}
+	if len(p.tx.waiting) > 0 {
+		t.settle(p) // our stream may have reached a horizon
+	}
+}
+
+// onSegment hands a SEND or RDMA write segment to the host; the message is answered when whole.
+func (t *Transport) onSegment(p *peer, f *wire.Data) {
+	in := p.rx.in[f.MsgID]
+	next, st, done := t.host.Receive(p.gid, f, in)
+	switch {
+	case done:
+		if in != nil {
+			delete(p.rx.in, f.MsgID)
+		}
+		t.answer(p, f.MsgID, st)
+	case in == nil:
+		p.rx.in[f.MsgID] = next
+	}
+}
+
+// onReadReq answers an RDMA read: the data as READ_RESP segments, or a RESP with the error.
+func (t *Transport) onReadReq(p *peer, f *wire.Data) {
+	src, st := t.host.Read(p.gid, f)
+	if st != efaio.StatusOK {
+		t.answer(p, f.MsgID, st)
+		return
+	}
+	o := t.newMsg(p, kindReadResp)
+	o.hdr = wire.Data{MsgID: f.MsgID, Length: f.Length, Op: wire.OpReadResp, SrcQPN: f.DstQPN, DstQPN: f.SrcQPN}
+	o.src[0], o.nsrc, o.length, o.done = src, 1, uint64(len(src)), true
+	t.enqueue(p, o)
+}
+
+// onReadResp places read data, which came in epoch of the responder's stream, at the
+// requester; the read completes with its last byte. Data in a newer epoch than the read's earlier
+// data is the whole answer again (the responder's stream timed out and it sent the read data
+// anew, docs/wire.md "Completion"): the count starts over.
+func (t *Transport) onReadResp(p *peer, f *wire.Data, epoch uint16) {
+	o := p.tx.reqs[f.MsgID]
+	if o == nil || o.hdr.Op != wire.OpReadReq {
+		return // answered already, or flushed
+	}
+	if o.got > 0 && o.hEpoch != epoch {
+		o.got = 0
+	}
+	o.hEpoch = epoch
+	end := uint64(f.Offset) + uint64(len(f.Payload))
+	if end > uint64(len(o.sink)) || uint64(f.Length) != o.length {
+		t.completeReq(o, efaio.StatusRemoteBadStatus, false)
+		return
+	}
+	if o.owner != nil { // a cancelled read's memory is the application's again
+		if !t.host.Copy(o.sink[f.Offset:], f.Payload) {
+			t.completeReq(o, efaio.StatusLocalInvalidLKey, false)
+			return
+		}
+	}
+	o.got += uint64(len(f.Payload))
+	if o.got >= o.length {
+		t.completeReq(o, efaio.StatusOK, false)
+	}
+}
+
+// onUD delivers a UD datagram: no stream, no answer.
+func (t *Transport) onUD(p *peer, f *wire.Data) {
+	if f.Op != wire.OpSend || f.Offset != 0 || len(f.Payload) != int(f.Length) {
+		t.counts.BadPackets.Add(1)
+		return
+	}
+	t.host.UD(p.gid, f)
+}
+
+// answer sends a RESP frame with a message's status on p's stream if it failed; success needs no
+// frame of its own (the ACKs covering the message say it).
+func (t *Transport) answer(p *peer, msgID uint32, st efaio.Status) {
+	if st == efaio.StatusOK {
+		return
+	}
+	o := t.newMsg(p, kindResp)
+	o.hdr = wire.Data{MsgID: msgID, Op: wire.OpResp, Status: uint8(st)}
+	o.done = true
+	t.enqueue(p, o)
+}
+
+// resetRx forgets the peer's stream: the messages half received are aborted (Inbound.Abort).
+func (t *Transport) resetRx(p *peer) {
+	r := &p.rx
+	if t.txq != nil && t.txq.cur == p {
+		t.txq.cur = nil // its header names the stream being forgotten
+	}
+	// In message-id order (not the map's), so that a replayed run completes them alike.
+	for _, id := range slices.Sorted(maps.Keys(r.in)) {
+		in := r.in[id]
+		delete(r.in, id)
+		in.Abort()
+	}
+	r.cum, r.highest, r.started = 0, 0, false
+	if r.seen == nil {
+		r.seen = make(window, rxWindow/64)
+	}
+	clear(r.seen)
+}

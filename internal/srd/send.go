@@ -1,0 +1,390 @@
+package srd
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/wire"
+)
+
+// Kinds of outgoing message.
+const (
+	kindRequest  = iota // a SEND, RDMA write or read request from one of our QPs
+	kindResp            // our answer to a peer's request
+	kindReadResp        // read data answering a peer's READ_REQ
+)
+
+// Msg is a message in a peer's outgoing stream. Requests are also in txStream.reqs until
+// answered, and held by their owner until it is told the outcome. A Msg returns to the free
+// list once it is answered (or needs no answer) and none of its segments is unacknowledged.
+type Msg struct {
+	kind    int
+	p       *peer
+	hdr     wire.Data // fields of every frame of the message; PSN, Offset and Payload per segment
+	src     [efaio.TxNumBufs][]byte
+	nsrc    int
+	length  uint64
+	nseg    uint32
+	sent    uint32 // segments handed to the stream at least once
+	pending int    // segments in the stream not yet acknowledged
+	done    bool   // needs nothing more but its segments' acknowledgements
+	inQueue bool   // still in txStream.queue (pump has not moved past it)
+	// withAck: every datagram carrying the message carries an ACK of the peer's stream too. A
+	// RESP queued again after a transport timeout does: the peer's requests waiting for a
+	// horizon of our abandoned epoch need one from the new epoch (settle), and the RESPs, which
+	// go until acknowledged, bring it.
+	withAck bool
+	again   bool // resetTx has noted it to go again (read data)
+
+	// Requests only.
+	owner    any    // whose outcome it is (Host.Done); nil once told, or cancelled
+	sink     []byte // RDMA read: where the data goes
+	got      uint64 // RDMA read: bytes arrived
+	answered bool   // the peer answered: it has every segment
+	faulted  bool   // the application's memory faulted under a segment: the rest go as ABORTs
+	// A SEND or WRITE whose every segment is acknowledged waits in txStream.waiting until the
+	// peer's stream reaches horizon (in the peer's epoch hEpoch): then no RESP says it failed.
+	// A READ's data is counted in got for the peer's epoch hEpoch.
+	waits   bool
+	horizon uint32
+	hEpoch  uint16
+}
+
+// sentPkt is a PSN's slot in the stream: which segment of which message it carries.
+type sentPkt struct {
+	msg   *Msg
+	seg   uint32
+	at    time.Duration
+	path  uint8
+	retx  uint8
+	acked bool
+	lost  bool
+	// suspect is 1 + the path of a transmission that timed out with nothing to blame it on yet:
+	// if the packet then arrives by another path, that path swallowed it.
+	suspect uint8
+	copied  bool // sent on a second path too (copySeg)
+}
+
+// txStream is the sending half of a peer context.
+type txStream struct {
+	epoch      uint16
+	next, una  uint32    // PSNs [una, next) are in ring
+	ring       []sentPkt // indexed by psn & (len-1)
+	inflight   int       // sent, not acknowledged, not counted lost
+	cwnd       float64
+	ssthresh   float64
+	recovering bool
+	recoverPSN uint32
+	srtt       time.Duration
+	rttvar     time.Duration
+	minRTT     time.Duration
+	rto        time.Duration
+	progress   time.Duration // last time the peer acknowledged something, or the stream was idle
+	queue      []*Msg        // messages with segments not yet sent, in order
+	retx       []uint32      // PSNs counted lost, to send again
+	reqs       map[uint32]*Msg
+	waiting    []*Msg // requests acknowledged whole, waiting for the peer's horizon (settle)
+	unsent     uint32 // segments in queue not yet sent once: next+unsent is where the stream ends
+	respEnd    uint32 // the PSN after our latest RESP, queued or sent: our ACKs' horizon
+	nextMsg    uint32
+	reoSteps   int           // the reordering allowance, in steps of a quarter of minRTT (reorderWindow)
+	reoClean   int           // loss episodes since the last loss that proved spurious
+	lossAt     time.Duration // when a packet was last counted lost (by acknowledgements or the timer)
+	lossRate   float64       // moving average of packets' fates, 1 lost, 0 acknowledged (lossGain)
+	sentAt     time.Duration // when a DATA frame last went to the peer (flushAcks)
+	burst      int           // packets sent on the current path since it was picked
+
+	newly    int           // onAck's scratch: packets newly acknowledged
+	rtt      time.Duration // onAck's scratch: the latest RTT sample, or -1
+	hzn      uint32        // the horizon of the newest ACK (wire.Ack.Horizon)
+	hznEpoch uint16        // and the epoch of the peer's stream it is in
+}
+
+// queued counts m's segments into the stream; a RESP moves the horizon our ACKs carry
+// (wire.Ack.Horizon) past it, so that every failure we have answered lies below the horizon.
+func (s *txStream) queued(m *Msg) {
+	m.inQueue = true
+	s.unsent += m.nseg
+	if m.kind == kindResp {
+		s.respEnd = s.next + s.unsent
+	}
+}
+
+func (s *txStream) init() {
+	s.ring = make([]sentPkt, 64)
+	s.cwnd, s.ssthresh, s.rto = initialCwnd, maxCwnd, initialRTO
+	s.reoSteps = 1
+	s.reqs = make(map[uint32]*Msg)
+}
+
+func (s *txStream) slot(psn uint32) *sentPkt { return &s.ring[psn&uint32(len(s.ring)-1)] }
+
+// busy reports whether the stream has anything outstanding.
+func (s *txStream) busy() bool { return s.una != s.next || len(s.queue) > 0 || len(s.reqs) > 0 }
+
+// grow doubles the ring, keeping [una, next) in place by PSN.
+func (s *txStream) grow() {
+	old := s.ring
+	s.ring = make([]sentPkt, 2*len(old))
+	for psn := s.una; psn != s.next; psn++ {
+		*s.slot(psn) = old[psn&uint32(len(old)-1)]
+	}
+}
+
+// newMsg takes an Msg from the free list.
+func (t *Transport) newMsg(p *peer, kind int) *Msg {
+	var m *Msg
+	if n := len(t.freeMsgs); n > 0 {
+		m = t.freeMsgs[n-1]
+		t.freeMsgs = t.freeMsgs[:n-1]
+		*m = Msg{}
+	} else {
+		m = new(Msg)
+	}
+	m.p, m.kind = p, kind
+	return m
+}
+
+// release returns m to the free list when nothing refers to it any more.
+func (t *Transport) release(m *Msg) {
+	if m.done && m.pending == 0 && m.sent == m.nseg && m.owner == nil && !m.inQueue {
+		m.p = nil
+		t.freeMsgs = append(t.freeMsgs, m)
+	}
+}
+
+// enqueue adds m to p's stream: its segments go out as the window allows.
+func (t *Transport) enqueue(p *peer, m *Msg) {
+	t.queue(p, m)
+	t.pump(p)
+}
+
+// queue adds m to p's stream without sending anything yet.
+func (t *Transport) queue(p *peer, m *Msg) {
+	seg := uint64(t.segSize())
+	m.nseg = uint32(max((m.length+seg-1)/seg, 1))
+	if m.hdr.Op == wire.OpReadReq || m.hdr.Op == wire.OpResp {
+		m.nseg = 1
+	}
+	if !p.tx.busy() {
+		// The stream starts waiting now: the transport timeout counts from here, not from
+		// whenever it last moved (an idle stream's progress is as old as its last traffic).
+		p.tx.progress = t.now
+		p.seen = p.tx.progress
+	}
+	if m.kind == kindRequest {
+		p.tx.reqs[m.hdr.MsgID] = m // after the idle check: an outstanding request makes the stream busy
+	}
+	t.busy = true // the device's timer runs until the stream is idle again (Tick)
+	p.tx.queue = append(p.tx.queue, m)
+	p.tx.queued(m)
+}
+
+// sendRemote starts request r to dst on behalf of owner: it goes on the peer's stream.
+func (t *Transport) sendRemote(dst [16]byte, r *Request, owner any) (*Msg, efaio.Status) {
+	p := t.peerFor(dst)
+	if p == nil {
+		return nil, efaio.StatusLocalUnreachRemote
+	}
+	o := t.newMsg(p, kindRequest)
+	o.owner = owner
+	o.length, o.src, o.nsrc, o.sink = r.Length, r.Src, r.NSrc, r.Sink
+	o.hdr = wire.Data{
+		MsgID: p.tx.nextMsg, Length: uint32(r.Length), Op: r.Op, SrcQPN: r.SrcQPN, DstQPN: r.DstQPN,
+		QKey: r.QKey, Imm: r.Imm, RKey: r.RKey, RAddr: r.RAddr,
+	}
+	if r.HasImm {
+		o.hdr.Flags |= wire.FlagImm
+	}
+	p.tx.nextMsg++
+	t.enqueue(p, o)
+	return o, efaio.StatusOK
+}
+
+// sendUD sends a UD message as one unacknowledged datagram.
+func (t *Transport) sendUD(dst [16]byte, r *Request) efaio.Status {
+	p := t.peerFor(dst)
+	if p == nil {
+		return efaio.StatusLocalUnreachRemote
+	}
+	hdr := wire.Data{Length: uint32(r.Length), Op: wire.OpSend, Flags: wire.FlagUD, SrcQPN: r.SrcQPN,
+		DstQPN: r.DstQPN, QKey: r.QKey, Imm: r.Imm}
+	if r.HasImm {
+		hdr.Flags |= wire.FlagImm
+	}
+	size := wire.FrameHeaderSize + wire.DataHeaderSize + int(r.Length)
+	b := t.roomLarge(p, t.pickPath(p, -1), size)
+	b = wire.AppendDataHeader(b, &hdr, int(r.Length))
+	for _, s := range r.Src[:r.NSrc] {
+		b = append(b, s...)
+	}
+	t.commit(b)
+	return efaio.StatusOK
+}
+
+// pump sends what p's window allows: retransmissions first, then new segments. Both count
+// against the congestion window.
+func (t *Transport) pump(p *peer) {
+	s := &p.tx
+	now := t.now
+	if len(s.retx) > 1 {
+		// Oldest first: the lowest hole holds the receiver's cumulative point, and the ACK's
+		// selective bits reach only 256 PSNs past it. Last in line behind a long list, at a
+		// small window and a backed-off timer, it could wait past the transport timeout.
+		una := s.una
+		byAge := func(a, b uint32) int { return cmp.Compare(a-una, b-una) }
+		if !slices.IsSortedFunc(s.retx, byAge) {
+			slices.SortFunc(s.retx, byAge)
+		}
+	}
+	taken := 0
+	for taken < len(s.retx) && float64(s.inflight) < max(s.cwnd, 1) {
+		psn := s.retx[taken]
+		taken++
+		if psnLess(psn, s.una) || !psnLess(psn, s.next) {
+			continue
+		}
+		e := s.slot(psn)
+		if e.acked || !e.lost || e.msg == nil {
+			continue
+		}
+		e.lost = false
+		if m := e.msg; m.kind == kindRequest && m.done && m.owner == nil && m.answered {
+			// The answer proved the peer has every segment: nothing to send again.
+			s.inflight++ // ack() takes it back out
+			t.ackSlot(p, e, now)
+			continue
+		}
+		e.retx++
+		t.sendSeg(p, psn, e, now, int(e.path))
+	}
+	s.retx = s.retx[:copy(s.retx, s.retx[taken:])]
+	done := 0
+	for done < len(s.queue) && float64(s.inflight) < s.cwnd {
+		m := s.queue[done]
+		if m.sent == m.nseg {
+			done++ // cut short by cancel: it may go to the free list now that the queue lets go
+			m.inQueue = false
+			t.release(m)
+			continue
+		}
+		if s.next-s.una >= uint32(len(s.ring)) {
+			if len(s.ring) >= maxCwnd*2 {
+				break
+			}
+			s.grow()
+		}
+		psn := s.next
+		s.next++
+		s.unsent--
+		e := s.slot(psn)
+		*e = sentPkt{msg: m, seg: m.sent}
+		m.sent++
+		m.pending++
+		t.sendSeg(p, psn, e, now, -1)
+		if s.inflight <= sparseFlight && s.lossRate >= sparseLoss && now-s.lossAt < lossMemory && !t.cfg.NoSparseCopies {
+			t.copySeg(p, psn, e)
+		}
+		if m.sent == m.nseg {
+			done++
+			m.inQueue = false
+		}
+	}
+	n := copy(s.queue, s.queue[done:])
+	clear(s.queue[n:]) // let go of the messages moved past
+	s.queue = s.queue[:n]
+}
+
+// sendSeg writes the DATA frame for slot e (PSN psn) on a path other than avoid when it can.
+func (t *Transport) sendSeg(p *peer, psn uint32, e *sentPkt, now time.Duration, avoid int) {
+	path := t.pickPath(p, avoid)
+	n := t.writeSeg(p, psn, e, path, ackIfOwed)
+	e.at, e.path = now, uint8(path)
+	p.tx.sentAt = now
+	p.tx.inflight++
+	p.paths[path].sent++
+	if e.retx > 0 {
+		t.counts.RetransPkts.Add(1)
+		t.counts.RetransBytes.Add(uint64(n))
+	}
+}
+
+// copySeg sends slot e's frame once more, on the next healthy path after its own: while few
+// packets are in flight, a lost one has no later packets to reveal its loss and waits for the
+// retransmission timer (2 ms at least), the whole of a latency-bound exchange's tail under loss;
+// a copy on another path makes that a loss of both. The copy is not in the flight count, and an
+// acknowledgement of either credits no path (which of the two arrived is unknown).
+func (t *Transport) copySeg(p *peer, psn uint32, e *sentPkt) {
+	n := len(p.paths)
+	for i := 1; i < n; i++ {
+		path := (int(e.path) + i) % n
+		if !p.paths[path].failed {
+			t.writeSeg(p, psn, e, path, ackIfCopy)
+			p.paths[path].sent++
+			e.copied = true
+			t.counts.SparseCopies.Add(1)
+			return
+		}
+	}
+}
+
+// writeSeg appends slot e's DATA frame (PSN psn) to a datagram on path and returns how many
+// payload bytes it carries.
+func (t *Transport) writeSeg(p *peer, psn uint32, e *sentPkt, path, ride int) int {
+	m := e.msg
+	seg := uint64(t.segSize())
+	off := uint64(e.seg) * seg
+	n := 0
+	if m.hdr.Op != wire.OpReadReq && m.hdr.Op != wire.OpResp {
+		n = int(min(seg, m.length-min(off, m.length)))
+	}
+	hdr := m.hdr
+	hdr.PSN, hdr.Offset = psn, uint32(off)
+	if m.kind == kindRequest && m.owner == nil && !m.answered {
+		// Cancelled (its QP was flushed): the application may reuse the buffer, so the segment goes again
+		// without it, as an ABORT that lets the responder drop what it has of the message.
+		hdr.Op, n = wire.OpAbort, 0
+	}
+	if m.faulted {
+		hdr.Op, n = wire.OpAbort, 0
+	}
+	if m.withAck {
+		ride = ackAlways
+	}
+	b := t.roomFor(p, path, wire.FrameHeaderSize+wire.DataHeaderSize+n, ride)
+	start := len(b)
+	b = wire.AppendDataHeader(b, &hdr, n)
+	b, ok := t.host.Gather(b, m.src[:m.nsrc], off, n)
+	if !ok {
+		// The application's memory faulted under the segment: it goes as an ABORT (the peer
+		// drops what it has of the message), and so does the rest of the message.
+		m.faulted = true
+		hdr.Op, n = wire.OpAbort, 0
+		b = wire.AppendDataHeader(b[:start], &hdr, 0)
+		t.commit(b)
+		t.onFault(p, m)
+		return 0
+	}
+	t.commit(b)
+	return n
+}
+
+// onFault ends a message whose memory faulted while a segment was built: a request fails with
+// LOCAL_ERROR_INVALID_LKEY; read data we were sending is answered with REMOTE_ERROR_BAD_ADDRESS,
+// which fails the peer's read. (Queued, not pumped: this runs inside pump.)
+func (t *Transport) onFault(p *peer, m *Msg) {
+	switch m.kind {
+	case kindRequest:
+		if m.owner != nil {
+			t.completeReq(m, efaio.StatusLocalInvalidLKey, false)
+		}
+	case kindReadResp:
+		o := t.newMsg(p, kindResp)
+		o.hdr = wire.Data{MsgID: m.hdr.MsgID, Op: wire.OpResp, Status: uint8(efaio.StatusRemoteBadAddress)}
+		o.done, o.nseg = true, 1
+		p.tx.queue = append(p.tx.queue, o)
+		p.tx.queued(o)
+	}
+}

@@ -1,0 +1,370 @@
+package srd
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/softefa/softefa/config"
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/wire"
+	"github.com/softefa/softefa/link"
+	"github.com/softefa/softefa/link/memlink"
+)
+
+// The trace harness plays a transport's peer, and its host. One transport under test runs on a
+// simulated fabric (virtual time that moves only when the test says); the test writes the peer's
+// datagrams byte for byte and reads every datagram the transport sends, so that a transport rule
+// of docs/wire.md or docs/congestion.md can be checked as a trace: "the peer acknowledges PSNs
+// 1–4 on path 2; PSN 0 goes again on another path". The host above it is a fake that records
+// outcomes and receives. No sockets, no second device, no device.
+
+var (
+	traceDev  = netip.MustParseAddrPort("10.9.0.1:4791")
+	tracePeer = netip.MustParseAddrPort("10.9.0.2:4791")
+)
+
+// trace is one transport, its host, and the test as its peer.
+type trace struct {
+	t    *testing.T
+	f    *memlink.Fabric
+	tr   *Transport
+	q    *Queue
+	in   *Inbox
+	link link.Poller // the transport's own link
+	peer link.Poller // where the transport's datagrams to the peer arrive
+	pkts []link.Packet
+
+	counts Counters
+	host   fakeHost
+	buf    []byte
+
+	inc     uint32 // the peer's incarnation
+	epoch   uint16 // the peer's stream epoch
+	next    uint32 // the peer's next PSN
+	horizon uint32 // what the peer's ACKs say as their horizon
+	devTx   uint16 // the transport's stream epoch, as its latest DATA said
+	cookie  uint64 // the transport's challenge, echoed in the peer's next datagram
+
+	got    []traceFrame // frames the transport sent, in order, not yet taken by the test
+	dgrams int          // datagrams the transport sent
+}
+
+// traceFrame is one frame the transport sent, with its datagram's header and number (frames of
+// one datagram share it).
+type traceFrame struct {
+	h     wire.Header
+	f     wire.Frame
+	dgram int
+}
+
+// completion is an outcome the fake host was told (a request's, by its WR id) or a receive it
+// completed.
+type completion struct {
+	ReqID    uint16
+	Status   efaio.Status
+	MayRetry bool
+}
+
+// fakeHost is the host a trace's transport serves: SENDs take the receives the test posted in
+// order (RNR without one), writes and reads are accepted, outcomes and receives are recorded.
+type fakeHost struct {
+	recvs []uint16
+	done  []completion
+	mem   []byte
+}
+
+// fakeIn is a SEND arriving in segments at the fake host.
+type fakeIn struct {
+	h    *fakeHost
+	wrid uint16
+	got  uint64
+}
+
+func (in *fakeIn) Abort() {
+	in.h.done = append(in.h.done, completion{ReqID: in.wrid, Status: efaio.StatusRemoteAbort})
+}
+
+func (h *fakeHost) Receive(src [16]byte, f *wire.Data, prev Inbound) (Inbound, efaio.Status, bool) {
+	in, _ := prev.(*fakeIn)
+	if in == nil {
+		in = &fakeIn{h: h, wrid: 0xffff}
+		if f.Op == wire.OpSend {
+			if len(h.recvs) == 0 {
+				return nil, efaio.StatusRemoteRNR, true
+			}
+			in.wrid, h.recvs = h.recvs[0], h.recvs[1:]
+		}
+	}
+	in.got += uint64(len(f.Payload))
+	if in.got < uint64(f.Length) {
+		return in, efaio.StatusOK, false
+	}
+	if f.Op == wire.OpSend {
+		h.done = append(h.done, completion{ReqID: in.wrid, Status: efaio.StatusOK})
+	}
+	return nil, efaio.StatusOK, true
+}
+
+func (h *fakeHost) Read(src [16]byte, f *wire.Data) ([]byte, efaio.Status) {
+	if int(f.Length) > len(h.mem) {
+		return nil, efaio.StatusRemoteBadAddress
+	}
+	return h.mem[:f.Length], efaio.StatusOK
+}
+
+func (h *fakeHost) UD(src [16]byte, f *wire.Data) {}
+
+func (h *fakeHost) Done(owner any, st efaio.Status, mayRetry bool) {
+	h.done = append(h.done, completion{ReqID: owner.(uint16), Status: st, MayRetry: mayRetry})
+}
+
+func (h *fakeHost) Gather(b []byte, src [][]byte, off uint64, n int) ([]byte, bool) {
+	return AppendRange(b, src, off, n), true
+}
+
+func (h *fakeHost) Copy(dst, src []byte) bool { copy(dst, src); return true }
+
+const traceQKey = 0x1234
+
+// newTrace makes the transport (paths paths; mod may change its configuration) and its host.
+func newTrace(t *testing.T, paths int, mod func(*config.Device)) *trace {
+	t.Helper()
+	f := memlink.NewSim(1)
+	node := memlink.Polled{Node: f.Listen(traceDev, paths)}
+	cfg := config.Device{Link: node, Paths: paths, Driven: true, Clock: f.Now, TransportTimeout: time.Second}
+	if mod != nil {
+		mod(&cfg)
+	}
+	if err := cfg.Fill(); err != nil {
+		t.Fatal(err)
+	}
+	r := &trace{t: t, f: f, link: node, peer: memlink.Polled{Node: f.Listen(tracePeer, 1)}, inc: 0x0e0e0e0e,
+		buf: make([]byte, 64<<10), pkts: make([]link.Packet, 64)}
+	r.host.mem = make([]byte, 64<<10)
+	rng := rand.NewChaCha8([32]byte{1})
+	tr, err := New(cfg, node, NewIncarnation(rng), rng, &r.host, &r.counts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.tr, r.q, r.in = tr, tr.NewQueue(), tr.NewInbox()
+	for i := range r.pkts {
+		r.pkts[i].Buf = make([]byte, 16<<10)
+	}
+	return r
+}
+
+// post starts one request as the host would and lets the transport run: op SEND (n bytes from
+// the buffer's start) or RDMA WRITE/READ (n bytes to or from the peer's address 0x2000 with rkey
+// 77). Its outcome is recorded under wrid.
+func (r *trace) post(wrid uint16, op efaio.OpType, n int) {
+	req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: uint64(n)}
+	switch op {
+	case efaio.OpRDMAWrite:
+		req.Op = wire.OpWrite
+	case efaio.OpRDMARead:
+		req.Op = wire.OpReadReq
+	}
+	if op == efaio.OpRDMARead {
+		req.Sink = r.buf[:n]
+	} else {
+		req.Src[0], req.NSrc = r.buf[:n], 1
+	}
+	if op != efaio.OpSend {
+		req.RKey, req.RAddr = 77, 0x2000
+	}
+	r.tr.Use(r.q, r.f.Now())
+	if _, st := r.tr.Request(config.GIDFromAddr(tracePeer), &req, wrid); st != efaio.StatusOK {
+		r.t.Fatalf("request: status %d", st)
+	}
+	r.tr.Flush(r.q)
+	r.drive()
+}
+
+// sends posts n SENDs of 100 bytes (WR ids 0 to n-1), 100 µs apart, and returns their DATA
+// frames: packets sent one after another, as the loss rules need them.
+func (r *trace) sends(n int) []traceFrame {
+	for i := range n {
+		r.post(uint16(i), efaio.OpSend, 100)
+		r.advance(100 * time.Microsecond)
+	}
+	return r.data()
+}
+
+// recv posts one receive WR at the host: the next SEND from the peer completes it.
+func (r *trace) recv(wrid uint16) { r.host.recvs = append(r.host.recvs, wrid) }
+
+// drive lets the transport do all it has to do now, as the transport's engine does at each tick:
+// take every datagram waiting, run the timers, send the ACKs owed; then it collects what the
+// transport sent the peer.
+func (r *trace) drive() {
+	r.tr.Use(r.q, r.f.Now())
+	for {
+		n, _ := r.link.TryReceive(r.in.Pkts)
+		if n == 0 {
+			break
+		}
+		r.tr.Input(r.in, n, false)
+	}
+	r.tr.Tick()
+	if r.tr.AcksOwed() {
+		r.tr.FlushAcks(0)
+	}
+	r.tr.Flush(r.q)
+	r.collect()
+}
+
+// busyPoll does what an application's empty poll does (the transport's PollNetwork): it takes the
+// datagrams waiting, leaving their acknowledgements owed for a while, and sends what they
+// produced; then it collects what the transport sent.
+func (r *trace) busyPoll() {
+	r.tr.Use(r.in.Out, r.f.Now())
+	if n, _ := r.link.TryReceive(r.in.Pkts); n > 0 {
+		r.tr.Input(r.in, n, true)
+	}
+	r.tr.Flush(r.in.Out)
+	r.collect()
+}
+
+// collect parses what the transport has sent the peer.
+func (r *trace) collect() {
+	for {
+		n, _ := r.peer.TryReceive(r.pkts)
+		if n == 0 {
+			return
+		}
+		for _, pk := range r.pkts[:n] {
+			h, frames, err := wire.ParseHeader(pk.Buf[:pk.N])
+			if err != nil {
+				r.t.Fatalf("the transport sent a malformed datagram: %v", err)
+			}
+			r.dgrams++
+			r.cookie = 0
+			for len(frames) > 0 {
+				var f wire.Frame
+				if frames, err = wire.NextFrame(frames, &f); err != nil {
+					r.t.Fatalf("the transport sent a malformed frame: %v", err)
+				}
+				if f.Type == wire.TypeData {
+					f.Data.Payload = append([]byte(nil), f.Data.Payload...)
+					r.devTx = h.TxEpoch
+				}
+				if f.Type == wire.TypeChallenge {
+					r.cookie = f.Cookie
+				}
+				r.got = append(r.got, traceFrame{h, f, r.dgrams})
+			}
+		}
+	}
+}
+
+// advance moves virtual time on by dt in steps of 100 µs, the transport doing its work at each.
+func (r *trace) advance(dt time.Duration) {
+	for end := r.f.Now() + dt; r.f.Now() < end; {
+		r.f.Advance(min(100*time.Microsecond, end-r.f.Now()))
+		r.drive()
+	}
+}
+
+// take returns the frames of type typ the transport has sent since the last take of that type, in
+// order, and forgets them; other frames stay.
+func (r *trace) take(typ uint8) []traceFrame {
+	var out []traceFrame
+	keep := r.got[:0]
+	for _, g := range r.got {
+		if g.f.Type == typ {
+			out = append(out, g)
+		} else {
+			keep = append(keep, g)
+		}
+	}
+	r.got = keep
+	return out
+}
+
+// data takes the DATA frames the transport has sent.
+func (r *trace) data() []traceFrame { return r.take(wire.TypeData) }
+
+// send delivers a datagram from the peer with the given frames (appended by add), on peer path
+// path, and lets the transport handle it; a COOKIE answering the transport's last challenge goes first.
+func (r *trace) send(path uint8, add func(b []byte) []byte) {
+	r.inject(path, add)
+	r.drive()
+}
+
+// inject is send without letting the transport run: the datagram waits for it.
+func (r *trace) inject(path uint8, add func(b []byte) []byte) {
+	h := wire.Header{Path: path, SrcPort: tracePeer.Port(), SrcInc: r.inc, DstInc: r.tr.inc, TxEpoch: r.epoch, RxEpoch: r.devTx}
+	b := wire.AppendHeader(nil, &h)
+	if r.cookie != 0 {
+		b = wire.AppendCookie(b, r.cookie, []uint16{tracePeer.Port()})
+		r.cookie = 0
+	}
+	b = add(b)
+	wire.PutChecksum(b)
+	r.f.Inject(tracePeer, traceDev, b)
+}
+
+// meet gets the peer validated by the transport, as a peer that sends first must: its first
+// datagram is challenged, and the next carries the cookie.
+func (r *trace) meet() {
+	r.send(0, func(b []byte) []byte { return wire.AppendAck(b, &wire.Ack{}) }) // large enough to be answered
+	if r.cookie == 0 {
+		r.t.Fatal("the transport did not challenge a peer it never met")
+	}
+	r.take(wire.TypeChallenge)
+}
+
+// ack acknowledges the transport's stream: every PSN below cum, and the PSNs in sack beyond it, as
+// the peer's DATA on path path would be answered.
+func (r *trace) ack(cum uint32, sack []uint32, path uint8) {
+	a := wire.Ack{Cum: cum, Highest: cum - 1, Path: path, Horizon: r.horizon}
+	for _, p := range sack {
+		i := p - cum - 1
+		a.Sack[i/64] |= 1 << (i % 64)
+		a.Highest = max(a.Highest, p)
+	}
+	r.send(path, func(b []byte) []byte { return wire.AppendAck(b, &a) })
+}
+
+// peerData sends one DATA frame of the peer's stream (the next PSN) and returns its PSN.
+func (r *trace) peerData(d wire.Data) uint32 {
+	d.PSN = r.next
+	r.next++
+	r.send(0, func(b []byte) []byte { return wire.AppendData(b, &d) })
+	return d.PSN
+}
+
+// completions returns what the host was told since the last call.
+func (r *trace) completions() []completion {
+	out := r.host.done
+	r.host.done = nil
+	return out
+}
+
+// wantCompletion checks that exactly one completion came, for wrid, with status st.
+func (r *trace) wantCompletion(wrid uint16, st efaio.Status) {
+	r.t.Helper()
+	cs := r.completions()
+	if len(cs) != 1 || cs[0].ReqID != wrid || cs[0].Status != st {
+		r.t.Fatalf("completions %+v, want one for WR %d with status %d", cs, wrid, st)
+	}
+}
+
+// noCompletion checks that nothing completed.
+func (r *trace) noCompletion() {
+	r.t.Helper()
+	if cs := r.completions(); len(cs) != 0 {
+		r.t.Fatalf("completions %+v, want none yet", cs)
+	}
+}
+
+// psns lists the PSNs of DATA frames.
+func psns(fs []traceFrame) []uint32 {
+	var out []uint32
+	for _, f := range fs {
+		out = append(out, f.f.Data.PSN)
+	}
+	return out
+}

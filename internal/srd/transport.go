@@ -1,0 +1,193 @@
+package srd
+
+import (
+	"io"
+	"sync/atomic"
+	"time"
+
+	"github.com/softefa/softefa/config"
+	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/seal"
+	"github.com/softefa/softefa/internal/wire"
+	"github.com/softefa/softefa/link"
+)
+
+// Transport constants.
+const (
+	rxWindow      = 8192 // PSNs a receiver tracks beyond its cumulative point
+	maxCwnd       = 4096 // packets in flight per peer (below rxWindow)
+	initialCwnd   = 64
+	minReorder    = 20 * time.Microsecond  // least reordering allowed within one path
+	minRTO        = 2 * time.Millisecond   // Go timers do not fire much faster when idle
+	maxRTO        = 200 * time.Millisecond //
+	initialRTO    = 10 * time.Millisecond
+	pathFailLoss  = 3                     // consecutive losses on a path that mark it failed
+	probeInterval = 50 * time.Millisecond // how often a failed path is probed
+	ackEvery      = 16                    // DATA frames between ACKs within one receive batch
+	datagramSlack = 48                    // IPv6 + UDP headers: what PathMTU leaves for us
+)
+
+// Host is the device above the transport. The transport calls it with the device's lock held
+// (the caller of the transport's method holds it).
+type Host interface {
+	// Receive places one segment of a SEND or RDMA write that came on src's stream. in is what
+	// Receive returned for the message's earlier segments (nil for its first); Receive returns
+	// what to pass with the next one, or done and the message's status once it is whole or
+	// failed. A status other than OK goes back to the sender in a RESP.
+	Receive(src [16]byte, f *wire.Data, in Inbound) (next Inbound, st efaio.Status, done bool)
+	// Read checks an RDMA read request from src and returns the memory the answer is read from.
+	Read(src [16]byte, f *wire.Data) ([]byte, efaio.Status)
+	// UD delivers a UD message from src (which may not be validated: UD needs no state).
+	UD(src [16]byte, f *wire.Data)
+	// Done is the outcome of the request whose owner is owner. mayRetry: st is an RNR the
+	// owner may try again, as a new request.
+	Done(owner any, st efaio.Status, mayRetry bool)
+	// Gather appends bytes [off, off+n) of the concatenation of src to b; false if the memory
+	// faulted.
+	Gather(b []byte, src [][]byte, off uint64, n int) ([]byte, bool)
+	// Copy copies src to dst (read data arriving); false if the memory faulted.
+	Copy(dst, src []byte) bool
+}
+
+// Inbound is the host's state for a message arriving in segments, which the transport keeps by
+// message id until the message is whole, or aborted.
+type Inbound interface {
+	// Abort ends the message unfinished: the sender aborted it, or its stream was reset.
+	Abort()
+}
+
+// Counters are the transport's counters, with EFA's names where EFA has the counter (the
+// device's Counters embed them).
+type Counters struct {
+	TxBytes, TxPkts, RxBytes, RxPkts, RxDrops          atomic.Uint64
+	RetransBytes, RetransPkts, RetransTimeoutEvents    atomic.Uint64
+	UnresponsiveRemoteEvents, ImpairedRemoteConnEvents atomic.Uint64
+	BadPackets, StalePackets                           atomic.Uint64 // dropped: malformed; for another incarnation
+	Unvalidated                                        atomic.Uint64 // from devices not yet validated: challenged
+	AuthFailures, Replays                              atomic.Uint64 // sealed datagrams dropped
+	SpuriousRetrans                                    atomic.Uint64 // packets counted lost that arrived after all (softefa's own)
+	SparseCopies                                       atomic.Uint64 // second copies of packets sent while few were in flight (softefa's own)
+	PeersForgotten                                     atomic.Uint64 // peer contexts dropped idle, by age or for room (softefa's own)
+}
+
+// Request is a message one of the host's queue pairs sends to another device.
+type Request struct {
+	Op             uint8 // wire.OpSend, wire.OpWrite or wire.OpReadReq
+	SrcQPN, DstQPN uint16
+	QKey           uint32
+	Imm            uint32
+	HasImm         bool
+	RKey           uint32 // RDMA
+	RAddr          uint64 // RDMA
+	Src            [efaio.TxNumBufs][]byte
+	NSrc           int
+	Length         uint64
+	Sink           []byte // RDMA read: where the data goes
+}
+
+// Transport is one device's SRD endpoint: its peer contexts and everything they share.
+type Transport struct {
+	cfg    config.Device
+	host   Host
+	link   link.Link
+	gid    [16]byte
+	inc    uint32 // this device's incarnation
+	counts *Counters
+
+	peers         map[[16]byte]*peer
+	peerList      []*peer           // the same, in the order they came: what loops over peers follow
+	memos         map[[16]byte]memo // what forgotten peers left (peers.go)
+	nextExpiry    time.Duration     // when expirePeers looks next
+	stranger      peer              // scratch context for datagrams from devices not yet validated
+	frame         wire.Frame        // input's scratch
+	strangerFrame wire.Frame        // admit's scratch
+
+	txq  *Queue        // where frames go: the queue of the goroutine holding the device's lock
+	now  time.Duration // the clock, read once per batch (Use)
+	busy bool          // some stream may have something outstanding (Busy)
+
+	ackList  []*peer     // peers owed an ACK (flushAcks)
+	acksOwed atomic.Bool // ackList is not empty
+	freeMsgs []*Msg
+
+	secret [32]byte     // the cookie key (admit.go)
+	ports  []uint16     // the UDP source ports of our paths, which our COOKIE frames list
+	ip     [16]byte     // our IP address as sealed datagrams name it (IPv4-mapped for IPv4)
+	seal   *seal.Sealer // authenticated encryption, with a key (queue.go)
+}
+
+// New makes the transport of a device with configuration cfg (filled) over l, as incarnation
+// inc; rng draws its cookie key and sealing salts; host is the device.
+func New(cfg config.Device, l link.Link, inc uint32, rng io.Reader, host Host, counts *Counters) (*Transport, error) {
+	t := &Transport{
+		cfg: cfg, host: host, link: l, inc: inc, counts: counts,
+		gid:    config.GIDFromAddr(l.LocalAddr()),
+		ip:     l.LocalAddr().Addr().Unmap().As16(),
+		ports:  []uint16{l.LocalAddr().Port()},
+		peers:  make(map[[16]byte]*peer),
+		memos:  make(map[[16]byte]memo),
+		secret: newSecret(rng),
+	}
+	if pp, ok := l.(link.PathPorter); ok {
+		t.ports = pp.PathPorts()
+	}
+	if len(cfg.Key) > 0 {
+		var err error
+		if t.seal, err = seal.New(cfg.Key, rng); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// Inc returns this device's incarnation.
+func (t *Transport) Inc() uint32 { return t.inc }
+
+// Use makes q the queue frames go to until the caller lets go of the device's lock, and sets the
+// clock for the batch the caller is about to do; the caller sends what q holds afterwards, with
+// Flush.
+func (t *Transport) Use(q *Queue, now time.Duration) {
+	t.txq = q
+	t.now = now
+}
+
+// Flush sends q's datagrams. Called without the device's lock.
+func (t *Transport) Flush(q *Queue) { t.sendTx(q) }
+
+// Busy reports whether some stream may have something outstanding: the device's timer must run
+// (Tick) until it reports false.
+func (t *Transport) Busy() bool { return t.busy }
+
+// Tick runs the transport's timers at now (the time Use set): path probes, transport timeouts,
+// retransmission timeouts, peer expiry. It reports whether any stream has something outstanding.
+func (t *Transport) Tick() bool {
+	t.busy = t.transportTick(t.now)
+	return t.busy
+}
+
+// AckDelay is how long a busy poll leaves an acknowledgement owed (FlushAcks).
+const AckDelay = ackDelay
+
+// FlushAcks sends the ACKs owed for at least minAge (see flushAcks).
+func (t *Transport) FlushAcks(minAge time.Duration) { t.flushAcks(t.now, minAge) }
+
+// AcksOwed reports whether any ACK is owed; safe without the device's lock.
+func (t *Transport) AcksOwed() bool { return t.acksOwed.Load() }
+
+// Input handles the first n datagrams of in's packets; lazy (a busy poll) leaves their
+// acknowledgements owed for up to AckDelay, so that the application's answer can carry them.
+func (t *Transport) Input(in *Inbox, n int, lazy bool) { t.inputBatch(in, n, lazy) }
+
+// Request starts request r to the device dst, on behalf of owner (not nil): it goes on the peer's
+// stream, and Host.Done gets owner and the outcome when the peer answers or the transport gives
+// up. It returns LOCAL_UNREACH_REMOTE, having started nothing, if the peer table is full.
+func (t *Transport) Request(dst [16]byte, r *Request, owner any) (*Msg, efaio.Status) {
+	return t.sendRemote(dst, r, owner)
+}
+
+// UD sends r as one unacknowledged datagram: it has gone when UD returns.
+func (t *Transport) UD(dst [16]byte, r *Request) efaio.Status { return t.sendUD(dst, r) }
+
+// Cancel detaches request m from its owner, whose queue pair was flushed: Done will not be called
+// for it (see cancel).
+func (t *Transport) Cancel(m *Msg) { t.cancel(m) }
