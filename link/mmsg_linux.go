@@ -90,14 +90,13 @@ func (b *batch) recvmmsg(fd uintptr) bool {
 	return true
 }
 
-func (u *UDP) sendPath(path int, pkts []Packet) error {
-	b := &u.tx
+func (u *UDP) sendPath(b *batch, path int, pkts []Packet) error {
 	b.init()
 	for len(pkts) > 0 {
 		h, iv := 0, 0
 		for iv < len(pkts) && h < maxBatch {
 			k := 1
-			if u.gso {
+			if u.gso.Load() {
 				k = min(gsoRun(pkts[iv:]), maxIovs-iv)
 			}
 			if k == 0 {
@@ -125,8 +124,8 @@ func (u *UDP) sendPath(path int, pkts []Packet) error {
 			return err
 		}
 		if b.err != nil {
-			if u.gso && (b.err == unix.EIO || b.err == unix.EINVAL) {
-				u.gso = false // the kernel or device cannot segment: send one by one from now on
+			if u.gso.Load() && (b.err == unix.EIO || b.err == unix.EINVAL) {
+				u.gso.Store(false) // the kernel or device cannot segment: send one by one from now on
 				continue
 			}
 			return b.err

@@ -17,7 +17,7 @@ type (
 
 func (u *UDP) enableOffload() {}
 
-func (u *UDP) sendPath(path int, pkts []Packet) error {
+func (u *UDP) sendPath(_ *batch, path int, pkts []Packet) error {
 	for i := range pkts {
 		p := &pkts[i]
 		if _, err := u.conns[path].WriteToUDPAddrPort(p.Buf[:p.N], p.Addr); err != nil && !transient(err) {

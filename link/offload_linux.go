@@ -31,7 +31,7 @@ func (u *UDP) enableOffload() {
 	if os.Getenv("SOFTEFA_NO_OFFLOAD") != "" {
 		return
 	}
-	u.gso = true
+	u.gso.Store(true)
 	_ = u.raws[0].Control(func(fd uintptr) {
 		u.gro = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_GRO, 1) == nil
 	})

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"sync"
 	"sync/atomic"
 	"syscall"
 )
@@ -25,11 +24,12 @@ type UDP struct {
 	local  netip.AddrPort
 	closed atomic.Bool
 
-	rx   rxState    // Receive's and TryReceive's scratch, owned by the receiving goroutine
-	gro  bool       // the kernel coalesces received runs (socket 0)
-	txMu sync.Mutex // guards tx and gso
-	tx   batch
-	gso  bool // sends go out as GSO runs
+	rx  rxState // Receive's and TryReceive's scratch, owned by the receiving goroutine
+	gro bool    // the kernel coalesces received runs (socket 0)
+	// txs is a free list of send scratch: each sender takes one for its call and gives it back,
+	// so no lock is held across sendmmsg and concurrent senders do not wait for one another.
+	txs chan *batch
+	gso atomic.Bool // sends go out as GSO runs
 }
 
 // DefaultSocketBuffer is the send and receive buffer size ListenUDP asks for.
@@ -44,7 +44,7 @@ func ListenUDP(addr netip.AddrPort, paths int) (*UDP, error) {
 	if paths < 1 || paths > 255 {
 		return nil, fmt.Errorf("link: %d paths; 1 to 255", paths)
 	}
-	u := &UDP{}
+	u := &UDP{txs: make(chan *batch, 8)}
 	for i := range paths {
 		a := addr
 		if i > 0 {
@@ -102,8 +102,18 @@ func (u *UDP) Send(pkts []Packet) error {
 	if u.closed.Load() {
 		return ErrClosed
 	}
-	u.txMu.Lock()
-	defer u.txMu.Unlock()
+	var b *batch
+	select {
+	case b = <-u.txs:
+	default:
+		b = new(batch) // more senders at once than ever before: kept after
+	}
+	defer func() {
+		select {
+		case u.txs <- b:
+		default:
+		}
+	}()
 	for start := 0; start < len(pkts); {
 		path := pkts[start].Path
 		end := start + 1
@@ -113,7 +123,7 @@ func (u *UDP) Send(pkts []Packet) error {
 		if path < 0 || path >= len(u.conns) {
 			path = 0
 		}
-		if err := u.sendPath(path, pkts[start:end]); err != nil {
+		if err := u.sendPath(b, path, pkts[start:end]); err != nil {
 			if u.closed.Load() {
 				return ErrClosed
 			}
