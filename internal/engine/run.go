@@ -172,7 +172,7 @@ func (d *Device) run() {
 		}
 		// Idle: nothing to time (no stream has anything outstanding, nothing parked or owed)
 		// and no QP whose doorbells only a poll notices. An idle device sleeps until kicked.
-		idle := !worked && !busy && (d.srd == nil || !d.srd.Busy()) && d.polledQPs == 0
+		idle := !worked && !busy && (d.srd == nil || !d.srd.Busy() && !d.srd.Lingering()) && d.polledQPs == 0
 		switch {
 		case worked || busy:
 			period = d.cfg.PollMin

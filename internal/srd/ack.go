@@ -66,7 +66,7 @@ func (p *peer) ack() wire.Ack {
 	r := &p.rx
 	a := wire.Ack{Cum: r.cum, Highest: r.highest, Path: r.ackPath, Horizon: p.tx.respEnd}
 	for i := range wire.SackWords * 64 {
-		if psn := r.cum + 1 + uint32(i); !psnLess(r.highest, psn) && r.seen.has(psn) {
+		if psn := r.cum + 1 + uint32(i); !psnLess(r.highest, psn) && r.seen != nil && r.seen.has(psn) {
 			a.Sack[i/64] |= 1 << (i % 64)
 		}
 	}
@@ -89,8 +89,9 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch uint16, now time.Duration)
 		t.counts.StalePackets.Add(1)
 		return
 	}
-	s.newly, s.rtt, s.hzn, s.hznEpoch = 0, -1, a.Horizon, epoch
-	ack := func(psn uint32) { t.ackSlot(p, s.slot(psn), now) }
+	s.hzn, s.hznEpoch = a.Horizon, epoch
+	tally := ackTally{rtt: -1}
+	ack := func(psn uint32) { t.ackSlot(p, s.slot(psn), now, &tally) }
 	for psn := s.una; psnLess(psn, a.Cum); psn++ {
 		ack(psn)
 	}
@@ -108,12 +109,12 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch uint16, now time.Duration)
 		*s.slot(s.una) = sentPkt{}
 		s.una++
 	}
-	if s.newly > 0 {
+	if tally.newly > 0 {
 		s.progress = now
 	}
-	if s.rtt >= 0 {
-		t.sampleRTT(s, s.rtt)
-	} else if s.newly > 0 {
+	if tally.rtt >= 0 {
+		s.sampleRTT(tally.rtt)
+	} else if tally.newly > 0 {
 		// Only retransmitted packets acknowledged (no RTT sample, Karn's rule), but acknowledged:
 		// the backoff has done its job. Left doubled, it would pace every loss that follows at
 		// up to maxRTO while the window is too small for acknowledgements to reveal losses.
@@ -152,13 +153,20 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch uint16, now time.Duration)
 	if len(s.waiting) > 0 {
 		t.settle(p)
 	}
-	t.congestion(s, s.newly, lost)
+	s.congestion(tally.newly, lost)
 	t.pump(p)
+}
+
+// ackTally is what one acknowledgement did: how many packets it newly acknowledged, and the
+// latest RTT sample it gave (-1: none).
+type ackTally struct {
+	newly int
+	rtt   time.Duration
 }
 
 // ackSlot records the acknowledgement of one stream slot: the packet leaves the flight, credits
 // its path, gives an RTT sample unless it was sent twice, and lets go of its message.
-func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration) {
+func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTally) {
 	s := &p.tx
 	if e.acked || e.msg == nil {
 		return
@@ -184,7 +192,7 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration) {
 	} else if e.suspect != 0 && e.suspect-1 != e.path {
 		t.pathLoss(p, int(e.suspect-1), now) // it timed out on that path and came through on this one
 	}
-	s.newly++
+	tally.newly++
 	switch {
 	case spurious:
 	case e.copied:
@@ -196,7 +204,7 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration) {
 		s.countFate(false)
 	}
 	if e.retx == 0 {
-		s.rtt = now - e.at // a copy left with the packet: its arrival times the round trip as well
+		tally.rtt = now - e.at // a copy left with the packet: its arrival times the round trip as well
 	}
 	if !e.copied { // either copy of a copied packet may be the one that arrived: credit no path
 		creditPath(&p.paths[e.path], e, now)

@@ -9,7 +9,7 @@ func (s *txStream) resetRTO() {
 	}
 }
 
-func (t *Transport) sampleRTT(s *txStream, rtt time.Duration) {
+func (s *txStream) sampleRTT(rtt time.Duration) {
 	if s.srtt == 0 {
 		s.srtt, s.rttvar, s.minRTT = rtt, rtt/2, rtt
 	} else {
@@ -26,7 +26,7 @@ func (t *Transport) sampleRTT(s *txStream, rtt time.Duration) {
 
 // congestion is the window rule (docs/congestion.md): additive increase per acknowledged packet
 // (one per packet in slow start), halving once per round trip with losses.
-func (t *Transport) congestion(s *txStream, newly, lost int) {
+func (s *txStream) congestion(newly, lost int) {
 	if s.recovering && !psnLess(s.una, s.recoverPSN) {
 		s.recovering = false
 	}

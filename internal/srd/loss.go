@@ -43,6 +43,7 @@ func (s *txStream) countFate(lost bool) {
 // retransmission timeouts. It reports whether any stream has something outstanding.
 func (t *Transport) transportTick(now time.Duration) bool {
 	t.expirePeers(now)
+	t.linger = t.slimIdle(now)
 	busy := false
 	for _, p := range t.peerList {
 		for i := range p.paths {

@@ -25,7 +25,7 @@ type peer struct {
 	pathRR int // path of the current data burst
 	ctrlRR int // path of the last ACK or PROBE_ACK
 
-	replay seal.Replay // sealed datagrams seen from the peer
+	replay *seal.Replay // sealed datagrams seen from the peer (with a key only)
 	// Address validation (admit.go). ports: the UDP ports the peer sends from, as its COOKIE
 	// listed them (nil: not known yet, and we challenge it in every datagram until they are).
 	// cookie: the peer's challenge to us, echoed with our ports while echo is set.
@@ -35,20 +35,21 @@ type peer struct {
 	myCookie uint64 // our challenge to the peer, for the bucket myBucket
 	myBucket int64
 	seen     time.Duration // when the peer last sent us a datagram we took, or we queued it work
+	slim     bool          // its stream buffers are given back (slim.go)
 }
 
 // pathState is the scoreboard of one of our paths towards a peer.
 type pathState struct {
 	srtt      time.Duration
-	losses    int           // consecutive packets lost on this path
 	ackedAt   time.Duration // send time of the latest packet on this path acknowledged
-	failed    bool
 	failedAt  time.Duration // when it was marked failed
 	probeAt   time.Duration // when to probe a failed path next
-	probeSent bool
-	nonce     uint32
 	sent      uint64
 	lost      uint64
+	losses    int32 // consecutive packets lost on this path
+	nonce     uint32
+	failed    bool
+	probeSent bool
 }
 
 // NewIncarnation draws a device's incarnation: random, never 0.
@@ -73,7 +74,9 @@ func (t *Transport) peerFor(gid [16]byte) *peer {
 	p := &peer{gid: gid, addr: config.AddrFromGID(gid, t.link.LocalAddr().Port()), paths: make([]pathState, t.link.Paths()),
 		seen: t.now}
 	p.tx.init()
-	p.rx.init()
+	if t.seal != nil {
+		p.replay = new(seal.Replay)
+	}
 	t.recall(p)
 	t.peers[gid] = p
 	t.peerList = append(t.peerList, p)

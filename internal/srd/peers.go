@@ -34,7 +34,12 @@ func (t *Transport) forget(p *peer) {
 			break
 		}
 	}
-	salt, top, old := p.replay.State()
+	var salt uint32
+	var top uint64
+	var old [4]uint32
+	if p.replay != nil {
+		salt, top, old = p.replay.State()
+	}
 	t.memos[p.gid] = memo{inc: p.inc, txEpoch: p.tx.epoch, rxEpoch: p.rx.epoch, rxCum: p.rx.cum,
 		rxStarted: p.rx.started, salt: salt, top: top, old: old}
 	delete(t.peers, p.gid)
@@ -61,7 +66,7 @@ func (t *Transport) recall(p *peer) {
 		r := &p.rx
 		r.started, r.epoch, r.cum, r.highest = true, m.rxEpoch, m.rxCum, m.rxCum-1
 	}
-	if m.salt != 0 {
+	if m.salt != 0 && p.replay != nil {
 		p.replay.Resume(m.salt, m.top, m.old)
 	}
 }

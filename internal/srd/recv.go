@@ -28,8 +28,6 @@ type rxStream struct {
 	in       map[uint32]Inbound // messages arriving in segments, by the peer's message id
 }
 
-func (r *rxStream) init() { r.in = make(map[uint32]Inbound) }
-
 // Inbox is what a goroutine receiving for the device reuses for every batch: Pkts to receive
 // datagrams into, and Out, the queue for what handling them produces.
 type Inbox struct {
@@ -174,6 +172,7 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 		t.resetRx(p)
 		r.started, r.epoch = true, h.TxEpoch
 	}
+	t.rxReady(p)
 	t.oweAck(p, now)
 	r.ackPath = h.Path
 	r.sinceAck++
@@ -236,6 +235,9 @@ func (t *Transport) onSegment(p *peer, f *wire.Data) {
 		}
 		t.answer(p, f.MsgID, st)
 	case in == nil:
+		if p.rx.in == nil {
+			p.rx.in = make(map[uint32]Inbound)
+		}
 		p.rx.in[f.MsgID] = next
 	}
 }
@@ -317,8 +319,7 @@ func (t *Transport) resetRx(p *peer) {
 		in.Abort()
 	}
 	r.cum, r.highest, r.started = 0, 0, false
-	if r.seen == nil {
-		r.seen = make(window, rxWindow/64)
+	if r.seen != nil {
+		clear(r.seen)
 	}
-	clear(r.seen)
 }

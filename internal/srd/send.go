@@ -96,10 +96,8 @@ type txStream struct {
 	sentAt     time.Duration // when a DATA frame last went to the peer (flushAcks)
 	burst      int           // packets sent on the current path since it was picked
 
-	newly    int           // onAck's scratch: packets newly acknowledged
-	rtt      time.Duration // onAck's scratch: the latest RTT sample, or -1
-	hzn      uint32        // the horizon of the newest ACK (wire.Ack.Horizon)
-	hznEpoch uint16        // and the epoch of the peer's stream it is in
+	hzn      uint32 // the horizon of the newest ACK (wire.Ack.Horizon)
+	hznEpoch uint16 // and the epoch of the peer's stream it is in
 }
 
 // queued counts m's segments into the stream; a RESP moves the horizon our ACKs carry
@@ -112,11 +110,11 @@ func (s *txStream) queued(m *Msg) {
 	}
 }
 
+// init sets a new stream's estimates; its ring and request table come with its first message
+// (txReady).
 func (s *txStream) init() {
-	s.ring = make([]sentPkt, 64)
 	s.cwnd, s.ssthresh, s.rto = initialCwnd, maxCwnd, initialRTO
 	s.reoSteps = 1
-	s.reqs = make(map[uint32]*Msg)
 }
 
 func (s *txStream) slot(psn uint32) *sentPkt { return &s.ring[psn&uint32(len(s.ring)-1)] }
@@ -168,6 +166,7 @@ func (t *Transport) queue(p *peer, m *Msg) {
 	if m.hdr.Op == wire.OpReadReq || m.hdr.Op == wire.OpResp {
 		m.nseg = 1
 	}
+	t.txReady(p)
 	if !p.tx.busy() {
 		// The stream starts waiting now: the transport timeout counts from here, not from
 		// whenever it last moved (an idle stream's progress is as old as its last traffic).
@@ -254,7 +253,7 @@ func (t *Transport) pump(p *peer) {
 		if m := e.msg; m.kind == kindRequest && m.done && m.owner == nil && m.answered {
 			// The answer proved the peer has every segment: nothing to send again.
 			s.inflight++ // ack() takes it back out
-			t.ackSlot(p, e, now)
+			t.ackSlot(p, e, now, &ackTally{})
 			continue
 		}
 		e.retx++

@@ -102,9 +102,13 @@ type Transport struct {
 	frame         wire.Frame        // input's scratch
 	strangerFrame wire.Frame        // admit's scratch
 
-	txq  *Queue        // where frames go: the queue of the goroutine holding the device's lock
-	now  time.Duration // the clock, read once per batch (Use)
-	busy bool          // some stream may have something outstanding (Busy)
+	txq    *Queue        // where frames go: the queue of the goroutine holding the device's lock
+	now    time.Duration // the clock, read once per batch (Use)
+	busy   bool          // some stream may have something outstanding (Busy)
+	linger bool          // idle peers wait to be slimmed (Lingering)
+
+	rings   [][]sentPkt // free transmit rings of ringStart slots (slim.go)
+	windows []window    // free receive windows, all bits clear
 
 	ackList  []*peer     // peers owed an ACK (flushAcks)
 	acksOwed atomic.Bool // ackList is not empty
