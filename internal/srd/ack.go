@@ -140,7 +140,7 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch uint16, now time.Duration)
 		if e.at+reo >= ps.ackedAt && (anyAcked < e.at || now-e.at <= 2*cmp.Or(ps.srtt, s.srtt)+reo) {
 			continue
 		}
-		e.lost = true
+		e.lost, e.counted = true, true
 		s.inflight--
 		s.retx = append(s.retx, psn)
 		s.countFate(true)
@@ -182,6 +182,9 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 		s.reoClean = 0
 		t.counts.SpuriousRetrans.Add(1)
 		s.lossRate = max(s.lossRate-1.0/lossGain, 0) // take the loss back
+		if e.counted {
+			s.undoSpurious()
+		}
 		// Nor was it the path's fault: take back the count, and the failure if it was the last.
 		if ps := &p.paths[e.path]; ps.losses > 0 {
 			ps.losses--

@@ -78,7 +78,7 @@ func (t *Transport) transportTick(now time.Duration) bool {
 // the fallback for losses no later acknowledgement reveals (the last packets of a burst).
 func (t *Transport) checkRTO(p *peer, now time.Duration) {
 	s := &p.tx
-	fired := false
+	fired := 0
 	for psn := s.una; psn != s.next; psn++ {
 		e := s.slot(psn)
 		if e.acked || e.lost || e.msg == nil || now-e.at < s.rto {
@@ -90,18 +90,17 @@ func (t *Transport) checkRTO(p *peer, now time.Duration) {
 		// that, a path that swallows whole bursts is never marked failed (no later packet on it
 		// is acknowledged to reveal the losses), and every timeout goes back to it in turn.
 		e.suspect = e.path + 1
-		e.lost = true
+		e.lost, e.counted = true, true
 		s.inflight--
 		s.retx = append(s.retx, psn)
 		s.countFate(true)
-		fired = true
+		fired++
 	}
-	if fired {
+	if fired > 0 {
 		s.lossAt = now
 		t.counts.RetransTimeoutEvents.Add(1)
-		s.rto = min(2*s.rto, maxRTO)
-		s.ssthresh = max(s.cwnd/2, 2)
-		s.cwnd = s.ssthresh
-		s.recovering, s.recoverPSN = true, s.next
+		rto := s.rto
+		s.cut(fired)
+		s.rto = min(2*rto, maxRTO)
 	}
 }

@@ -65,6 +65,7 @@ type sentPkt struct {
 	// if the packet then arrives by another path, that path swallowed it.
 	suspect uint8
 	copied  bool // sent on a second path too (copySeg)
+	counted bool // counted lost in a loss episode (undoSpurious)
 }
 
 // txStream is the sending half of a peer context.
@@ -96,8 +97,15 @@ type txStream struct {
 	sentAt     time.Duration // when a DATA frame last went to the peer (flushAcks)
 	burst      int           // packets sent on the current path since it was picked
 
-	hzn      uint32 // the horizon of the newest ACK (wire.Ack.Horizon)
-	hznEpoch uint16 // and the epoch of the peer's stream it is in
+	// The window before the latest cut, kept while every packet counted lost since could still
+	// prove spurious (undoLeft of them not yet acknowledged as originals): then the cut is
+	// undone (congestion.go).
+	undoCwnd, undoSsthresh float64
+	undoRTO                time.Duration
+	undoLeft               int
+	undo                   bool
+	hzn                    uint32 // the horizon of the newest ACK (wire.Ack.Horizon)
+	hznEpoch               uint16 // and the epoch of the peer's stream it is in
 }
 
 // queued counts m's segments into the stream; a RESP moves the horizon our ACKs carry

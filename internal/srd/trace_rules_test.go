@@ -392,3 +392,63 @@ func TestTraceSpuriousLossWidensAllowance(t *testing.T) {
 			r.counts.SpuriousRetrans.Load(), r.tr.peers[config.GIDFromAddr(tracePeer)].tx.reoSteps, steps)
 	}
 }
+
+// congestion.md "Undo": when every packet a loss episode counted lost is acknowledged as the
+// original after all, nothing was lost: the window cut is undone. Here PSNs 0–2 are counted lost
+// (PSN 3 overtook them), sent again, and then acknowledged at once, before a copy sent again could
+// have made the round trip: the window is back where it was.
+func TestTraceSpuriousLossUndoesCut(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	cwnd := func() float64 { return r.tr.PathStats()[0].Cwnd }
+	d := r.sends(4)
+	before := cwnd()
+	r.ack(0, []uint32{3}, d[0].h.Path)
+	r.data()
+	if cut := cwnd(); cut >= before {
+		t.Fatalf("window %v after losses, want under %v", cut, before)
+	}
+	r.ack(4, nil, d[0].h.Path)
+	if got := cwnd(); got < before {
+		t.Fatalf("window %v after the losses proved spurious, want %v or more", got, before)
+	}
+}
+
+// congestion.md "Undo": a retransmission timeout whose packets then prove to have arrived (their
+// acknowledgement came late: a busy receiver, or one descheduled) undoes its window cut and its
+// backoff; a timeout whose packets were lost keeps both.
+func TestTraceSpuriousTimeoutUndone(t *testing.T) {
+	for _, spurious := range []bool{true, false} {
+		r := newTrace(t, 2, nil)
+		p := func() *peer { return r.tr.peers[config.GIDFromAddr(tracePeer)] }
+		// An RTT sample of 1 ms: the timer is 2 ms (its least).
+		r.post(0, efaio.OpSend, 100)
+		first := r.data()
+		r.advance(time.Millisecond)
+		r.ack(1, nil, first[0].h.Path)
+		r.completions()
+		for i := range 3 {
+			r.post(uint16(1+i), efaio.OpSend, 100)
+		}
+		sent := r.data()
+		before, rto := p().tx.cwnd, p().tx.rto
+		for len(r.data()) == 0 { // until the timer sends them again
+			r.advance(100 * time.Microsecond)
+		}
+		if p().tx.cwnd >= before || p().tx.rto <= rto {
+			t.Fatalf("after the timeout: window %v (from %v), timer %v (from %v): want both cut and backed off",
+				p().tx.cwnd, before, p().tx.rto, rto)
+		}
+		if spurious {
+			r.ack(4, nil, sent[0].h.Path) // the originals' acknowledgement, just late
+			if p().tx.cwnd < before || p().tx.rto != rto {
+				t.Fatalf("spurious timeout: window %v (was %v), timer %v (was %v): want both back", p().tx.cwnd, before, p().tx.rto, rto)
+			}
+		} else {
+			r.advance(time.Millisecond) // the copies sent again make the round trip: a real loss
+			r.ack(4, nil, sent[0].h.Path)
+			if p().tx.cwnd >= before {
+				t.Fatalf("real loss: window %v back to %v", p().tx.cwnd, before)
+			}
+		}
+	}
+}
