@@ -163,6 +163,12 @@ func (d *Device) run() {
 			polled = true
 		}
 		d.counts.EngineWakeups.Add(1)
+		if polled {
+			// Before the timers look for losses: what arrived and is not read yet. A process
+			// short of CPU may wake here before its receive loop does, with the ACKs of every
+			// packet the timer would otherwise send again waiting in the socket.
+			d.PollNetwork()
+		}
 		d.mu.Lock()
 		d.useTx(q)
 		batch = d.pending.drain(batch)
