@@ -452,3 +452,103 @@ func TestTraceSpuriousTimeoutUndone(t *testing.T) {
 		}
 	}
 }
+
+// wire.md "Frames" (DATA) and "Completion": an RDMA read goes as one READ_REQ frame naming the
+// length, remote address and key; the peer's READ_RESP segments, in any order, land in the sink
+// at their offsets, and the read completes with the last byte.
+func TestTraceReadCompletesWithData(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	r.post(1, efaio.OpRDMARead, 3000)
+	reqs := r.data()
+	if len(reqs) != 1 || reqs[0].f.Data.Op != wire.OpReadReq || reqs[0].f.Data.Length != 3000 ||
+		reqs[0].f.Data.RAddr != 0x2000 || reqs[0].f.Data.RKey != 77 {
+		t.Fatalf("sent %+v, want one READ_REQ of 3000 bytes at 0x2000 with key 77", reqs)
+	}
+	r.ack(1, nil, reqs[0].h.Path)
+	id := reqs[0].f.Data.MsgID
+	for _, off := range []int{2000, 0, 1000} { // out of order
+		payload := make([]byte, 1000)
+		for i := range payload {
+			payload[i] = byte(off/1000 + 1)
+		}
+		r.noCompletion()
+		r.peerData(wire.Data{Op: wire.OpReadResp, MsgID: id, Length: 3000, Offset: uint32(off), Payload: payload})
+	}
+	r.wantCompletion(1, efaio.StatusOK)
+	for i, b := range r.buf[:3000] {
+		if b != byte(i/1000+1) {
+			t.Fatalf("byte %d of the sink is %d, want %d", i, b, i/1000+1)
+		}
+	}
+}
+
+// wire.md "Frames" (ACK horizon): a receiver that answers a failed message with a RESP puts the
+// PSN after it in every ACK it writes afterwards, so that the sender waits for the RESP.
+func TestTraceRespMovesHorizon(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	// No receive posted: the SEND fails with RNR, answered by a RESP in the transport's stream.
+	r.peerData(wire.Data{Op: wire.OpSend, MsgID: 5, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)})
+	resps := r.data()
+	if len(resps) != 1 || resps[0].f.Data.Op != wire.OpResp || resps[0].f.Data.MsgID != 5 ||
+		efaio.Status(resps[0].f.Data.Status) != efaio.StatusRemoteRNR {
+		t.Fatalf("sent %+v, want a RESP with RNR for message 5", resps)
+	}
+	r.peerData(wire.Data{Op: wire.OpWrite, MsgID: 6, Length: 10, Payload: make([]byte, 10)})
+	acks := r.take(wire.TypeAck)
+	if len(acks) == 0 || acks[len(acks)-1].f.Ack.Horizon != resps[0].f.Data.PSN+1 {
+		t.Fatalf("ACKs %+v, want the horizon %d past the RESP", acks, resps[0].f.Data.PSN+1)
+	}
+}
+
+// congestion.md loss rule, across paths: a packet is lost when one sent no earlier on any path
+// has been acknowledged and it has waited two RTTs of its own path; not before.
+func TestTraceLossAcrossPathsWaitsTwoRTTs(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	// Both paths get an RTT sample of 1 ms: a burst on each, acknowledged after 1 ms.
+	for round := range 2 {
+		r.post(uint16(round), efaio.OpSend, 100)
+		d := r.data()
+		r.advance(time.Millisecond)
+		r.ack(uint32(round+1), nil, d[0].h.Path)
+		r.completions()
+		p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+		p.pathRR, p.tx.burst = (p.pathRR+1)%2, 16 // the next packet goes on the other path
+	}
+	// PSN 2 on one path, then PSN 3 on the other, acknowledged at once.
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	r.post(2, efaio.OpSend, 100)
+	first := r.data()
+	p.tx.burst = 16
+	r.post(3, efaio.OpSend, 100)
+	second := r.data()
+	if first[0].h.Path == second[0].h.Path {
+		t.Fatalf("both on path %d", first[0].h.Path)
+	}
+	r.ack(2, []uint32{3}, second[0].h.Path)
+	if again := r.data(); len(again) != 0 {
+		t.Fatalf("PSN 2 sent again at once (%v): its own path has not had two RTTs", psns(again))
+	}
+	r.advance(2500 * time.Microsecond)
+	r.ack(2, []uint32{3}, second[0].h.Path) // the same ACK again, two RTTs later
+	if again := r.data(); len(again) != 1 || again[0].f.Data.PSN != 2 {
+		t.Fatalf("sent %v, want PSN 2 again after two RTTs", psns(again))
+	}
+}
+
+// wire.md "Packet streams": the transport timeout fails requests with 13 when the peer had
+// answered before (it is unresponsive), with 15 when it never did (unreachable).
+func TestTraceTimeoutOfAPeerHeardBefore(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.post(1, efaio.OpSend, 100)
+	d := r.data()
+	r.ack(1, nil, d[0].h.Path)
+	r.wantCompletion(1, efaio.StatusOK)
+	r.post(2, efaio.OpSend, 100)
+	r.advance(1100 * time.Millisecond)
+	r.wantCompletion(2, efaio.StatusLocalUnrespRemote)
+	if r.counts.UnresponsiveRemoteEvents.Load() != 1 {
+		t.Fatalf("unresponsive events %d, want 1", r.counts.UnresponsiveRemoteEvents.Load())
+	}
+}
