@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -34,25 +35,26 @@ const (
 )
 
 type perfOpts struct {
-	test     string
-	server   bool
-	loopback bool
-	listen   string
-	connect  string
-	size     int
-	iters    int
-	duration time.Duration
-	qps      int
-	txDepth  int
-	mtu      int
-	paths    int
-	json     bool
-	stats    bool
-	metrics  string
-	timeout  time.Duration
-	keyFile  string
-	key      []byte
-	out      io.Writer
+	cpuprofile string
+	test       string
+	server     bool
+	loopback   bool
+	listen     string
+	connect    string
+	size       int
+	iters      int
+	duration   time.Duration
+	qps        int
+	txDepth    int
+	mtu        int
+	paths      int
+	json       bool
+	stats      bool
+	metrics    string
+	timeout    time.Duration
+	keyFile    string
+	key        []byte
+	out        io.Writer
 
 	metricsSrv *metricsServer // --metrics, listening from the start
 }
@@ -106,6 +108,7 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 	fs.StringVar(&o.metrics, "metrics", "", "serve counters for Prometheus on this address (HOST:PORT) while running")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up when a completion, or the exchange before or after the test, takes longer")
 	fs.StringVar(&o.keyFile, "key-file", "", "encrypt with the 32-byte key in this file (or set SOFTEFA_KEY to 64 hex digits)")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of this process (Go pprof) to this file")
 	rest := args[1:]
 	if isHelp(args[0]) {
 		rest = []string{"-h"}
@@ -195,6 +198,17 @@ func perf(o *perfOpts) error {
 	m, err := listenMetrics(o.metrics) // at once: a busy port is refused before anything starts
 	if err != nil {
 		return err
+	}
+	if o.cpuprofile != "" {
+		f, err := os.Create(o.cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	defer m.stop()
 	o.metricsSrv = m
