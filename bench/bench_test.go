@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,23 +32,45 @@ func TestMedianAndQuantile(t *testing.T) {
 }
 
 func sampleFigures() []figure {
+	fig := func(tr, md, wl, m string, v float64, runs ...float64) figure {
+		return figure{Transport: tr, Mode: md, Workload: wl, Metric: m, Value: v, Runs: runs}
+	}
 	return []figure{
-		{Transport: "udp", Workload: wBW, Metric: "goodput", Value: 20, Unit: "Gb/s"},
-		{Transport: "tcp", Workload: wBW, Metric: "goodput", Value: 10, Unit: "Gb/s"},
-		{Transport: "quic-go", Workload: wBW, Metric: "goodput", Value: 2, Unit: "Gb/s"},
-		{Transport: "softefa", Workload: wBW, Metric: "goodput", Value: 12, Unit: "Gb/s"},
-		{Transport: "udp", Workload: wLat, Metric: "p50", Value: 10, Unit: "µs"},
-		{Transport: "softefa", Workload: wLat, Metric: "p50", Value: 20, Unit: "µs"},
+		fig("udp", twoProc, wBW, "goodput", 20),
+		fig("tcp", twoProc, wBW, "goodput", 10),
+		fig("quic-go", twoProc, wBW, "goodput", 2),
+		fig("softefa", twoProc, wBW, "goodput", 12),
+		// The same workload in one process: its ratios must not mix with the other mode's.
+		fig("udp", oneProc, wBW, "goodput", 40),
+		fig("tcp", oneProc, wBW, "goodput", 30),
+		fig("softefa", oneProc, wBW, "goodput", 15),
+		fig("udp", twoProc, wLat, "p50", 10),
+		fig("softefa", twoProc, wLat, "p50", 20),
 	}
 }
 
-func TestRatiosAndTargets(t *testing.T) {
+func TestRatiosWithinMode(t *testing.T) {
 	figs := sampleFigures()
 	ratios(figs)
-	sf := figs[3]
-	if sf.VsUDP != 0.6 || sf.VsTCP != 1.2 {
-		t.Errorf("softefa ratios %v, %v; want 0.6, 1.2", sf.VsUDP, sf.VsTCP)
+	for _, c := range []struct {
+		tr, md, wl, m string
+		udp, tcp      float64
+	}{
+		{"softefa", twoProc, wBW, "goodput", 0.6, 1.2},
+		{"softefa", oneProc, wBW, "goodput", 0.375, 0.5},
+	} {
+		i := slices.IndexFunc(figs, func(f figure) bool {
+			return f.Transport == c.tr && f.Mode == c.md && f.Workload == c.wl && f.Metric == c.m
+		})
+		f := figs[i]
+		if f.VsUDP != c.udp || f.VsTCP != c.tcp {
+			t.Errorf("%s %s %s %s: ×udp %v ×tcp %v; want %v %v", c.tr, c.md, c.wl, c.m, f.VsUDP, f.VsTCP, c.udp, c.tcp)
+		}
 	}
+}
+
+func TestTargets(t *testing.T) {
+	figs := sampleFigures()
 	var b bytes.Buffer
 	printTargets(&b, figs)
 	out := b.String()
@@ -63,11 +86,58 @@ func TestRatiosAndTargets(t *testing.T) {
 	}
 }
 
+func TestParseJob(t *testing.T) {
+	j, err := parseJob("softefa/pingpong/64")
+	if err != nil || j != (job{transport: "softefa", kind: kindPingpong, size: 64}) || j.String() != "softefa/pingpong/64" {
+		t.Errorf("parseJob: %+v, %v", j, err)
+	}
+	for _, bad := range []string{"", "udp/stream", "udp/stream/0", "udp/flood/64", "udp/stream/x"} {
+		if _, err := parseJob(bad); err == nil {
+			t.Errorf("parseJob(%q) succeeded", bad)
+		}
+	}
+}
+
+// A child's protocol, run in this process over pipes: hello, a request, the end of stdin.
+func TestServeChild(t *testing.T) {
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- serveChild("udp/pingpong/64", inR, outW); outW.Close() }()
+	dec, enc := json.NewDecoder(outR), json.NewEncoder(inW)
+	var hello msg
+	if err := dec.Decode(&hello); err != nil || !hello.Addr.IsValid() || hello.Err != "" {
+		t.Fatalf("hello %+v, %v", hello, err)
+	}
+	for _, req := range []msg{{Op: opPeer}, {Op: opFinish}, {Op: "dance"}} {
+		if err := enc.Encode(req); err != nil {
+			t.Fatal(err)
+		}
+		var rep msg
+		if err := dec.Decode(&rep); err != nil {
+			t.Fatal(err)
+		}
+		if wantErr := req.Op == "dance"; (rep.Err != "") != wantErr {
+			t.Errorf("%s: reply %+v", req.Op, rep)
+		}
+	}
+	inW.Close()
+	if err := <-done; err != nil {
+		t.Errorf("serveChild: %v", err)
+	}
+	if err := serveChild("nosuch/stream/64", strings.NewReader(""), io.Discard); err == nil {
+		t.Error("serveChild started an unknown transport")
+	}
+}
+
 // The plots are well-formed SVG and the JSON has the fields the issue names.
 func TestWriteOut(t *testing.T) {
 	dir := t.TempDir()
 	figs := sampleFigures()
-	smp := samples{wLat: {"udp": {10 * time.Microsecond, 12 * time.Microsecond}, "softefa": {20 * time.Microsecond, 90 * time.Microsecond}}}
+	smp := samples{wLat: {
+		twoProc: {"udp": {10 * time.Microsecond, 12 * time.Microsecond}, "softefa": {20 * time.Microsecond, 90 * time.Microsecond}},
+		oneProc: {"softefa": {15 * time.Microsecond, 40 * time.Microsecond}},
+	}}
 	if err := writeOut(dir, figs, smp); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +163,7 @@ func TestWriteOut(t *testing.T) {
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"transport", "workload", "metric", "value", "unit"} {
+	for _, k := range []string{"transport", "mode", "workload", "metric", "value", "unit"} {
 		if _, ok := got[0][k]; !ok {
 			t.Errorf("results.json lacks %q: %v", k, got[0])
 		}

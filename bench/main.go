@@ -1,12 +1,15 @@
 // Command bench measures softefa beside raw UDP, TCP, quic-go and kcp-go on loopback, on the
-// same workloads, and prints each figure with its ratio to raw UDP and to TCP.
+// same workloads, and prints each figure with its ratio to raw UDP and to TCP in the same mode.
 //
-//	cd bench && go run . [--quick] [--json] [--out DIR] [--runs N]
+//	cd bench && go run . [--quick] [--json] [--out DIR] [--runs N] [--modes 1proc,2proc]
 //
-// Both ends of every transport run in this process, as goroutines; workloads that need loss or
-// a dead path go through `softefa fabric` (built from ../cmd/softefa), one fabric process per run.
-// Every figure is the median of --runs runs. It lives in a module of its own so that quic-go and
-// kcp-go never enter the library's dependencies.
+// Every workload with two ends runs in two modes: 1proc, both ends in this process as
+// goroutines, and 2proc, the server end in a process of its own (this binary run again with a
+// hidden --serve flag; server.go), which is how softefa is deployed: one device per process.
+// Workloads that need loss or a dead path go through `softefa fabric` (built from
+// ../cmd/softefa), one fabric process per run. Every figure is the median of --runs runs. It
+// lives in a module of its own so that quic-go and kcp-go never enter the library's
+// dependencies.
 package main
 
 import (
@@ -30,6 +33,7 @@ type options struct {
 	iters     int             // round trips per latency run
 	only      map[string]bool // transports to run; nil: all
 	workloads map[string]bool // workloads to run; nil: all
+	modes     []mode          // where server ends run
 	fabric    string          // the softefa binary, for its fabric
 	log       io.Writer
 }
@@ -37,17 +41,27 @@ type options struct {
 // figure is one measured value: the median of its runs.
 type figure struct {
 	Transport string    `json:"transport"`
+	Mode      string    `json:"mode"` // 1proc: both ends in one process; 2proc: the server end in its own
 	Workload  string    `json:"workload"`
 	Metric    string    `json:"metric"`
 	Value     float64   `json:"value"`
 	Unit      string    `json:"unit"`
 	Runs      []float64 `json:"runs"`
-	VsUDP     float64   `json:"vs_udp,omitempty"` // Value / raw UDP's value for the same workload and metric
+	VsUDP     float64   `json:"vs_udp,omitempty"` // Value / raw UDP's value for the same workload, metric and mode
 	VsTCP     float64   `json:"vs_tcp,omitempty"`
 	Note      string    `json:"note,omitempty"`
 }
 
 func main() {
+	// The hidden role: this binary run again as a server end (server.go).
+	if len(os.Args) > 1 && strings.HasPrefix(os.Args[1], "--serve=") {
+		showCounters = slices.Contains(os.Args[2:], "--counters")
+		if err := serveChild(strings.TrimPrefix(os.Args[1], "--serve="), os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "bench --serve:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -68,11 +82,20 @@ func run(args []string) error {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	workloads := fs.String("workloads", "", "comma-separated workloads to run (default: all)")
 	fs.BoolVar(&showCounters, "counters", false, "print softefa's device counters after each of its stream runs")
+	modeList := fs.String("modes", oneProc+","+twoProc, "comma-separated modes: "+oneProc+" (both ends in this process), "+
+		twoProc+" (the server end in a process of its own)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if o.quick {
 		o.runs, o.duration, o.iters = 1, 300*time.Millisecond, 500
+	}
+	for _, m := range strings.Split(*modeList, ",") {
+		i := slices.IndexFunc(modes, func(md mode) bool { return md.name == m })
+		if i < 0 {
+			return fmt.Errorf("--modes: no mode %q (%s, %s)", m, oneProc, twoProc)
+		}
+		o.modes = append(o.modes, modes[i])
 	}
 	if o.runs < 1 || o.duration <= 0 || o.iters < 10 {
 		return fmt.Errorf("--runs %d, --duration %v, --iters %d: need at least 1, >0 and 10", o.runs, o.duration, o.iters)
@@ -133,14 +156,15 @@ func run(args []string) error {
 	return nil
 }
 
-// ratios fills VsUDP and VsTCP from the raw UDP and TCP figures of the same workload and metric.
+// ratios fills VsUDP and VsTCP from the raw UDP and TCP figures of the same workload, metric and
+// mode.
 func ratios(figs []figure) {
 	for i := range figs {
 		f := &figs[i]
-		if u := value(figs, "udp", f.Workload, f.Metric); u > 0 { // NaN (absent) is not > 0
+		if u := value(figs, "udp", f.Workload, f.Metric, f.Mode); u > 0 { // NaN (absent) is not > 0
 			f.VsUDP = f.Value / u
 		}
-		if t := value(figs, "tcp", f.Workload, f.Metric); t > 0 {
+		if t := value(figs, "tcp", f.Workload, f.Metric, f.Mode); t > 0 {
 			f.VsTCP = f.Value / t
 		}
 	}
@@ -159,18 +183,19 @@ func median(v []float64) float64 {
 }
 
 func printTable(w io.Writer, figs []figure) {
-	fmt.Fprintf(w, "%-22s %-9s %-9s %12s %-7s %8s %8s  %s\n", "workload", "metric", "transport", "value", "unit", "×udp", "×tcp", "runs")
+	fmt.Fprintf(w, "%-21s %-5s %-12s %-9s %10s %-6s %7s %7s  %s\n", "workload", "mode", "metric", "transport", "value", "unit",
+		"×udp", "×tcp", "runs")
 	last := ""
 	for _, f := range figs {
-		if f.Workload != last && last != "" {
+		if f.Workload+f.Mode != last && last != "" {
 			fmt.Fprintln(w)
 		}
-		last = f.Workload
+		last = f.Workload + f.Mode
 		runs := make([]string, len(f.Runs))
 		for i, r := range f.Runs {
 			runs[i] = trim(r)
 		}
-		fmt.Fprintf(w, "%-22s %-9s %-9s %12s %-7s %8s %8s  %s", f.Workload, f.Metric, f.Transport, trim(f.Value), f.Unit,
+		fmt.Fprintf(w, "%-21s %-5s %-12s %-9s %10s %-6s %7s %7s  %s", f.Workload, f.Mode, f.Metric, f.Transport, trim(f.Value), f.Unit,
 			ratio(f.VsUDP), ratio(f.VsTCP), strings.Join(runs, " "))
 		if f.Note != "" {
 			fmt.Fprintf(w, "  (%s)", f.Note)
