@@ -46,6 +46,11 @@ func sampleFigures() []figure {
 		fig("softefa", oneProc, wBW, "goodput", 15),
 		fig("udp", twoProc, wLat, "p50", 10),
 		fig("softefa", twoProc, wLat, "p50", 20),
+		fig("tcp", twoProc, wLat, "p99", 20),
+		fig("softefa", twoProc, wLat, "p99", 30),
+		fig("softefa", twoProc, wLat, "retrans", 0, 0, 0, 0),
+		fig("tcp", twoProc, wBWLoaded, "goodput", 8),
+		fig("softefa", twoProc, wLatLoaded, "p99", 150),
 	}
 }
 
@@ -53,18 +58,21 @@ func TestRatiosWithinMode(t *testing.T) {
 	figs := sampleFigures()
 	ratios(figs)
 	for _, c := range []struct {
-		tr, md, wl, m string
-		udp, tcp      float64
+		tr, md, wl, m  string
+		udp, tcp, idle float64
 	}{
-		{"softefa", twoProc, wBW, "goodput", 0.6, 1.2},
-		{"softefa", oneProc, wBW, "goodput", 0.375, 0.5},
+		{"softefa", twoProc, wBW, "goodput", 0.6, 1.2, 0},
+		{"softefa", oneProc, wBW, "goodput", 0.375, 0.5, 0},
+		{"tcp", twoProc, wBWLoaded, "goodput", 0, 1, 0.8},
+		{"softefa", twoProc, wLatLoaded, "p99", 0, 0, 5},
+		{"softefa", twoProc, wLat, "retrans", 0, 0, 0}, // counts have no ratios
 	} {
 		i := slices.IndexFunc(figs, func(f figure) bool {
 			return f.Transport == c.tr && f.Mode == c.md && f.Workload == c.wl && f.Metric == c.m
 		})
 		f := figs[i]
-		if f.VsUDP != c.udp || f.VsTCP != c.tcp {
-			t.Errorf("%s %s %s %s: ×udp %v ×tcp %v; want %v %v", c.tr, c.md, c.wl, c.m, f.VsUDP, f.VsTCP, c.udp, c.tcp)
+		if f.VsUDP != c.udp || f.VsTCP != c.tcp || f.VsIdle != c.idle {
+			t.Errorf("%s %s %s %s: ×udp %v ×tcp %v ×idle %v; want %v %v %v", c.tr, c.md, c.wl, c.m, f.VsUDP, f.VsTCP, f.VsIdle, c.udp, c.tcp, c.idle)
 		}
 	}
 }

@@ -6,6 +6,7 @@
 // Every workload with two ends runs in two modes: 1proc, both ends in this process as
 // goroutines, and 2proc, the server end in a process of its own (this binary run again with a
 // hidden --serve flag; server.go), which is how softefa is deployed: one device per process.
+// The loaded workloads run beside a CPU hog per core (load.go).
 // Workloads that need loss or a dead path go through `softefa fabric` (built from
 // ../cmd/softefa), one fabric process per run. Every figure is the median of --runs runs. It
 // lives in a module of its own so that quic-go and kcp-go never enter the library's
@@ -18,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -34,6 +36,7 @@ type options struct {
 	only      map[string]bool // transports to run; nil: all
 	workloads map[string]bool // workloads to run; nil: all
 	modes     []mode          // where server ends run
+	hogs      int             // CPU hogs beside the loaded workloads
 	fabric    string          // the softefa binary, for its fabric
 	log       io.Writer
 }
@@ -49,18 +52,24 @@ type figure struct {
 	Runs      []float64 `json:"runs"`
 	VsUDP     float64   `json:"vs_udp,omitempty"` // Value / raw UDP's value for the same workload, metric and mode
 	VsTCP     float64   `json:"vs_tcp,omitempty"`
+	VsIdle    float64   `json:"vs_idle,omitempty"` // loaded workloads: Value / the same transport's idle value, same mode
 	Note      string    `json:"note,omitempty"`
 }
 
 func main() {
-	// The hidden role: this binary run again as a server end (server.go).
-	if len(os.Args) > 1 && strings.HasPrefix(os.Args[1], "--serve=") {
-		showCounters = slices.Contains(os.Args[2:], "--counters")
-		if err := serveChild(strings.TrimPrefix(os.Args[1], "--serve="), os.Stdin, os.Stdout); err != nil {
-			fmt.Fprintln(os.Stderr, "bench --serve:", err)
-			os.Exit(1)
+	// The hidden roles: this binary run again as a server end (server.go) or a CPU hog (load.go).
+	if len(os.Args) > 1 {
+		switch a := os.Args[1]; {
+		case strings.HasPrefix(a, "--serve="):
+			showCounters = slices.Contains(os.Args[2:], "--counters")
+			if err := serveChild(strings.TrimPrefix(a, "--serve="), os.Stdin, os.Stdout); err != nil {
+				fmt.Fprintln(os.Stderr, "bench --serve:", err)
+				os.Exit(1)
+			}
+			return
+		case a == "--hog":
+			hog()
 		}
-		return
 	}
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -84,6 +93,7 @@ func run(args []string) error {
 	fs.BoolVar(&showCounters, "counters", false, "print softefa's device counters after each of its stream runs")
 	modeList := fs.String("modes", oneProc+","+twoProc, "comma-separated modes: "+oneProc+" (both ends in this process), "+
 		twoProc+" (the server end in a process of its own)")
+	fs.IntVar(&o.hogs, "hogs", runtime.NumCPU(), "CPU hogs (spinning processes) beside the loaded workloads")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -157,15 +167,23 @@ func run(args []string) error {
 }
 
 // ratios fills VsUDP and VsTCP from the raw UDP and TCP figures of the same workload, metric and
-// mode.
+// mode, and VsIdle of a loaded workload's figures from the same transport's idle figure.
 func ratios(figs []figure) {
 	for i := range figs {
 		f := &figs[i]
+		if f.Metric == "retrans" {
+			continue
+		}
 		if u := value(figs, "udp", f.Workload, f.Metric, f.Mode); u > 0 { // NaN (absent) is not > 0
 			f.VsUDP = f.Value / u
 		}
 		if t := value(figs, "tcp", f.Workload, f.Metric, f.Mode); t > 0 {
 			f.VsTCP = f.Value / t
+		}
+		if base, ok := strings.CutSuffix(f.Workload, loadedSuffix); ok {
+			if v := value(figs, f.Transport, base, f.Metric, f.Mode); v > 0 {
+				f.VsIdle = f.Value / v
+			}
 		}
 	}
 }
@@ -183,8 +201,8 @@ func median(v []float64) float64 {
 }
 
 func printTable(w io.Writer, figs []figure) {
-	fmt.Fprintf(w, "%-21s %-5s %-12s %-9s %10s %-6s %7s %7s  %s\n", "workload", "mode", "metric", "transport", "value", "unit",
-		"×udp", "×tcp", "runs")
+	fmt.Fprintf(w, "%-21s %-5s %-12s %-9s %10s %-6s %7s %7s %7s  %s\n", "workload", "mode", "metric", "transport", "value", "unit",
+		"×udp", "×tcp", "×idle", "runs")
 	last := ""
 	for _, f := range figs {
 		if f.Workload+f.Mode != last && last != "" {
@@ -195,8 +213,8 @@ func printTable(w io.Writer, figs []figure) {
 		for i, r := range f.Runs {
 			runs[i] = trim(r)
 		}
-		fmt.Fprintf(w, "%-21s %-5s %-12s %-9s %10s %-6s %7s %7s  %s", f.Workload, f.Mode, f.Metric, f.Transport, trim(f.Value), f.Unit,
-			ratio(f.VsUDP), ratio(f.VsTCP), strings.Join(runs, " "))
+		fmt.Fprintf(w, "%-21s %-5s %-12s %-9s %10s %-6s %7s %7s %7s  %s", f.Workload, f.Mode, f.Metric, f.Transport, trim(f.Value), f.Unit,
+			ratio(f.VsUDP), ratio(f.VsTCP), ratio(f.VsIdle), strings.Join(runs, " "))
 		if f.Note != "" {
 			fmt.Fprintf(w, "  (%s)", f.Note)
 		}

@@ -27,6 +27,12 @@ const (
 	wBW4      = "bw-8KiB-4paths"
 	wBW4Down  = "bw-8KiB-4paths-1down"
 	wWrite64K = "write-64KiB-samedev"
+
+	// A loaded workload is its idle namesake run beside a CPU hog per core (load.go).
+	loadedSuffix = "-loaded"
+	wBWLoaded    = wBW + loadedSuffix
+	wRateLoaded  = wRate + loadedSuffix
+	wLatLoaded   = wLat + loadedSuffix
 )
 
 // samples keeps every round-trip time of one run per latency workload, mode and transport, for
@@ -35,11 +41,13 @@ type samples map[string]map[string]map[string][]time.Duration // workload → mo
 
 // workload is one row group of the table: what every transport is asked to do.
 type workload struct {
-	name string
-	size int
-	lat  bool                     // a ping-pong; otherwise a stream
-	skip func(t transport) bool   // transports without this workload
-	via  func(t transport) router // nil: direct
+	name   string
+	size   int
+	lat    bool                     // a ping-pong; otherwise a stream
+	loaded bool                     // beside a CPU hog per core
+	lossy  bool                     // through a lossy fabric: retransmissions expected
+	skip   func(t transport) bool   // transports without this workload
+	via    func(t transport) router // nil: direct
 }
 
 func measureAll(o *options) ([]figure, samples, error) {
@@ -62,20 +70,37 @@ func measureAll(o *options) ([]figure, samples, error) {
 			return other
 		}
 	}
-	wls := []workload{
+	idle := []workload{
 		{name: wBW, size: 8192, skip: is("udp-1pkt")},
 		{name: wRate, size: 64},
 		{name: wLat, size: 64, lat: true, skip: is("udp-1pkt")},
-		{name: wBWLoss, size: 8192, skip: is("udp-1pkt", "tcp"), via: viaFabric(lossySoftefa, lossy)},
-		{name: wLatFab, size: 64, lat: true, skip: is("udp", "udp-1pkt", "tcp"), via: viaFabric(plainSoftefa, plain)},
-		// Raw UDP does not recover a lost ping: it has no figure with loss.
-		{name: wLatLoss, size: 64, lat: true, skip: is("udp", "udp-1pkt", "tcp"), via: viaFabric(lossySoftefa, lossy)},
 	}
+	wls := slices.Clone(idle)
+	for _, w := range idle {
+		w.name, w.loaded = w.name+loadedSuffix, true
+		wls = append(wls, w)
+	}
+	wls = append(wls,
+		workload{name: wBWLoss, size: 8192, lossy: true, skip: is("udp-1pkt", "tcp"), via: viaFabric(lossySoftefa, lossy)},
+		workload{name: wLatFab, size: 64, lat: true, skip: is("udp", "udp-1pkt", "tcp"), via: viaFabric(plainSoftefa, plain)},
+		// Raw UDP does not recover a lost ping: it has no figure with loss.
+		workload{name: wLatLoss, size: 64, lat: true, lossy: true, skip: is("udp", "udp-1pkt", "tcp"), via: viaFabric(lossySoftefa, lossy)},
+	)
 	for _, wl := range wls {
 		if !o.wants(wl.name) {
 			continue
 		}
+		var h *hogs
+		if wl.loaded {
+			var err error
+			if h, err = startHogs(o.hogs); err != nil {
+				return nil, nil, err
+			}
+		}
 		f, err := measureWorkload(o, wl, ts, smp)
+		if h != nil {
+			h.stop()
+		}
 		figs = append(figs, f...)
 		if err != nil {
 			return nil, nil, err
@@ -95,7 +120,7 @@ func measureAll(o *options) ([]figure, samples, error) {
 	}
 	if o.wants(wWrite64K) {
 		done := o.progress(wWrite64K, oneProc, "softefa")
-		f, err := streamFigures(o, wWrite64K, "softefa", oneProc, 65536, func() (streamResult, error) {
+		f, err := streamFigures(o, wWrite64K, "softefa", oneProc, 65536, false, func() (streamResult, error) {
 			return sameDeviceWrite(65536, o.duration)
 		})
 		done()
@@ -120,12 +145,13 @@ func measureWorkload(o *options, wl workload, ts []transport, smp samples) ([]fi
 			if wl.via != nil {
 				via = wl.via(t)
 			}
+			counts := t.name() == "softefa" && !wl.lossy
 			done := o.progress(wl.name, md.name, t.name())
 			var err error
 			if wl.lat {
 				var fs []figure
 				var rtts []time.Duration
-				fs, rtts, err = latencyFigures(o, wl.name, t.name(), md.name, func() (pingResult, error) {
+				fs, rtts, err = latencyFigures(o, wl.name, t.name(), md.name, counts, func() (pingResult, error) {
 					return pingRun(md, t, wl.size, o.iters, via)
 				})
 				figs = append(figs, fs...)
@@ -138,7 +164,7 @@ func measureWorkload(o *options, wl workload, ts []transport, smp samples) ([]fi
 				smp[wl.name][md.name][t.name()] = rtts
 			} else {
 				var f []figure
-				f, err = streamFigures(o, wl.name, t.name(), md.name, wl.size, func() (streamResult, error) {
+				f, err = streamFigures(o, wl.name, t.name(), md.name, wl.size, counts, func() (streamResult, error) {
 					return streamRun(md, t, wl.size, o.duration, via)
 				})
 				figs = append(figs, f...)
@@ -187,9 +213,10 @@ func is(names ...string) func(t transport) bool {
 }
 
 // streamFigures runs a stream measurement o.runs times: goodput for large messages, message
-// rate for small ones.
-func streamFigures(o *options, wl, tr, md string, size int, run func() (streamResult, error)) ([]figure, error) {
+// rate for small ones; with counts, also the packets softefa retransmitted.
+func streamFigures(o *options, wl, tr, md string, size int, counts bool, run func() (streamResult, error)) ([]figure, error) {
 	var vals, lost []float64
+	var cs []sfCounts
 	for range o.runs {
 		r, err := run()
 		if err != nil {
@@ -206,6 +233,7 @@ func streamFigures(o *options, wl, tr, md string, size int, run func() (streamRe
 		}
 		vals = append(vals, v)
 		lost = append(lost, float64(r.lost))
+		cs = append(cs, r.sfCounts)
 		fmt.Fprintf(o.log, "%s ", trim(v))
 	}
 	f := figure{Transport: tr, Mode: md, Workload: wl, Metric: "goodput", Value: median(vals), Unit: "Gb/s", Runs: vals}
@@ -222,18 +250,38 @@ func streamFigures(o *options, wl, tr, md string, size int, run func() (streamRe
 	if median(lost) > 0 {
 		f.Note = fmt.Sprintf("unreliable: median %.0f datagrams lost per run", median(lost))
 	}
-	return []figure{f}, nil
+	figs := []figure{f}
+	if counts {
+		figs = append(figs, retransFigure(f, cs))
+	}
+	return figs, nil
+}
+
+// retransFigure is the packets softefa retransmitted in each run of f (both devices), where
+// nothing was lost; the note gives how many of them had arrived after all.
+func retransFigure(f figure, cs []sfCounts) figure {
+	r := figure{Transport: f.Transport, Mode: f.Mode, Workload: f.Workload, Metric: "retrans", Unit: "pkts"}
+	var spurious uint64
+	for _, c := range cs {
+		r.Runs = append(r.Runs, float64(c.retrans))
+		spurious += c.spurious
+	}
+	r.Value = median(r.Runs)
+	r.Note = fmt.Sprintf("%d spurious in all runs", spurious)
+	return r
 }
 
 // latencyFigures runs ping-pongs o.runs times and reports the medians of each run's p50, p99
-// and p99.9 round-trip times; the RTTs of the last run are kept for the CDF.
-func latencyFigures(o *options, wl, tr, md string, run func() (pingResult, error)) ([]figure, []time.Duration, error) {
+// and p99.9 round-trip times (and, with counts, softefa's retransmissions); the RTTs of the last
+// run are kept for the CDF.
+func latencyFigures(o *options, wl, tr, md string, counts bool, run func() (pingResult, error)) ([]figure, []time.Duration, error) {
 	pcts := []struct {
 		name string
 		q    float64
 	}{{"p50", 0.50}, {"p99", 0.99}, {"p99.9", 0.999}}
 	runs := make([][]float64, len(pcts))
 	var last []time.Duration
+	var cs []sfCounts
 	for range o.runs {
 		r, err := run()
 		if err != nil {
@@ -244,12 +292,16 @@ func latencyFigures(o *options, wl, tr, md string, run func() (pingResult, error
 		for i, p := range pcts {
 			runs[i] = append(runs[i], us(quantile(rtts, p.q)))
 		}
+		cs = append(cs, r.sfCounts)
 		fmt.Fprintf(o.log, "p50 %s µs ", trim(us(quantile(rtts, 0.5))))
 		last = rtts
 	}
 	var figs []figure
 	for i, p := range pcts {
 		figs = append(figs, figure{Transport: tr, Mode: md, Workload: wl, Metric: p.name, Value: median(runs[i]), Unit: "µs", Runs: runs[i]})
+	}
+	if counts {
+		figs = append(figs, retransFigure(figs[0], cs))
 	}
 	return figs, last, nil
 }
@@ -270,7 +322,7 @@ func multipathFigures(o *options, md mode) ([]figure, error) {
 	sf := softefaTransport{paths: 4}
 	healthy := fabricRouter(o, "--paths", "4", "--spread")
 	done := o.progress(wBW4, md.name, "softefa")
-	figs, err := streamFigures(o, wBW4, "softefa", md.name, 8192, func() (streamResult, error) {
+	figs, err := streamFigures(o, wBW4, "softefa", md.name, 8192, false, func() (streamResult, error) {
 		return streamRun(md, sf, 8192, o.duration, healthy)
 	})
 	done()
@@ -284,7 +336,7 @@ func multipathFigures(o *options, md mode) ([]figure, error) {
 	done = o.progress(wBW4Down, md.name, "softefa")
 	// stream fails unless every completed send arrived exactly once, and a send that cannot be
 	// delivered completes with an error: a run that returns is a run that lost nothing.
-	f, err := streamFigures(o, wBW4Down, "softefa", md.name, 8192, func() (streamResult, error) {
+	f, err := streamFigures(o, wBW4Down, "softefa", md.name, 8192, false, func() (streamResult, error) {
 		return streamRun(md, sf, 8192, o.duration, down)
 	})
 	done()

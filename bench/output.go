@@ -77,7 +77,7 @@ func writeOut(dir string, figs []figure, smp samples) error {
 	if err := os.WriteFile(filepath.Join(dir, "results.txt"), []byte(sb.String()), 0o644); err != nil {
 		return err
 	}
-	for wl, metric := range map[string]string{wBW: "goodput", wBWLoss: "goodput", wRate: "rate"} {
+	for wl, metric := range map[string]string{wBW: "goodput", wBWLoss: "goodput", wRate: "rate", wBWLoaded: "goodput", wRateLoaded: "rate"} {
 		if err := os.WriteFile(filepath.Join(dir, wl+".svg"), barsSVG(figs, wl, metric), 0o644); err != nil {
 			return err
 		}
