@@ -117,7 +117,7 @@ func TestServeChild(t *testing.T) {
 	if err := dec.Decode(&hello); err != nil || !hello.Addr.IsValid() || hello.Err != "" {
 		t.Fatalf("hello %+v, %v", hello, err)
 	}
-	for _, req := range []msg{{Op: opPeer}, {Op: opFinish}, {Op: "dance"}} {
+	for _, req := range []msg{{Op: opPeer}, {Op: opFinish}, {Op: opStats}, {Op: "dance"}} {
 		if err := enc.Encode(req); err != nil {
 			t.Fatal(err)
 		}
@@ -125,7 +125,7 @@ func TestServeChild(t *testing.T) {
 		if err := dec.Decode(&rep); err != nil {
 			t.Fatal(err)
 		}
-		if wantErr := req.Op == "dance"; (rep.Err != "") != wantErr {
+		if wantErr := req.Op == opStats || req.Op == "dance"; (rep.Err != "") != wantErr {
 			t.Errorf("%s: reply %+v", req.Op, rep)
 		}
 	}

@@ -6,7 +6,8 @@
 // Every workload with two ends runs in two modes: 1proc, both ends in this process as
 // goroutines, and 2proc, the server end in a process of its own (this binary run again with a
 // hidden --serve flag; server.go), which is how softefa is deployed: one device per process.
-// The loaded workloads run beside a CPU hog per core (load.go).
+// The loaded workloads run beside a CPU hog per core (load.go); the many-peers workload
+// measures one receiver QP in its own process serving thousands of sender devices (peers.go).
 // Workloads that need loss or a dead path go through `softefa fabric` (built from
 // ../cmd/softefa), one fabric process per run. Every figure is the median of --runs runs. It
 // lives in a module of its own so that quic-go and kcp-go never enter the library's
@@ -22,6 +23,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -37,6 +39,7 @@ type options struct {
 	workloads map[string]bool // workloads to run; nil: all
 	modes     []mode          // where server ends run
 	hogs      int             // CPU hogs beside the loaded workloads
+	peers     []int           // peer counts of the many-peers workload
 	fabric    string          // the softefa binary, for its fabric
 	log       io.Writer
 }
@@ -94,11 +97,15 @@ func run(args []string) error {
 	modeList := fs.String("modes", oneProc+","+twoProc, "comma-separated modes: "+oneProc+" (both ends in this process), "+
 		twoProc+" (the server end in a process of its own)")
 	fs.IntVar(&o.hogs, "hogs", runtime.NumCPU(), "CPU hogs (spinning processes) beside the loaded workloads")
+	peers := fs.String("peers", "1000,10000", "peer counts of the many-peers workload (--quick: 50,200)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if o.quick {
 		o.runs, o.duration, o.iters = 1, 300*time.Millisecond, 500
+		if !flagSet(fs, "peers") {
+			*peers = "50,200"
+		}
 	}
 	for _, m := range strings.Split(*modeList, ",") {
 		i := slices.IndexFunc(modes, func(md mode) bool { return md.name == m })
@@ -106,6 +113,16 @@ func run(args []string) error {
 			return fmt.Errorf("--modes: no mode %q (%s, %s)", m, oneProc, twoProc)
 		}
 		o.modes = append(o.modes, modes[i])
+	}
+	for _, p := range strings.Split(*peers, ",") {
+		if p == "" {
+			continue
+		}
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 {
+			return fmt.Errorf("--peers: %q", p)
+		}
+		o.peers = append(o.peers, n)
 	}
 	if o.runs < 1 || o.duration <= 0 || o.iters < 10 {
 		return fmt.Errorf("--runs %d, --duration %v, --iters %d: need at least 1, >0 and 10", o.runs, o.duration, o.iters)
@@ -164,6 +181,12 @@ func run(args []string) error {
 		fmt.Fprintf(o.log, "results and plots in %s\n", o.out)
 	}
 	return nil
+}
+
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // ratios fills VsUDP and VsTCP from the raw UDP and TCP figures of the same workload, metric and

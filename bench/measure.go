@@ -27,6 +27,7 @@ const (
 	wBW4      = "bw-8KiB-4paths"
 	wBW4Down  = "bw-8KiB-4paths-1down"
 	wWrite64K = "write-64KiB-samedev"
+	wPeers    = "peers" // selects peers-N for every N of --peers
 
 	// A loaded workload is its idle namesake run beside a CPU hog per core (load.go).
 	loadedSuffix = "-loaded"
@@ -129,7 +130,11 @@ func measureAll(o *options) ([]figure, samples, error) {
 		}
 		figs = append(figs, f...)
 	}
-	return figs, smp, nil
+	f, err := peersFigures(o)
+	if err != nil {
+		return nil, nil, err
+	}
+	return append(figs, f...), smp, nil
 }
 
 // measureWorkload measures wl over each transport of ts, in each mode, the modes in turn so that
@@ -206,7 +211,12 @@ func (o *options) progress(wl, md, tr string) func() {
 	return func() { fmt.Fprintf(o.log, "(%.1f s)\n", time.Since(t0).Seconds()) }
 }
 
-func (o *options) wants(workload string) bool { return o.workloads == nil || o.workloads[workload] }
+func (o *options) wants(workload string) bool {
+	if o.workloads == nil || o.workloads[workload] {
+		return true
+	}
+	return strings.HasPrefix(workload, wPeers+"-") && o.workloads[wPeers]
+}
 
 func is(names ...string) func(t transport) bool {
 	return func(t transport) bool { return slices.Contains(names, t.name()) }

@@ -46,13 +46,14 @@ var modes = []mode{
 // job is what one server end serves.
 type job struct {
 	transport string
-	kind      string // kindStream or kindPingpong
+	kind      string // kindStream, kindPingpong or kindPeers
 	size      int    // message size
 }
 
 const (
 	kindStream   = "stream"   // count size-byte messages until Finish says how many were sent
 	kindPingpong = "pingpong" // answer every size-byte message with one of the same size
+	kindPeers    = "peers"    // softefa only: one QP that answers many peers (peers.go)
 )
 
 func (j job) String() string { return fmt.Sprintf("%s/%s/%d", j.transport, j.kind, j.size) }
@@ -67,7 +68,7 @@ func parseJob(s string) (job, error) {
 		return job{}, fmt.Errorf("--serve %q: size %q", s, f[2])
 	}
 	switch f[1] {
-	case kindStream, kindPingpong:
+	case kindStream, kindPingpong, kindPeers:
 	default:
 		return job{}, fmt.Errorf("--serve %q: kind %q", s, f[1])
 	}
@@ -103,17 +104,20 @@ type served struct {
 // msg is one line of the protocol between the bench and a child: the child's hello, a request
 // (Op) or its reply.
 type msg struct {
-	Op     string         `json:"op,omitempty"`   // opPeer, opFinish
+	Op     string         `json:"op,omitempty"`   // opPeer, opFinish, opStats
 	Addr   netip.AddrPort `json:"addr,omitzero"`  // hello: the server's; opPeer: the client's
 	QPN    uint32         `json:"qpn,omitempty"`  // hello: the server's; opPeer: the client's
 	Sent   int64          `json:"sent,omitempty"` // opFinish
+	GC     bool           `json:"gc,omitempty"`   // opStats: with the heap after a GC
 	Served *served        `json:"served,omitempty"`
+	Stats  *rxStats       `json:"stats,omitempty"`
 	Err    string         `json:"err,omitempty"`
 }
 
 const (
 	opPeer   = "peer"
 	opFinish = "finish"
+	opStats  = "stats" // a peers receiver's heap, CPU and counters (peers.go)
 )
 
 // serveChild is the child's side (--serve): it starts the server for spec, says hello on out
@@ -152,6 +156,15 @@ func serveChild(spec string, in io.Reader, out io.Writer) error {
 			var r served
 			r, err = s.Finish(req.Sent)
 			rep.Served = &r
+		case opStats:
+			st, ok := s.(statser)
+			if !ok {
+				err = fmt.Errorf("%s has no stats", spec)
+				break
+			}
+			var r rxStats
+			r, err = st.Stats(req.GC)
+			rep.Stats = &r
 		default:
 			err = fmt.Errorf("unknown request %q", req.Op)
 		}
@@ -251,6 +264,14 @@ func (c *child) Finish(sent int64) (served, error) {
 		return served{}, err
 	}
 	return *rep.Served, err
+}
+
+func (c *child) Stats(gc bool) (rxStats, error) {
+	rep, err := c.call(msg{Op: opStats, GC: gc})
+	if rep.Stats == nil {
+		return rxStats{}, err
+	}
+	return *rep.Stats, err
 }
 
 // Close closes the child's stdin, which ends it, and waits for it (killing it after

@@ -242,6 +242,9 @@ type sfRx struct {
 }
 
 func (t softefaTransport) serve(j job) (server, error) {
+	if j.kind == kindPeers {
+		return servePeers(j)
+	}
 	dev, err := newSFDevice(t.paths)
 	if err != nil {
 		return nil, err
