@@ -16,6 +16,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -42,6 +43,7 @@ type options struct {
 	peers     []int           // peer counts of the many-peers workload
 	fabric    string          // the softefa binary, for its fabric
 	log       io.Writer
+	failed    []error // the measurements that failed
 }
 
 // figure is one measured value: the median of its runs.
@@ -180,6 +182,9 @@ func run(args []string) error {
 		}
 		fmt.Fprintf(o.log, "results and plots in %s\n", o.out)
 	}
+	if len(o.failed) > 0 {
+		return fmt.Errorf("%d measurements failed:\n%w", len(o.failed), errors.Join(o.failed...))
+	}
 	return nil
 }
 
@@ -236,7 +241,11 @@ func printTable(w io.Writer, figs []figure) {
 		for i, r := range f.Runs {
 			runs[i] = trim(r)
 		}
-		fmt.Fprintf(w, "%-21s %-5s %-12s %-9s %10s %-6s %7s %7s %7s  %s", f.Workload, f.Mode, f.Metric, f.Transport, trim(f.Value), f.Unit,
+		v := trim(f.Value)
+		if strings.HasPrefix(f.Note, "FAILED") {
+			v = "-"
+		}
+		fmt.Fprintf(w, "%-21s %-5s %-12s %-9s %10s %-6s %7s %7s %7s  %s", f.Workload, f.Mode, f.Metric, f.Transport, v, f.Unit,
 			ratio(f.VsUDP), ratio(f.VsTCP), ratio(f.VsIdle), strings.Join(runs, " "))
 		if f.Note != "" {
 			fmt.Fprintf(w, "  (%s)", f.Note)

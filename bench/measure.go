@@ -98,13 +98,9 @@ func measureAll(o *options) ([]figure, samples, error) {
 				return nil, nil, err
 			}
 		}
-		f, err := measureWorkload(o, wl, ts, smp)
+		figs = append(figs, measureWorkload(o, wl, ts, smp)...)
 		if h != nil {
 			h.stop()
-		}
-		figs = append(figs, f...)
-		if err != nil {
-			return nil, nil, err
 		}
 	}
 	if o.only != nil && !o.only["softefa"] {
@@ -114,7 +110,7 @@ func measureAll(o *options) ([]figure, samples, error) {
 		for _, md := range o.modes {
 			f, err := multipathFigures(o, md)
 			if err != nil {
-				return nil, nil, err
+				f = o.failure(wBW4, md.name, "softefa", err)
 			}
 			figs = append(figs, f...)
 		}
@@ -126,20 +122,25 @@ func measureAll(o *options) ([]figure, samples, error) {
 		})
 		done()
 		if err != nil {
-			return nil, nil, err
+			f = o.failure(wWrite64K, oneProc, "softefa", err)
 		}
 		figs = append(figs, f...)
 	}
-	f, err := peersFigures(o)
-	if err != nil {
-		return nil, nil, err
-	}
-	return append(figs, f...), smp, nil
+	return append(figs, peersFigures(o)...), smp, nil
+}
+
+// failure records that the measurement of a workload in a mode over a transport failed: the
+// table shows it, the other measurements go on, and the bench exits with an error at the end.
+func (o *options) failure(wl, md, tr string, err error) []figure {
+	err = fmt.Errorf("%s over %s (%s): %w", wl, tr, md, err)
+	fmt.Fprintf(o.log, "%v\n", err)
+	o.failed = append(o.failed, err)
+	return []figure{{Transport: tr, Mode: md, Workload: wl, Metric: "-", Note: "FAILED: " + err.Error()}}
 }
 
 // measureWorkload measures wl over each transport of ts, in each mode, the modes in turn so that
 // the figures a ratio compares are measured minutes apart at most.
-func measureWorkload(o *options, wl workload, ts []transport, smp samples) ([]figure, error) {
+func measureWorkload(o *options, wl workload, ts []transport, smp samples) []figure {
 	var figs []figure
 	for _, md := range o.modes {
 		for _, t := range ts {
@@ -159,7 +160,9 @@ func measureWorkload(o *options, wl workload, ts []transport, smp samples) ([]fi
 				fs, rtts, err = latencyFigures(o, wl.name, t.name(), md.name, counts, func() (pingResult, error) {
 					return pingRun(md, t, wl.size, o.iters, via)
 				})
-				figs = append(figs, fs...)
+				if err == nil {
+					figs = append(figs, fs...)
+				}
 				if smp[wl.name] == nil {
 					smp[wl.name] = map[string]map[string][]time.Duration{}
 				}
@@ -176,11 +179,11 @@ func measureWorkload(o *options, wl workload, ts []transport, smp samples) ([]fi
 			}
 			done()
 			if err != nil {
-				return figs, fmt.Errorf("%s over %s (%s): %w", wl.name, t.name(), md.name, err)
+				figs = append(figs, o.failure(wl.name, md.name, t.name(), err)...)
 			}
 		}
 	}
-	return figs, nil
+	return figs
 }
 
 // streamRun starts a stream server for t in mode md and runs the client against it.

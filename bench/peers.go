@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -276,17 +275,16 @@ func (p *peerSender) close() {
 }
 
 // peersFigures runs the many-peers workload for each count of o.peers, o.runs times each.
-func peersFigures(o *options) ([]figure, error) {
-	if len(o.peers) == 0 {
-		return nil, nil
-	}
-	if err := raiseFDLimit(uint64(slices.Max(o.peers)) + 1024); err != nil {
-		return nil, err
-	}
+func peersFigures(o *options) []figure {
 	var figs []figure
+next:
 	for _, n := range o.peers {
-		wl := fmt.Sprintf("peers-%d", n)
-		if !o.wants(wl) && !o.wants("peers") {
+		wl := fmt.Sprintf("%s-%d", wPeers, n)
+		if !o.wants(wl) {
+			continue
+		}
+		if err := raiseFDLimit(uint64(n) + 1024); err != nil {
+			figs = append(figs, o.failure(wl, twoProc, "softefa", err)...)
 			continue
 		}
 		done := o.progress(wl, twoProc, "softefa")
@@ -296,7 +294,8 @@ func peersFigures(o *options) ([]figure, error) {
 			r, err := peersRun(o, n)
 			if err != nil {
 				done()
-				return nil, fmt.Errorf("%s: %w", wl, err)
+				figs = append(figs, o.failure(wl, twoProc, "softefa", err)...)
+				continue next
 			}
 			heap, cpu, wakeups = append(heap, r.heapPerPeer), append(cpu, r.idleCPU), append(wakeups, r.idleWakeups)
 			idleRx = max(idleRx, r.idleRx)
@@ -310,7 +309,7 @@ func peersFigures(o *options) ([]figure, error) {
 		idle.Note = fmt.Sprintf("receiver's datagrams while idle: %d", idleRx)
 		figs = append(figs, fig("heap/peer", "B", heap), idle, fig("idle-wakeups", "/s", wakeups))
 	}
-	return figs, nil
+	return figs
 }
 
 type peersResult struct {
