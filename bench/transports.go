@@ -338,6 +338,7 @@ type streamServer struct {
 	out  served // the stream's byte count, once the marker came; read after done
 	err  error  // what ended the server early; read after done
 	done chan struct{}
+	got  atomic.Int64 // bytes read so far: Finish waits while they grow
 }
 
 func (s streamTransport) serve(j job) (server, error) {
@@ -375,6 +376,7 @@ func (s streamTransport) serve(j job) (server, error) {
 				return
 			}
 			n += int64(k)
+			ss.got.Store(n)
 			if err != nil {
 				ss.err = err
 				return
@@ -388,16 +390,27 @@ func (ss *streamServer) Addr() netip.AddrPort              { return ss.addr }
 func (ss *streamServer) QPN() uint32                       { return 0 }
 func (ss *streamServer) Peer(netip.AddrPort, uint32) error { return nil }
 
-// Finish returns the stream's byte count (a ping-pong's server has nothing to report).
+// Finish waits for the end marker, for as long as bytes keep coming, and returns the stream's
+// byte count (a ping-pong's server has nothing to report). A transport that queues more than it
+// can send (kcp-go takes a window of 4096 packets) may take a while to drain on a loaded machine.
 func (ss *streamServer) Finish(int64) (served, error) {
 	if ss.kind == kindPingpong {
 		return served{}, nil
 	}
-	select {
-	case <-ss.done:
-		return ss.out, ss.err
-	case <-time.After(ioTimeout):
-		return served{}, errStalled
+	t := time.NewTicker(ioTimeout / 20)
+	defer t.Stop()
+	last, since := ss.got.Load(), time.Now()
+	for {
+		select {
+		case <-ss.done:
+			return ss.out, ss.err
+		case now := <-t.C:
+			if g := ss.got.Load(); g != last {
+				last, since = g, now
+			} else if now.Sub(since) >= ioTimeout {
+				return served{}, errStalled
+			}
+		}
 	}
 }
 
