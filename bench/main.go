@@ -1,22 +1,30 @@
 // Command bench measures softefa beside raw UDP, TCP, quic-go and kcp-go on loopback, on the
-// same workloads, and prints each figure with its ratio to raw UDP and to TCP.
+// same workloads, and prints each figure with its ratio to raw UDP and to TCP in the same mode.
 //
-//	cd bench && go run . [--quick] [--json] [--out DIR] [--runs N]
+//	cd bench && go run . [--quick] [--json] [--out DIR] [--runs N] [--modes 1proc,2proc]
 //
-// Both ends of every transport run in this process, as goroutines; workloads that need loss or
-// a dead path go through `softefa fabric` (built from ../cmd/softefa), one fabric process per run.
-// Every figure is the median of --runs runs. It lives in a module of its own so that quic-go and
-// kcp-go never enter the library's dependencies.
+// Every workload with two ends runs in two modes: 1proc, both ends in this process as
+// goroutines, and 2proc, the server end in a process of its own (this binary run again with a
+// hidden --serve flag; server.go), which is how softefa is deployed: one device per process.
+// The loaded workloads run beside a CPU hog per core (load.go); the many-peers workload
+// measures one receiver QP in its own process serving thousands of sender devices (peers.go).
+// Workloads that need loss or a dead path go through `softefa fabric` (built from
+// ../cmd/softefa), one fabric process per run. Every figure is the median of --runs runs. It
+// lives in a module of its own so that quic-go and kcp-go never enter the library's
+// dependencies.
 package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -30,24 +38,44 @@ type options struct {
 	iters     int             // round trips per latency run
 	only      map[string]bool // transports to run; nil: all
 	workloads map[string]bool // workloads to run; nil: all
+	modes     []mode          // where server ends run
+	hogs      int             // CPU hogs beside the loaded workloads
+	peers     []int           // peer counts of the many-peers workload
 	fabric    string          // the softefa binary, for its fabric
 	log       io.Writer
+	failed    []error // the measurements that failed
 }
 
 // figure is one measured value: the median of its runs.
 type figure struct {
 	Transport string    `json:"transport"`
+	Mode      string    `json:"mode"` // 1proc: both ends in one process; 2proc: the server end in its own
 	Workload  string    `json:"workload"`
 	Metric    string    `json:"metric"`
 	Value     float64   `json:"value"`
 	Unit      string    `json:"unit"`
 	Runs      []float64 `json:"runs"`
-	VsUDP     float64   `json:"vs_udp,omitempty"` // Value / raw UDP's value for the same workload and metric
+	VsUDP     float64   `json:"vs_udp,omitempty"` // Value / raw UDP's value for the same workload, metric and mode
 	VsTCP     float64   `json:"vs_tcp,omitempty"`
+	VsIdle    float64   `json:"vs_idle,omitempty"` // loaded workloads: Value / the same transport's idle value, same mode
 	Note      string    `json:"note,omitempty"`
 }
 
 func main() {
+	// The hidden roles: this binary run again as a server end (server.go) or a CPU hog (load.go).
+	if len(os.Args) > 1 {
+		switch a := os.Args[1]; {
+		case strings.HasPrefix(a, "--serve="):
+			showCounters = slices.Contains(os.Args[2:], "--counters")
+			if err := serveChild(strings.TrimPrefix(a, "--serve="), os.Stdin, os.Stdout); err != nil {
+				fmt.Fprintln(os.Stderr, "bench --serve:", err)
+				os.Exit(1)
+			}
+			return
+		case a == "--hog":
+			hog()
+		}
+	}
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -68,11 +96,35 @@ func run(args []string) error {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	workloads := fs.String("workloads", "", "comma-separated workloads to run (default: all)")
 	fs.BoolVar(&showCounters, "counters", false, "print softefa's device counters after each of its stream runs")
+	modeList := fs.String("modes", oneProc+","+twoProc, "comma-separated modes: "+oneProc+" (both ends in this process), "+
+		twoProc+" (the server end in a process of its own)")
+	fs.IntVar(&o.hogs, "hogs", runtime.NumCPU(), "CPU hogs (spinning processes) beside the loaded workloads")
+	peers := fs.String("peers", "1000,10000", "peer counts of the many-peers workload (--quick: 50,200)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if o.quick {
 		o.runs, o.duration, o.iters = 1, 300*time.Millisecond, 500
+		if !flagSet(fs, "peers") {
+			*peers = "50,200"
+		}
+	}
+	for _, m := range strings.Split(*modeList, ",") {
+		i := slices.IndexFunc(modes, func(md mode) bool { return md.name == m })
+		if i < 0 {
+			return fmt.Errorf("--modes: no mode %q (%s, %s)", m, oneProc, twoProc)
+		}
+		o.modes = append(o.modes, modes[i])
+	}
+	for _, p := range strings.Split(*peers, ",") {
+		if p == "" {
+			continue
+		}
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 {
+			return fmt.Errorf("--peers: %q", p)
+		}
+		o.peers = append(o.peers, n)
 	}
 	if o.runs < 1 || o.duration <= 0 || o.iters < 10 {
 		return fmt.Errorf("--runs %d, --duration %v, --iters %d: need at least 1, >0 and 10", o.runs, o.duration, o.iters)
@@ -130,18 +182,36 @@ func run(args []string) error {
 		}
 		fmt.Fprintf(o.log, "results and plots in %s\n", o.out)
 	}
+	if len(o.failed) > 0 {
+		return fmt.Errorf("%d measurements failed:\n%w", len(o.failed), errors.Join(o.failed...))
+	}
 	return nil
 }
 
-// ratios fills VsUDP and VsTCP from the raw UDP and TCP figures of the same workload and metric.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// ratios fills VsUDP and VsTCP from the raw UDP and TCP figures of the same workload, metric and
+// mode, and VsIdle of a loaded workload's figures from the same transport's idle figure.
 func ratios(figs []figure) {
 	for i := range figs {
 		f := &figs[i]
-		if u := value(figs, "udp", f.Workload, f.Metric); u > 0 { // NaN (absent) is not > 0
+		if f.Metric == "retrans" {
+			continue
+		}
+		if u := value(figs, "udp", f.Workload, f.Metric, f.Mode); u > 0 { // NaN (absent) is not > 0
 			f.VsUDP = f.Value / u
 		}
-		if t := value(figs, "tcp", f.Workload, f.Metric); t > 0 {
+		if t := value(figs, "tcp", f.Workload, f.Metric, f.Mode); t > 0 {
 			f.VsTCP = f.Value / t
+		}
+		if base, ok := strings.CutSuffix(f.Workload, loadedSuffix); ok {
+			if v := value(figs, f.Transport, base, f.Metric, f.Mode); v > 0 {
+				f.VsIdle = f.Value / v
+			}
 		}
 	}
 }
@@ -159,19 +229,24 @@ func median(v []float64) float64 {
 }
 
 func printTable(w io.Writer, figs []figure) {
-	fmt.Fprintf(w, "%-22s %-9s %-9s %12s %-7s %8s %8s  %s\n", "workload", "metric", "transport", "value", "unit", "×udp", "×tcp", "runs")
+	fmt.Fprintf(w, "%-21s %-5s %-12s %-9s %10s %-6s %7s %7s %7s  %s\n", "workload", "mode", "metric", "transport", "value", "unit",
+		"×udp", "×tcp", "×idle", "runs")
 	last := ""
 	for _, f := range figs {
-		if f.Workload != last && last != "" {
+		if f.Workload+f.Mode != last && last != "" {
 			fmt.Fprintln(w)
 		}
-		last = f.Workload
+		last = f.Workload + f.Mode
 		runs := make([]string, len(f.Runs))
 		for i, r := range f.Runs {
 			runs[i] = trim(r)
 		}
-		fmt.Fprintf(w, "%-22s %-9s %-9s %12s %-7s %8s %8s  %s", f.Workload, f.Metric, f.Transport, trim(f.Value), f.Unit,
-			ratio(f.VsUDP), ratio(f.VsTCP), strings.Join(runs, " "))
+		v := trim(f.Value)
+		if strings.HasPrefix(f.Note, "FAILED") {
+			v = "-"
+		}
+		fmt.Fprintf(w, "%-21s %-5s %-12s %-9s %10s %-6s %7s %7s %7s  %s", f.Workload, f.Mode, f.Metric, f.Transport, v, f.Unit,
+			ratio(f.VsUDP), ratio(f.VsTCP), ratio(f.VsIdle), strings.Join(runs, " "))
 		if f.Note != "" {
 			fmt.Fprintf(w, "  (%s)", f.Note)
 		}

@@ -27,16 +27,33 @@ const (
 	wBW4      = "bw-8KiB-4paths"
 	wBW4Down  = "bw-8KiB-4paths-1down"
 	wWrite64K = "write-64KiB-samedev"
+	wPeers    = "peers" // selects peers-N for every N of --peers
+
+	// A loaded workload is its idle namesake run beside a CPU hog per core (load.go).
+	loadedSuffix = "-loaded"
+	wBWLoaded    = wBW + loadedSuffix
+	wRateLoaded  = wRate + loadedSuffix
+	wLatLoaded   = wLat + loadedSuffix
 )
 
-// samples keeps every round-trip time of one run per transport and latency workload, for the
-// CDF plots.
-type samples map[string]map[string][]time.Duration // workload → transport → RTTs
+// samples keeps every round-trip time of one run per latency workload, mode and transport, for
+// the CDF plots.
+type samples map[string]map[string]map[string][]time.Duration // workload → mode → transport → RTTs
+
+// workload is one row group of the table: what every transport is asked to do.
+type workload struct {
+	name   string
+	size   int
+	lat    bool                     // a ping-pong; otherwise a stream
+	loaded bool                     // beside a CPU hog per core
+	lossy  bool                     // through a lossy fabric: retransmissions expected
+	skip   func(t transport) bool   // transports without this workload
+	via    func(t transport) router // nil: direct
+}
 
 func measureAll(o *options) ([]figure, samples, error) {
-	all := []transport{rawUDP{}, rawUDP{noOffload: true}, tcpTransport, quicTransport, kcpTransport, softefaTransport{paths: 4}}
 	var ts []transport
-	for _, t := range all {
+	for _, t := range allTransports {
 		if o.only == nil || o.only[t.name()] {
 			ts = append(ts, t)
 		}
@@ -46,39 +63,86 @@ func measureAll(o *options) ([]figure, samples, error) {
 	lossy := fabricRouter(o, "--raw", "--loss", "0.01")
 	lossySoftefa := fabricRouter(o, "--loss", "0.01")
 	plain, plainSoftefa := fabricRouter(o, "--raw"), fabricRouter(o)
-	for _, wl := range []struct {
-		name string
-		size int
-		lat  bool
-		skip func(t transport) bool
-		via  func(t transport) router
-	}{
+	viaFabric := func(sf, other router) func(t transport) router {
+		return func(t transport) router {
+			if t.name() == "softefa" {
+				return sf
+			}
+			return other
+		}
+	}
+	idle := []workload{
 		{name: wBW, size: 8192, skip: is("udp-1pkt")},
 		{name: wRate, size: 64},
 		{name: wLat, size: 64, lat: true, skip: is("udp-1pkt")},
-		{name: wBWLoss, size: 8192, skip: is("udp-1pkt", "tcp"), via: func(t transport) router {
-			if t.name() == "softefa" {
-				return lossySoftefa
-			}
-			return lossy
-		}},
-		{name: wLatFab, size: 64, lat: true, skip: is("udp", "udp-1pkt", "tcp"), via: func(t transport) router {
-			if t.name() == "softefa" {
-				return plainSoftefa
-			}
-			return plain
-		}},
+	}
+	wls := slices.Clone(idle)
+	for _, w := range idle {
+		w.name, w.loaded = w.name+loadedSuffix, true
+		wls = append(wls, w)
+	}
+	wls = append(wls,
+		workload{name: wBWLoss, size: 8192, lossy: true, skip: is("udp-1pkt", "tcp"), via: viaFabric(lossySoftefa, lossy)},
+		workload{name: wLatFab, size: 64, lat: true, skip: is("udp", "udp-1pkt", "tcp"), via: viaFabric(plainSoftefa, plain)},
 		// Raw UDP does not recover a lost ping: it has no figure with loss.
-		{name: wLatLoss, size: 64, lat: true, skip: is("udp", "udp-1pkt", "tcp"), via: func(t transport) router {
-			if t.name() == "softefa" {
-				return lossySoftefa
-			}
-			return lossy
-		}},
-	} {
+		workload{name: wLatLoss, size: 64, lat: true, lossy: true, skip: is("udp", "udp-1pkt", "tcp"), via: viaFabric(lossySoftefa, lossy)},
+	)
+	for _, wl := range wls {
 		if !o.wants(wl.name) {
 			continue
 		}
+		var h *hogs
+		if wl.loaded {
+			var err error
+			if h, err = startHogs(o.hogs); err != nil {
+				return nil, nil, err
+			}
+		}
+		figs = append(figs, measureWorkload(o, wl, ts, smp)...)
+		if h != nil {
+			h.stop()
+		}
+	}
+	if o.only != nil && !o.only["softefa"] {
+		return figs, smp, nil
+	}
+	if o.wants(wBW4) || o.wants(wBW4Down) {
+		for _, md := range o.modes {
+			f, err := multipathFigures(o, md)
+			if err != nil {
+				f = o.failure(wBW4, md.name, "softefa", err)
+			}
+			figs = append(figs, f...)
+		}
+	}
+	if o.wants(wWrite64K) {
+		done := o.progress(wWrite64K, oneProc, "softefa")
+		f, err := streamFigures(o, wWrite64K, "softefa", oneProc, 65536, false, func() (streamResult, error) {
+			return sameDeviceWrite(65536, o.duration)
+		})
+		done()
+		if err != nil {
+			f = o.failure(wWrite64K, oneProc, "softefa", err)
+		}
+		figs = append(figs, f...)
+	}
+	return append(figs, peersFigures(o)...), smp, nil
+}
+
+// failure records that the measurement of a workload in a mode over a transport failed: the
+// table shows it, the other measurements go on, and the bench exits with an error at the end.
+func (o *options) failure(wl, md, tr string, err error) []figure {
+	err = fmt.Errorf("%s over %s (%s): %w", wl, tr, md, err)
+	fmt.Fprintf(o.log, "%v\n", err)
+	o.failed = append(o.failed, err)
+	return []figure{{Transport: tr, Mode: md, Workload: wl, Metric: "-", Note: "FAILED: " + err.Error()}}
+}
+
+// measureWorkload measures wl over each transport of ts, in each mode, the modes in turn so that
+// the figures a ratio compares are measured minutes apart at most.
+func measureWorkload(o *options, wl workload, ts []transport, smp samples) []figure {
+	var figs []figure
+	for _, md := range o.modes {
 		for _, t := range ts {
 			if wl.skip != nil && wl.skip(t) {
 				continue
@@ -87,63 +151,85 @@ func measureAll(o *options) ([]figure, samples, error) {
 			if wl.via != nil {
 				via = wl.via(t)
 			}
-			fmt.Fprintf(o.log, "%s %s ", wl.name, t.name())
+			counts := t.name() == "softefa" && !wl.lossy
+			done := o.progress(wl.name, md.name, t.name())
 			var err error
 			if wl.lat {
 				var fs []figure
 				var rtts []time.Duration
-				fs, rtts, err = latencyFigures(o, t, wl.name, wl.size, via)
-				figs = append(figs, fs...)
-				if smp[wl.name] == nil {
-					smp[wl.name] = map[string][]time.Duration{}
+				fs, rtts, err = latencyFigures(o, wl.name, t.name(), md.name, counts, func() (pingResult, error) {
+					return pingRun(md, t, wl.size, o.iters, via)
+				})
+				if err == nil {
+					figs = append(figs, fs...)
 				}
-				smp[wl.name][t.name()] = rtts
+				if smp[wl.name] == nil {
+					smp[wl.name] = map[string]map[string][]time.Duration{}
+				}
+				if smp[wl.name][md.name] == nil {
+					smp[wl.name][md.name] = map[string][]time.Duration{}
+				}
+				smp[wl.name][md.name][t.name()] = rtts
 			} else {
 				var f []figure
-				f, err = streamFigures(o, wl.name, t.name(), wl.size, func() (streamResult, error) { return t.stream(wl.size, o.duration, via) })
+				f, err = streamFigures(o, wl.name, t.name(), md.name, wl.size, counts, func() (streamResult, error) {
+					return streamRun(md, t, wl.size, o.duration, via)
+				})
 				figs = append(figs, f...)
 			}
-			fmt.Fprintln(o.log)
+			done()
 			if err != nil {
-				return nil, nil, fmt.Errorf("%s over %s: %w", wl.name, t.name(), err)
+				figs = append(figs, o.failure(wl.name, md.name, t.name(), err)...)
 			}
 		}
 	}
-	if o.only != nil && !o.only["softefa"] {
-		return figs, smp, nil
-	}
-	if o.wants(wBW4) || o.wants(wBW4Down) {
-		f, err := multipathFigures(o)
-		if err != nil {
-			return nil, nil, err
-		}
-		figs = append(figs, f...)
-	}
-	if o.wants(wWrite64K) {
-		fmt.Fprintf(o.log, "%s softefa ", wWrite64K)
-		sf := softefaTransport{}
-		f, err := streamFigures(o, wWrite64K, "softefa", 65536, func() (streamResult, error) {
-			return sf.run(65536, o.duration, direct, true, true)
-		})
-		fmt.Fprintln(o.log)
-		if err != nil {
-			return nil, nil, err
-		}
-		figs = append(figs, f...)
-	}
-	return figs, smp, nil
+	return figs
 }
 
-func (o *options) wants(workload string) bool { return o.workloads == nil || o.workloads[workload] }
+// streamRun starts a stream server for t in mode md and runs the client against it.
+func streamRun(md mode, t transport, size int, d time.Duration, via router) (streamResult, error) {
+	srv, err := md.spawn(job{transport: t.name(), kind: kindStream, size: size})
+	if err != nil {
+		return streamResult{}, err
+	}
+	r, err := t.stream(srv, size, d, via)
+	return r, closeServer(srv, err)
+}
+
+// pingRun starts a ping-pong server for t in mode md and runs the client against it.
+func pingRun(md mode, t transport, size, n int, via router) (pingResult, error) {
+	srv, err := md.spawn(job{transport: t.name(), kind: kindPingpong, size: size})
+	if err != nil {
+		return pingResult{}, err
+	}
+	r, err := t.pingpong(srv, size, n, via)
+	return r, closeServer(srv, err)
+}
+
+// progress starts a progress line for a workload, mode and transport; the measurements add
+// their figures to it, and the function returned ends it with the time taken.
+func (o *options) progress(wl, md, tr string) func() {
+	fmt.Fprintf(o.log, "%s %s %s ", wl, md, tr)
+	t0 := time.Now()
+	return func() { fmt.Fprintf(o.log, "(%.1f s)\n", time.Since(t0).Seconds()) }
+}
+
+func (o *options) wants(workload string) bool {
+	if o.workloads == nil || o.workloads[workload] {
+		return true
+	}
+	return strings.HasPrefix(workload, wPeers+"-") && o.workloads[wPeers]
+}
 
 func is(names ...string) func(t transport) bool {
 	return func(t transport) bool { return slices.Contains(names, t.name()) }
 }
 
 // streamFigures runs a stream measurement o.runs times: goodput for large messages, message
-// rate for small ones.
-func streamFigures(o *options, wl, tr string, size int, run func() (streamResult, error)) ([]figure, error) {
+// rate for small ones; with counts, also the packets softefa retransmitted.
+func streamFigures(o *options, wl, tr, md string, size int, counts bool, run func() (streamResult, error)) ([]figure, error) {
 	var vals, lost []float64
+	var cs []sfCounts
 	for range o.runs {
 		r, err := run()
 		if err != nil {
@@ -160,9 +246,10 @@ func streamFigures(o *options, wl, tr string, size int, run func() (streamResult
 		}
 		vals = append(vals, v)
 		lost = append(lost, float64(r.lost))
+		cs = append(cs, r.sfCounts)
 		fmt.Fprintf(o.log, "%s ", trim(v))
 	}
-	f := figure{Transport: tr, Workload: wl, Metric: "goodput", Value: median(vals), Unit: "Gb/s", Runs: vals}
+	f := figure{Transport: tr, Mode: md, Workload: wl, Metric: "goodput", Value: median(vals), Unit: "Gb/s", Runs: vals}
 	if size < 1024 {
 		f.Metric, f.Unit = "rate", "Mmsg/s"
 	}
@@ -176,33 +263,58 @@ func streamFigures(o *options, wl, tr string, size int, run func() (streamResult
 	if median(lost) > 0 {
 		f.Note = fmt.Sprintf("unreliable: median %.0f datagrams lost per run", median(lost))
 	}
-	return []figure{f}, nil
+	figs := []figure{f}
+	if counts {
+		figs = append(figs, retransFigure(f, cs))
+	}
+	return figs, nil
+}
+
+// retransFigure is the packets softefa retransmitted in each run of f (both devices), where
+// nothing was lost; the note gives how many of them had arrived after all.
+func retransFigure(f figure, cs []sfCounts) figure {
+	r := figure{Transport: f.Transport, Mode: f.Mode, Workload: f.Workload, Metric: "retrans", Unit: "pkts"}
+	var spurious uint64
+	for _, c := range cs {
+		r.Runs = append(r.Runs, float64(c.retrans))
+		spurious += c.spurious
+	}
+	r.Value = median(r.Runs)
+	r.Note = fmt.Sprintf("%d spurious in all runs", spurious)
+	return r
 }
 
 // latencyFigures runs ping-pongs o.runs times and reports the medians of each run's p50, p99
-// and p99.9 round-trip times; the RTTs of the last run are kept for the CDF.
-func latencyFigures(o *options, t transport, wl string, size int, via router) ([]figure, []time.Duration, error) {
+// and p99.9 round-trip times (and, with counts, softefa's retransmissions); the RTTs of the last
+// run are kept for the CDF.
+func latencyFigures(o *options, wl, tr, md string, counts bool, run func() (pingResult, error)) ([]figure, []time.Duration, error) {
 	pcts := []struct {
 		name string
 		q    float64
 	}{{"p50", 0.50}, {"p99", 0.99}, {"p99.9", 0.999}}
 	runs := make([][]float64, len(pcts))
 	var last []time.Duration
+	var cs []sfCounts
 	for range o.runs {
-		rtts, err := t.pingpong(size, o.iters, via)
+		r, err := run()
 		if err != nil {
 			return nil, nil, err
 		}
+		rtts := r.rtts
 		slices.Sort(rtts)
 		for i, p := range pcts {
 			runs[i] = append(runs[i], us(quantile(rtts, p.q)))
 		}
+		cs = append(cs, r.sfCounts)
 		fmt.Fprintf(o.log, "p50 %s µs ", trim(us(quantile(rtts, 0.5))))
 		last = rtts
 	}
 	var figs []figure
 	for i, p := range pcts {
-		figs = append(figs, figure{Transport: t.name(), Workload: wl, Metric: p.name, Value: median(runs[i]), Unit: "µs", Runs: runs[i]})
+		figs = append(figs, figure{Transport: tr, Mode: md, Workload: wl, Metric: p.name, Value: median(runs[i]), Unit: "µs", Runs: runs[i]})
+	}
+	if counts {
+		figs = append(figs, retransFigure(figs[0], cs))
 	}
 	return figs, last, nil
 }
@@ -219,30 +331,37 @@ func quantile(s []time.Duration, q float64) time.Duration {
 
 // multipathFigures measures softefa through a 4-path fabric, healthy and with its busiest path
 // blackholed a third of the way through the run, and checks that nothing was lost.
-func multipathFigures(o *options) ([]figure, error) {
+func multipathFigures(o *options, md mode) ([]figure, error) {
 	sf := softefaTransport{paths: 4}
 	healthy := fabricRouter(o, "--paths", "4", "--spread")
-	fmt.Fprintf(o.log, "%s softefa ", wBW4)
-	figs, err := streamFigures(o, wBW4, "softefa", 8192, func() (streamResult, error) { return sf.stream(8192, o.duration, healthy) })
-	fmt.Fprintln(o.log)
+	done := o.progress(wBW4, md.name, "softefa")
+	figs, err := streamFigures(o, wBW4, "softefa", md.name, 8192, false, func() (streamResult, error) {
+		return streamRun(md, sf, 8192, o.duration, healthy)
+	})
+	done()
 	if err != nil {
 		return nil, err
 	}
+	if !o.wants(wBW4Down) {
+		return figs, nil
+	}
 	down := fabricRouter(o, "--paths", "4", "--spread", "--down", "busiest", "--down-after", (o.duration / 3).String())
-	fmt.Fprintf(o.log, "%s softefa ", wBW4Down)
+	done = o.progress(wBW4Down, md.name, "softefa")
 	// stream fails unless every completed send arrived exactly once, and a send that cannot be
 	// delivered completes with an error: a run that returns is a run that lost nothing.
-	f, err := streamFigures(o, wBW4Down, "softefa", 8192, func() (streamResult, error) { return sf.stream(8192, o.duration, down) })
-	fmt.Fprintln(o.log)
+	f, err := streamFigures(o, wBW4Down, "softefa", md.name, 8192, false, func() (streamResult, error) {
+		return streamRun(md, sf, 8192, o.duration, down)
+	})
+	done()
 	if err != nil {
 		// A failure here is a result, not a harness error: it goes into the table.
-		fmt.Fprintf(o.log, "%s softefa: %v\n", wBW4Down, err)
-		f = []figure{{Transport: "softefa", Workload: wBW4Down, Metric: "goodput", Unit: "Gb/s", Note: "FAILED: " + err.Error()}}
+		fmt.Fprintf(o.log, "%s %s softefa: %v\n", wBW4Down, md.name, err)
+		f = []figure{{Transport: "softefa", Mode: md.name, Workload: wBW4Down, Metric: "goodput", Unit: "Gb/s", Note: "FAILED: " + err.Error()}}
 		return append(figs, f...), nil
 	}
 	f[0].Note = "0 messages lost"
 	if figs[0].Value > 0 {
-		figs = append(figs, figure{Transport: "softefa", Workload: wBW4Down, Metric: "of-healthy", Value: f[0].Value / figs[0].Value,
+		figs = append(figs, figure{Transport: "softefa", Mode: md.name, Workload: wBW4Down, Metric: "of-healthy", Value: f[0].Value / figs[0].Value,
 			Unit: "ratio", Runs: []float64{f[0].Value / figs[0].Value}})
 	}
 	return append(figs, f...), nil

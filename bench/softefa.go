@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,9 +17,10 @@ import (
 	"github.com/softefa/softefa/verbs"
 )
 
-// softefaTransport is SRD between two softefa devices on UDP loopback (or, with sameDevice, two
-// contexts of one device): SENDs of size bytes from one SRD QP to another, the server keeping
-// its receive queue full. Both sides poll their CQs, as verbs applications do.
+// softefaTransport is SRD between two softefa devices on UDP loopback, one SRD QP each: SENDs
+// of size bytes from the client's QP to the server's, the server keeping its receive queue
+// full. Both sides poll their CQs, as verbs applications do. Each end has a device of its own,
+// so that in mode 2proc each process has one device, as `softefa perf --server/--connect`.
 type softefaTransport struct {
 	paths int
 }
@@ -43,28 +45,32 @@ type sfSide struct {
 	wc   []verbs.WC
 	rwr  []verbs.RecvWR
 	sges []verbs.SGE
-	ch   *verbs.CompChannel // the server side waits for completion events instead of spinning
+	ch   *verbs.CompChannel // waits for completion events instead of spinning
 }
 
 func newSFDevice(paths int) (*verbs.Device, error) {
 	return verbs.NewDevice(config.Device{Addr: loopback, Paths: paths})
 }
 
-func newSFSide(dev *verbs.Device, bufSize int, events bool) (*sfSide, error) {
-	s := &sfSide{dev: dev, wc: make([]verbs.WC, 128)}
-	var err error
+// newSFSide opens a context on dev with an SRD QP of sq sends and rq receives, one CQ for both
+// and a registered buffer of bufSize bytes.
+func newSFSide(dev *verbs.Device, bufSize, sq, rq int) (s *sfSide, err error) {
+	s = &sfSide{dev: dev, wc: make([]verbs.WC, 128)}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
 	if s.ctx, err = dev.Open(); err != nil {
 		return nil, err
 	}
 	if s.pd, err = s.ctx.AllocPD(); err != nil {
 		return nil, err
 	}
-	if events {
-		if s.ch, err = s.ctx.CreateCompChannel(); err != nil {
-			return nil, err
-		}
+	if s.ch, err = s.ctx.CreateCompChannel(); err != nil {
+		return nil, err
 	}
-	if s.cq, err = s.ctx.CreateCQ(sfDepth+sfRecvs+64, nil, s.ch, 0); err != nil {
+	if s.cq, err = s.ctx.CreateCQ(sq+rq+64, nil, s.ch, 0); err != nil {
 		return nil, err
 	}
 	s.buf = make([]byte, bufSize)
@@ -73,7 +79,7 @@ func newSFSide(dev *verbs.Device, bufSize int, events bool) (*sfSide, error) {
 	}
 	attr := verbs.QPInitAttrEx{
 		SendCQ: s.cq, RecvCQ: s.cq, QPType: verbs.QPTDriver, PD: s.pd,
-		Cap:      verbs.QPCap{MaxSendWR: sfDepth, MaxRecvWR: sfRecvs, MaxSendSGE: 1, MaxRecvSGE: 1},
+		Cap:      verbs.QPCap{MaxSendWR: uint32(sq), MaxRecvWR: uint32(rq), MaxSendSGE: 1, MaxRecvSGE: 1},
 		CompMask: verbs.QPInitAttrPD | verbs.QPInitAttrSendOpsFlags,
 		SendOpsFlags: verbs.SendOpsSend | verbs.SendOpsSendWithImm | verbs.SendOpsRDMAWrite |
 			verbs.SendOpsRDMAWriteWithImm | verbs.SendOpsRDMARead,
@@ -106,18 +112,29 @@ func (s *sfSide) connect(to verbs.GID) error {
 	return err
 }
 
+// close destroys what newSFSide made (what of it was made).
 func (s *sfSide) close() {
 	if s.ah != nil {
 		s.ah.Destroy()
 	}
-	s.qp.Destroy()
-	s.mr.Dereg()
-	s.cq.Destroy()
+	if s.qp != nil {
+		s.qp.Destroy()
+	}
+	if s.mr != nil {
+		s.mr.Dereg()
+	}
+	if s.cq != nil {
+		s.cq.Destroy()
+	}
 	if s.ch != nil {
 		s.ch.Destroy()
 	}
-	s.pd.Dealloc()
-	s.ctx.Close()
+	if s.pd != nil {
+		s.pd.Dealloc()
+	}
+	if s.ctx != nil {
+		s.ctx.Close()
+	}
 }
 
 // recv posts one receive of size bytes at slot i of the buffer.
@@ -175,87 +192,13 @@ func (s *sfSide) wait(ctx context.Context) ([]verbs.WC, error) {
 	}
 }
 
-// sfPair is a client and a server side, on two devices (or one) with the client's AH pointing at
-// the server through via.
-type sfPair struct {
-	cl, sv  *sfSide
-	devs    []*verbs.Device
-	stopVia func() error
-}
-
-func (t softefaTransport) pair(bufSize int, via router, sameDevice bool) (*sfPair, error) {
-	p := &sfPair{stopVia: func() error { return nil }}
-	var err error
-	if sameDevice {
-		dev, err := verbs.NewDevice(config.Device{Name: "efa_bench"})
-		if err != nil {
-			return nil, err
-		}
-		p.devs = []*verbs.Device{dev, dev}
-	} else {
-		for range 2 {
-			dev, err := newSFDevice(t.paths)
-			if err != nil {
-				p.close()
-				return nil, err
-			}
-			p.devs = append(p.devs, dev)
-		}
-	}
-	if p.sv, err = newSFSide(p.devs[1], bufSize, true); err == nil {
-		p.cl, err = newSFSide(p.devs[0], bufSize, true)
-	}
-	if err != nil {
-		p.close()
-		return nil, err
-	}
-	to, back := p.devs[1].GID(), p.devs[0].GID()
-	if !sameDevice {
-		// Through a fabric, the server sees the client at the fabric's address for it, and
-		// answers there, so that both directions cross the fabric (as a UDP server's replies do).
-		nat, err := freeUDPAddr()
-		if err != nil {
-			p.close()
-			return nil, err
-		}
-		ap, stop, err := via(p.devs[1].Addr(), "--client-addr", nat.String())
-		if err != nil {
-			p.close()
-			return nil, err
-		}
-		to, p.stopVia = verbs.GID(config.GIDFromAddr(ap)), stop
-		if ap != p.devs[1].Addr() {
-			back = verbs.GID(config.GIDFromAddr(nat))
-		}
-	}
-	if err := p.cl.connect(to); err != nil {
-		p.close()
-		return nil, err
-	}
-	if err := p.sv.connect(back); err != nil {
-		p.close()
-		return nil, err
-	}
-	return p, nil
-}
-
-func (p *sfPair) close() {
-	for _, s := range []*sfSide{p.cl, p.sv} {
-		if s != nil {
-			s.close()
-		}
-	}
-	p.stopVia()
-	if len(p.devs) > 0 {
-		p.devs[0].Close()
-		if p.devs[len(p.devs)-1] != p.devs[0] {
-			p.devs[len(p.devs)-1].Close()
-		}
-	}
-}
-
-// post sends up to k WRs in one QPEx session; build makes the i-th.
+// post sends k WRs through the side's AH in one QPEx session; build makes the i-th.
 func (s *sfSide) post(k int, qpn uint32, first uint64, build func(x *verbs.QPEx, i int)) error {
+	return s.postTo(s.ah, k, qpn, first, build)
+}
+
+// postTo sends k WRs through ah in one QPEx session; build makes the i-th.
+func (s *sfSide) postTo(ah *verbs.AH, k int, qpn uint32, first uint64, build func(x *verbs.QPEx, i int)) error {
 	x, err := s.qp.ToQPEx()
 	if err != nil {
 		return err
@@ -264,223 +207,354 @@ func (s *sfSide) post(k int, qpn uint32, first uint64, build func(x *verbs.QPEx,
 	for i := range k {
 		x.WRID, x.WRFlags = first+uint64(i), verbs.SendSignaled
 		build(x, i)
-		x.WRSetUDAddr(s.ah, qpn, benchQKey)
+		x.WRSetUDAddr(ah, qpn, benchQKey)
 	}
 	return x.WRComplete()
 }
 
-func (t softefaTransport) stream(size int, d time.Duration, via router) (streamResult, error) {
-	return t.run(size, d, via, false, false)
+func (s *sfSide) counts() sfCounts {
+	c := s.ctx.Counters()
+	return sfCounts{retrans: c.RetransPkts, spurious: c.SpuriousRetrans}
 }
 
-// run streams SENDs (or, with write, RDMA writes into the server's buffer) for d.
-func (t softefaTransport) run(size int, d time.Duration, via router, write, sameDevice bool) (streamResult, error) {
-	var res streamResult
-	// SENDs land in the receive buffers posted (one slot each); WRITEs, as perftest's do, go to
-	// a small region that stays in cache, so that they measure the device, not DRAM.
-	slots := sfRecvs
-	if write {
-		slots = 16
+// ---- the server end ----
+
+// sfServer is a device of its own with one QP that counts the SENDs it receives (kindStream)
+// or answers each with a SEND of the same size (kindPingpong). Its serving goroutine starts
+// with Peer and owns side's CQ and QP until it ends; Finish and Close stop it by cancelling
+// ctx, which wakes it if it sleeps.
+type sfServer struct {
+	j      job
+	dev    *verbs.Device
+	side   *sfSide
+	ctx    context.Context
+	cancel context.CancelFunc
+	target chan int64 // the number of SENDs the client completed, from Finish
+	res    chan sfRx  // the serving goroutine's end; nil before Peer
+	once   sync.Once
+	err    error // what ended the serving goroutine early
+}
+
+type sfRx struct {
+	n   int64
+	end time.Time // the last arrival
+	err error
+}
+
+func (t softefaTransport) serve(j job) (server, error) {
+	if j.kind == kindPeers {
+		return servePeers(j)
 	}
-	p, err := t.pair(max(size*slots, 1<<20), via, sameDevice)
+	dev, err := newSFDevice(t.paths)
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	defer p.close()
-	cl, sv := p.cl, p.sv
-	if !write {
-		for i := range sfRecvs {
-			if err := sv.recv(i, size); err != nil {
-				return res, err
+	side, err := newSFSide(dev, max(j.size*sfRecvs, 1<<20), sfDepth, sfRecvs)
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	s := &sfServer{j: j, dev: dev, side: side, target: make(chan int64, 1)}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	posted := 8 // a ping-pong has one message in flight each way
+	if j.kind == kindStream {
+		posted = sfRecvs
+	}
+	for i := range posted {
+		if err := side.recv(i, j.size); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (s *sfServer) Addr() netip.AddrPort { return s.dev.Addr() }
+func (s *sfServer) QPN() uint32          { return s.side.qp.QPN() }
+
+// Peer points the server's AH at the client and starts serving.
+func (s *sfServer) Peer(addr netip.AddrPort, qpn uint32) error {
+	if s.res != nil {
+		return errors.New("softefa server: a second peer")
+	}
+	if err := s.side.connect(verbs.GID(config.GIDFromAddr(addr))); err != nil {
+		return err
+	}
+	s.res = make(chan sfRx, 1)
+	if s.j.kind == kindPingpong {
+		go func() { s.res <- s.echo(qpn) }()
+	} else {
+		go func() { s.res <- s.count() }()
+	}
+	return nil
+}
+
+// count counts arrivals and reposts receives until Finish has said how many were sent and
+// that many have come.
+func (s *sfServer) count() sfRx {
+	sv, size := s.side, s.j.size
+	var r sfRx
+	want := int64(-1)
+	wctx := s.ctx
+	for want < 0 || r.n < want {
+		wcs, err := sv.wait(wctx)
+		if err != nil && wctx == s.ctx && s.ctx.Err() != nil {
+			select {
+			case want = <-s.target:
+			default: // closed without Finish: the client gave up
+				r.err = err
+				return r
+			}
+			var stop context.CancelFunc
+			wctx, stop = context.WithTimeout(context.Background(), ioTimeout)
+			defer stop()
+			continue
+		}
+		if err != nil {
+			r.err = err
+			return r
+		}
+		r.end = time.Now()
+		for _, wc := range wcs {
+			if wc.ByteLen != uint32(size) {
+				r.err = fmt.Errorf("softefa: received %d bytes, sent %d", wc.ByteLen, size)
+				return r
+			}
+			r.n++
+			if err := sv.recv(int(wc.WRID), size); err != nil {
+				r.err = err
+				return r
 			}
 		}
 	}
-	// The server counts arrivals and reposts receives. When the client has finished it sends
-	// the total and cancels ctx, which wakes the server if it sleeps.
+	return r
+}
+
+// echo answers every message it receives until Finish or Close.
+func (s *sfServer) echo(qpn uint32) sfRx {
+	sv, size := s.side, s.j.size
+	for {
+		wcs, err := sv.wait(s.ctx)
+		if err != nil {
+			if s.ctx.Err() != nil {
+				err = nil
+			}
+			return sfRx{err: err}
+		}
+		for _, wc := range wcs {
+			if wc.Opcode != verbs.WCRecv {
+				continue
+			}
+			if err := sv.recv(int(wc.WRID), size); err != nil {
+				return sfRx{err: err}
+			}
+			if err := sv.post(1, qpn, 0, func(x *verbs.QPEx, _ int) {
+				x.WRSend()
+				x.WRSetSGE(sv.mr.LKey(), sv.mr.Addr(), uint32(size))
+			}); err != nil {
+				return sfRx{err: err}
+			}
+		}
+	}
+}
+
+// stop ends the serving goroutine, if any, and keeps what it returned.
+func (s *sfServer) stop() sfRx {
+	var r sfRx
+	s.once.Do(func() {
+		s.cancel()
+		if s.res == nil {
+			return
+		}
+		select {
+		case r = <-s.res:
+		case <-time.After(2 * ioTimeout):
+			r.err = errStalled
+		}
+		if r.err != nil && !errors.Is(r.err, context.Canceled) {
+			s.err = r.err
+		}
+	})
+	return r
+}
+
+func (s *sfServer) Finish(sent int64) (served, error) {
+	if s.res == nil {
+		return served{}, errors.New("softefa server: Finish before Peer")
+	}
+	select {
+	case s.target <- sent:
+	default: // a second Finish
+	}
+	r := s.stop()
+	c := s.side.counts()
+	return served{Msgs: r.n, End: r.end.UnixNano(), Retrans: c.retrans, Spurious: c.spurious}, s.err
+}
+
+func (s *sfServer) Close() error {
+	s.stop()
+	if showCounters && s.j.kind == kindStream {
+		fmt.Fprintf(os.Stderr, "\nserver %+v\n", s.side.ctx.Counters())
+	}
+	s.side.close()
+	s.dev.Close()
+	return s.err
+}
+
+// ---- the client end ----
+
+// sfClient is the client's device and QP, its AH pointing at the server through via.
+type sfClient struct {
+	*sfSide
+	dev     *verbs.Device
+	stopVia func() error
+}
+
+func (t softefaTransport) dial(srv server, via router, bufSize int) (*sfClient, error) {
+	dev, err := newSFDevice(t.paths)
+	if err != nil {
+		return nil, err
+	}
+	side, err := newSFSide(dev, bufSize, sfDepth, sfRecvs)
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	c := &sfClient{sfSide: side, dev: dev, stopVia: func() error { return nil }}
+	// Through a fabric, the server sees the client at the fabric's address for it, and answers
+	// there, so that both directions cross the fabric (as a UDP server's replies do).
+	nat, err := freeUDPAddr()
+	if err != nil {
+		c.close()
+		return nil, err
+	}
+	to, stop, err := via(srv.Addr(), "--client-addr", nat.String())
+	if err != nil {
+		c.close()
+		return nil, err
+	}
+	c.stopVia = stop
+	back := dev.Addr()
+	if to != srv.Addr() {
+		back = nat
+	}
+	if err := c.connect(verbs.GID(config.GIDFromAddr(to))); err != nil {
+		c.close()
+		return nil, err
+	}
+	if err := srv.Peer(back, c.qp.QPN()); err != nil {
+		c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *sfClient) close() {
+	c.sfSide.close()
+	c.stopVia()
+	c.dev.Close()
+}
+
+func (t softefaTransport) stream(srv server, size int, d time.Duration, via router) (streamResult, error) {
+	var res streamResult
+	cl, err := t.dial(srv, via, max(size*sfRecvs, 1<<20))
+	if err != nil {
+		return res, err
+	}
+	defer cl.close()
+	// SENDs land in the receive buffers posted, one slot each.
+	start, msgs, err := cl.pump(srv.QPN(), size, sfRecvs, d, func(x *verbs.QPEx, _ int) { x.WRSend() })
+	if err != nil {
+		return res, err
+	}
+	if showCounters {
+		fmt.Fprintf(os.Stderr, "\nclient %+v\npaths %+v\n", cl.ctx.Counters(), cl.ctx.PathStats())
+	}
+	r, err := srv.Finish(msgs)
+	if err != nil {
+		return res, err
+	}
+	if r.Msgs != msgs {
+		return res, fmt.Errorf("softefa: %d sends completed, %d received", msgs, r.Msgs)
+	}
+	c := cl.counts()
+	res.msgs, res.elapsed = msgs, time.Unix(0, r.End).Sub(start)
+	res.retrans, res.spurious = c.retrans+r.Retrans, c.spurious+r.Spurious
+	return res, nil
+}
+
+// pump posts size-byte WRs to QP qpn for d, at most sfDepth outstanding, the i-th from offset
+// i%slots*size of the buffer; op makes the WR's operation for that offset. It returns when
+// every WR posted has completed, with the time of the first post and the number of WRs.
+func (s *sfSide) pump(qpn uint32, size, slots int, d time.Duration, op func(x *verbs.QPEx, off int)) (time.Time, int64, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var progress atomic.Int64
 	go watchdog(ctx, cancel, &progress)
-	target := make(chan int64, 1)
-	type rx struct {
-		n   int64
-		end time.Time
-		err error
-	}
-	rxc := make(chan rx, 1)
-	if !write {
-		go func() {
-			var n, want int64 = 0, -1
-			var last time.Time
-			wctx := ctx
-			for want < 0 || n < want {
-				wcs, err := sv.wait(wctx)
-				if err != nil && wctx == ctx && ctx.Err() != nil {
-					select {
-					case want = <-target:
-					default: // the client gave up
-						rxc <- rx{n: n, err: err}
-						return
-					}
-					var stop context.CancelFunc
-					wctx, stop = context.WithTimeout(context.Background(), ioTimeout)
-					defer stop()
-					continue
-				}
-				if err != nil {
-					rxc <- rx{n: n, err: err}
-					return
-				}
-				last = time.Now()
-				for _, wc := range wcs {
-					if wc.ByteLen != uint32(size) {
-						rxc <- rx{n: n, err: fmt.Errorf("softefa: received %d bytes, sent %d", wc.ByteLen, size)}
-						return
-					}
-					n++
-					if err := sv.recv(int(wc.WRID), size); err != nil {
-						rxc <- rx{n: n, err: err}
-						return
-					}
-				}
-			}
-			rxc <- rx{n: n, end: last}
-		}()
-	}
-	qpn := sv.qp.QPN()
+	var msgs int64
 	out, next := 0, uint64(0)
 	start := time.Now()
-	var end time.Time
 	for sending := true; ; {
 		if sending && time.Since(start) >= d {
 			sending = false
 		}
 		if !sending && out == 0 {
-			break
+			return start, msgs, nil
 		}
 		if !sending && time.Since(start) > d+ioTimeout {
-			return res, fmt.Errorf("softefa: %d sends still outstanding %v after the last was posted", out, ioTimeout)
+			return start, msgs, fmt.Errorf("softefa: %d sends still outstanding %v after the last was posted", out, ioTimeout)
 		}
 		if sending && out < sfDepth {
 			k := min(sfDepth-out, 32)
-			err := cl.post(k, qpn, next, func(x *verbs.QPEx, i int) {
+			err := s.post(k, qpn, next, func(x *verbs.QPEx, i int) {
 				off := int(next+uint64(i)) % slots * size
-				if write {
-					x.WRRDMAWrite(sv.mr.RKey(), sv.mr.Addr()+uint64(off))
-				} else {
-					x.WRSend()
-				}
-				x.WRSetSGE(cl.mr.LKey(), cl.mr.Addr()+uint64(off), uint32(size))
+				op(x, off)
+				x.WRSetSGE(s.mr.LKey(), s.mr.Addr()+uint64(off), uint32(size))
 			})
 			if err != nil {
-				return res, err
+				return start, msgs, err
 			}
 			out += k
 			next += uint64(k)
 		}
-		wcs, err := cl.wait(ctx)
+		wcs, err := s.wait(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				err = errStalled // the watchdog's doing
 			}
-			cancel()
-			select {
-			case r := <-rxc: // the server's failure is the cause, unless it only saw the cancel
-				if r.err != nil && !errors.Is(r.err, context.Canceled) {
-					err = r.err
-				}
-			case <-time.After(100 * time.Millisecond):
-			}
-			return res, err
+			return start, msgs, err
 		}
 		out -= len(wcs)
 		progress.Add(int64(len(wcs)))
-		res.msgs += int64(len(wcs))
-		end = time.Now()
+		msgs += int64(len(wcs))
 	}
-	if showCounters {
-		fmt.Fprintf(os.Stderr, "\nclient %+v\nserver %+v\npaths %+v\n", cl.ctx.Counters(), sv.ctx.Counters(), cl.ctx.PathStats())
-	}
-	if write { // a WRITE completes once the data is placed at the responder
-		res.elapsed = end.Sub(start)
-		return res, nil
-	}
-	target <- res.msgs
-	cancel()
-	var r rx
-	select {
-	case r = <-rxc:
-	case <-time.After(2 * ioTimeout):
-		return res, errStalled
-	}
-	if r.err != nil {
-		return res, r.err
-	}
-	if r.n != res.msgs {
-		return res, fmt.Errorf("softefa: %d sends completed, %d received", res.msgs, r.n)
-	}
-	res.elapsed = r.end.Sub(start)
-	return res, nil
 }
 
-func (t softefaTransport) pingpong(size, n int, via router) ([]time.Duration, error) {
-	p, err := t.pair(1<<20, via, false)
+func (t softefaTransport) pingpong(srv server, size, n int, via router) (pingResult, error) {
+	var res pingResult
+	cl, err := t.dial(srv, via, 1<<20)
 	if err != nil {
-		return nil, err
+		return res, err
 	}
-	defer p.close()
-	cl, sv := p.cl, p.sv
+	defer cl.close()
 	for i := range 8 {
-		if err := sv.recv(i, size); err != nil {
-			return nil, err
-		}
 		if err := cl.recv(i, size); err != nil {
-			return nil, err
+			return res, err
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	var progress atomic.Int64
 	go watchdog(ctx, cancel, &progress)
-	echoErr := make(chan error, 1)
-	go func() { // the server answers every message it receives
-		clQPN := cl.qp.QPN()
-		for {
-			wcs, err := sv.wait(ctx)
-			if err != nil {
-				if ctx.Err() != nil {
-					err = nil
-				}
-				echoErr <- err
-				return
-			}
-			for _, wc := range wcs {
-				if wc.Opcode != verbs.WCRecv {
-					continue
-				}
-				if err := sv.recv(int(wc.WRID), size); err != nil {
-					echoErr <- err
-					return
-				}
-				if err := sv.post(1, clQPN, 0, func(x *verbs.QPEx, _ int) {
-					x.WRSend()
-					x.WRSetSGE(sv.mr.LKey(), sv.mr.Addr(), uint32(size))
-				}); err != nil {
-					echoErr <- err
-					return
-				}
-			}
-		}
-	}()
-	defer func() { cancel(); <-echoErr }()
-	svQPN := sv.qp.QPN()
-	rtts := make([]time.Duration, 0, n)
+	svQPN := srv.QPN()
+	res.rtts = make([]time.Duration, 0, n)
 	for range n {
 		t0 := time.Now()
 		if err := cl.post(1, svQPN, 0, func(x *verbs.QPEx, _ int) {
 			x.WRSend()
 			x.WRSetSGE(cl.mr.LKey(), cl.mr.Addr(), uint32(size))
 		}); err != nil {
-			return nil, err
+			return res, err
 		}
 		for need := 2; need > 0; { // our send's completion and the answer
 			wcs, err := cl.wait(ctx)
@@ -488,28 +562,59 @@ func (t softefaTransport) pingpong(size, n int, via router) ([]time.Duration, er
 				if ctx.Err() != nil {
 					err = errStalled // the watchdog's doing
 				}
-				select {
-				case e := <-echoErr:
-					if e != nil {
-						err = e
-					}
-				default:
-				}
-				return nil, err
+				return res, err
 			}
 			for _, wc := range wcs {
 				if wc.Opcode == verbs.WCRecv {
 					if err := cl.recv(int(wc.WRID), size); err != nil {
-						return nil, err
+						return res, err
 					}
 				}
 				need--
 			}
 		}
-		rtts = append(rtts, time.Since(t0))
+		res.rtts = append(res.rtts, time.Since(t0))
 		progress.Add(1)
 	}
-	return rtts, nil
+	r, err := srv.Finish(0)
+	c := cl.counts()
+	res.retrans, res.spurious = c.retrans+r.Retrans, c.spurious+r.Spurious
+	return res, err
+}
+
+// sameDeviceWrite streams RDMA WRITEs of size bytes for d between two contexts of one device
+// (which carries them out itself, with no network). As perftest's do, they go to a 16-slot
+// region that stays in cache, so that they measure the device, not DRAM.
+func sameDeviceWrite(size int, d time.Duration) (streamResult, error) {
+	var res streamResult
+	const slots = 16
+	dev, err := verbs.NewDevice(config.Device{Name: "efa_bench"})
+	if err != nil {
+		return res, err
+	}
+	defer dev.Close()
+	sv, err := newSFSide(dev, max(size*slots, 1<<20), sfDepth, sfRecvs)
+	if err != nil {
+		return res, err
+	}
+	defer sv.close()
+	cl, err := newSFSide(dev, max(size*slots, 1<<20), sfDepth, sfRecvs)
+	if err != nil {
+		return res, err
+	}
+	defer cl.close()
+	if err := cl.connect(dev.GID()); err != nil {
+		return res, err
+	}
+	start, msgs, err := cl.pump(sv.qp.QPN(), size, slots, d, func(x *verbs.QPEx, off int) {
+		x.WRRDMAWrite(sv.mr.RKey(), sv.mr.Addr()+uint64(off))
+	})
+	if err != nil {
+		return res, err
+	}
+	// A WRITE completes once the data is placed at the responder.
+	res.msgs, res.elapsed = msgs, time.Since(start)
+	return res, nil
 }
 
 // watchdog cancels ctx when progress has not moved for ioTimeout: a stalled run then fails
@@ -533,8 +638,8 @@ func watchdog(ctx context.Context, cancel func(), progress *atomic.Int64) {
 	}
 }
 
-// showCounters prints both devices' counters and the client's path statistics after each
-// softefa stream run (--counters).
+// showCounters prints each softefa device's counters, and the client's path statistics, after
+// each of its stream runs (--counters); a server in a child process prints its own on stderr.
 var showCounters bool
 
 // freeUDPAddr returns a loopback UDP address that was free a moment ago.

@@ -27,20 +27,50 @@ import (
 )
 
 // A transport moves messages from a client to a server on loopback, possibly through a fabric.
+// Its server end (serve) and its client end (stream, pingpong) meet only through a server, so
+// that the server end can run in another process (server.go).
 type transport interface {
 	name() string
-	// stream sends size-byte messages for d as fast as the transport allows and reports how many
-	// the server received and how long that took (first send to last arrival).
-	stream(size int, d time.Duration, via router) (streamResult, error)
-	// pingpong sends n size-byte messages one at a time, each echoed back, and returns the
-	// round-trip times.
-	pingpong(size, n int, via router) ([]time.Duration, error)
+	// serve starts a server end for j in this process.
+	serve(j job) (server, error)
+	// stream sends size-byte messages to srv (a kindStream server) for d as fast as the
+	// transport allows and reports how many the server received and how long that took (first
+	// send to last arrival).
+	stream(srv server, size int, d time.Duration, via router) (streamResult, error)
+	// pingpong sends n size-byte messages to srv (a kindPingpong server) one at a time, each
+	// echoed back, and returns the round-trip times.
+	pingpong(srv server, size, n int, via router) (pingResult, error)
 }
+
+// transportNamed is the transport of a name, as a child process rebuilds it from its job.
+func transportNamed(name string) (transport, error) {
+	for _, t := range allTransports {
+		if t.name() == name {
+			return t, nil
+		}
+	}
+	return nil, fmt.Errorf("no transport %q", name)
+}
+
+var allTransports = []transport{rawUDP{}, rawUDP{noOffload: true}, tcpTransport, quicTransport, kcpTransport, softefaTransport{paths: 4}}
 
 type streamResult struct {
 	msgs    int64
 	elapsed time.Duration
 	lost    int64 // messages sent and not received (only unreliable transports lose any)
+	sfCounts
+}
+
+type pingResult struct {
+	rtts []time.Duration
+	sfCounts
+}
+
+// sfCounts are softefa's retransmission counters for a run, both devices together: packets
+// retransmitted (RetransPkts) and, of those, the ones found to have arrived after all
+// (SpuriousRetrans). Other transports leave them zero.
+type sfCounts struct {
+	retrans, spurious uint64
 }
 
 // router returns where a client should send to reach server: server itself, or a fabric's
@@ -57,6 +87,36 @@ var loopback = netip.MustParseAddrPort("127.0.0.1:0")
 const ioTimeout = 20 * time.Second
 
 var errStalled = errors.New("no progress within 20 s")
+
+// closers is what an end must close, in reverse order: a half-built end if a later step fails,
+// a finished one when it is done. A closer added after close runs at once (an accept that
+// finished while the server was being closed). Safe from several goroutines.
+type closers struct {
+	mu     sync.Mutex
+	fs     []func()
+	closed bool
+}
+
+func (c *closers) add(f func()) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		f()
+		return
+	}
+	c.fs = append(c.fs, f)
+	c.mu.Unlock()
+}
+
+func (c *closers) close() {
+	c.mu.Lock()
+	fs := c.fs
+	c.fs, c.closed = nil, true
+	c.mu.Unlock()
+	for i := len(fs) - 1; i >= 0; i-- {
+		fs[i]()
+	}
+}
 
 // ---- raw UDP: the ceiling ----
 
@@ -80,14 +140,112 @@ func (u rawUDP) listen() (*link.UDP, error) {
 	return link.ListenUDP(loopback, 1)
 }
 
-func (u rawUDP) stream(size int, d time.Duration, via router) (streamResult, error) {
-	var res streamResult
-	srv, err := u.listen()
-	if err != nil {
-		return res, err
+func (u rawUDP) serve(j job) (server, error) {
+	if j.kind == kindPingpong {
+		return newUDPEcho()
 	}
-	defer srv.Close()
-	to, stop, err := via(srv.LocalAddr())
+	l, err := u.listen()
+	if err != nil {
+		return nil, err
+	}
+	s := &udpSink{l: l, size: j.size, done: make(chan struct{})}
+	go s.run()
+	return s, nil
+}
+
+// udpSink counts the size-byte datagrams that arrive.
+type udpSink struct {
+	l         *link.UDP
+	size      int
+	got, last atomic.Int64 // datagrams counted; the time of the last arrival, Unix ns
+	done      chan struct{}
+	once      sync.Once
+}
+
+func (s *udpSink) run() {
+	defer close(s.done)
+	pkts := make([]link.Packet, 64)
+	for i := range pkts {
+		pkts[i].Buf = make([]byte, 65536)
+	}
+	for {
+		n, err := s.l.Receive(pkts)
+		if err != nil {
+			return
+		}
+		var k int64
+		for _, p := range pkts[:n] {
+			if p.N == s.size {
+				k++
+			}
+		}
+		s.got.Add(k)
+		s.last.Store(time.Now().UnixNano())
+	}
+}
+
+func (s *udpSink) Addr() netip.AddrPort              { return s.l.LocalAddr() }
+func (s *udpSink) QPN() uint32                       { return 0 }
+func (s *udpSink) Peer(netip.AddrPort, uint32) error { return nil }
+
+// Finish waits for what is still in flight and stops: until sent datagrams have come, or none
+// for 200 ms (on a loaded machine the receiving process may wait that long for a core).
+func (s *udpSink) Finish(sent int64) (served, error) {
+	for prev, still := int64(-1), 0; still < 10 && s.got.Load() < sent; {
+		if g := s.got.Load(); g != prev {
+			prev, still = g, 0
+		}
+		still++
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.Close()
+	return served{Msgs: s.got.Load(), End: s.last.Load()}, nil
+}
+
+func (s *udpSink) Close() error {
+	s.once.Do(func() { s.l.Close(); <-s.done })
+	return nil
+}
+
+// udpEcho sends every datagram back to where it came from.
+type udpEcho struct {
+	c    *net.UDPConn
+	done chan struct{}
+	once sync.Once
+}
+
+func newUDPEcho() (*udpEcho, error) {
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(loopback))
+	if err != nil {
+		return nil, err
+	}
+	s := &udpEcho{c: c, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		buf := make([]byte, 65536)
+		for {
+			k, a, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			c.WriteToUDPAddrPort(buf[:k], a)
+		}
+	}()
+	return s, nil
+}
+
+func (s *udpEcho) Addr() netip.AddrPort              { return s.c.LocalAddr().(*net.UDPAddr).AddrPort() }
+func (s *udpEcho) QPN() uint32                       { return 0 }
+func (s *udpEcho) Peer(netip.AddrPort, uint32) error { return nil }
+func (s *udpEcho) Finish(int64) (served, error)      { return served{}, s.Close() }
+func (s *udpEcho) Close() error {
+	s.once.Do(func() { s.c.Close(); <-s.done })
+	return nil
+}
+
+func (u rawUDP) stream(srv server, size int, d time.Duration, via router) (streamResult, error) {
+	var res streamResult
+	to, stop, err := via(srv.Addr())
 	if err != nil {
 		return res, err
 	}
@@ -97,31 +255,6 @@ func (u rawUDP) stream(size int, d time.Duration, via router) (streamResult, err
 		return res, err
 	}
 	defer cl.Close()
-
-	var got atomic.Int64
-	var lastArrival atomic.Int64
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		pkts := make([]link.Packet, 64)
-		for i := range pkts {
-			pkts[i].Buf = make([]byte, 65536)
-		}
-		for {
-			n, err := srv.Receive(pkts)
-			if err != nil {
-				return
-			}
-			var k int64
-			for _, p := range pkts[:n] {
-				if p.N == size {
-					k++
-				}
-			}
-			got.Add(k)
-			lastArrival.Store(time.Now().UnixNano())
-		}
-	}()
 	pkts := make([]link.Packet, 64)
 	payload := make([]byte, size)
 	for i := range pkts {
@@ -136,98 +269,175 @@ func (u rawUDP) stream(size int, d time.Duration, via router) (streamResult, err
 		sent += int64(len(pkts))
 	}
 	sendEnd := time.Now()
-	// Whatever is still in flight arrives within a few milliseconds.
-	for prev := int64(-1); got.Load() != prev && got.Load() < sent; {
-		prev = got.Load()
-		time.Sleep(20 * time.Millisecond)
+	r, err := srv.Finish(sent)
+	if err != nil {
+		return res, err
 	}
-	srv.Close()
-	<-done
-	res.msgs = got.Load()
+	res.msgs = r.Msgs
 	res.lost = sent - res.msgs
-	res.elapsed = max(sendEnd.Sub(start), time.Duration(lastArrival.Load()-start.UnixNano()))
+	res.elapsed = max(sendEnd.Sub(start), time.Unix(0, r.End).Sub(start))
 	return res, nil
 }
 
-func (u rawUDP) pingpong(size, n int, via router) ([]time.Duration, error) {
-	srv, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(loopback))
+func (u rawUDP) pingpong(srv server, size, n int, via router) (pingResult, error) {
+	var res pingResult
+	to, stop, err := via(srv.Addr())
 	if err != nil {
-		return nil, err
-	}
-	defer srv.Close()
-	go func() {
-		buf := make([]byte, 65536)
-		for {
-			k, a, err := srv.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			srv.WriteToUDPAddrPort(buf[:k], a)
-		}
-	}()
-	to, stop, err := via(srv.LocalAddr().(*net.UDPAddr).AddrPort())
-	if err != nil {
-		return nil, err
+		return res, err
 	}
 	defer stop()
 	cl, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(to))
 	if err != nil {
-		return nil, err
+		return res, err
 	}
 	defer cl.Close()
 	msg, buf := make([]byte, size), make([]byte, 65536)
-	rtts := make([]time.Duration, 0, n)
+	res.rtts = make([]time.Duration, 0, n)
 	for range n {
 		t0 := time.Now()
 		if _, err := cl.Write(msg); err != nil {
-			return nil, err
+			return res, err
 		}
 		cl.SetReadDeadline(t0.Add(time.Second))
 		if _, err := cl.Read(buf); err != nil {
-			return nil, fmt.Errorf("udp ping-pong: %w (raw UDP does not recover losses)", err)
+			return res, fmt.Errorf("udp ping-pong: %w (raw UDP does not recover losses)", err)
 		}
-		rtts = append(rtts, time.Since(t0))
+		res.rtts = append(res.rtts, time.Since(t0))
 	}
-	return rtts, nil
+	_, err = srv.Finish(0)
+	return res, err
 }
 
 // ---- byte streams: TCP, quic-go, kcp-go ----
 
-// streamPair is a connected client and server end of some byte-stream transport.
-type streamPair struct {
-	client io.Writer // the sending end
-	server io.Reader
-	close  func() error
+// streamTransport is a byte-stream transport. listen opens a server end whose accept returns
+// the first connection; dial connects a client. Both register what they open on c.
+//
+// A stream run: the client writes size-byte messages of zeros through a 64 KiB buffer (as a
+// careful application batches), then one 0xff byte that marks the end; the server reads until
+// it sees it. A ping-pong: the server reads size bytes and writes them back.
+type streamTransport struct {
+	label  string
+	listen func(c *closers) (netip.AddrPort, func(c *closers) (io.ReadWriter, error), error)
+	dial   func(to netip.AddrPort, c *closers) (io.ReadWriter, error)
 }
 
-// streamOver measures a byte stream: the client writes size-byte messages of zeros through a
-// 64 KiB buffer (as a careful application batches), then one 0xff byte that marks the end; the
-// server reads until it sees it.
-func streamOver(p *streamPair, size int, d time.Duration) (streamResult, error) {
-	var res streamResult
-	type rx struct {
-		n   int64
-		end time.Time
-		err error
+func (s streamTransport) name() string { return s.label }
+
+var (
+	tcpTransport  = streamTransport{"tcp", tcpListen, tcpDial}
+	quicTransport = streamTransport{"quic-go", quicListen, quicDial}
+	kcpTransport  = streamTransport{"kcp-go", kcpListen, kcpDial}
+)
+
+// streamServer is a byte stream's server end: one connection, read to the end marker or echoed.
+type streamServer struct {
+	addr netip.AddrPort
+	kind string
+	c    closers
+	out  served // the stream's byte count, once the marker came; read after done
+	err  error  // what ended the server early; read after done
+	done chan struct{}
+	got  atomic.Int64 // bytes read so far: Finish waits while they grow
+}
+
+func (s streamTransport) serve(j job) (server, error) {
+	ss := &streamServer{kind: j.kind, done: make(chan struct{})}
+	addr, accept, err := s.listen(&ss.c)
+	if err != nil {
+		ss.c.close()
+		return nil, err
 	}
-	rxc := make(chan rx, 1)
+	ss.addr = addr
 	go func() {
+		defer close(ss.done)
+		conn, err := accept(&ss.c)
+		if err != nil {
+			ss.err = err
+			return
+		}
+		if j.kind == kindPingpong {
+			buf := make([]byte, j.size)
+			for {
+				if _, err := io.ReadFull(conn, buf); err != nil {
+					return
+				}
+				if _, err := conn.Write(buf); err != nil {
+					return
+				}
+			}
+		}
 		buf := make([]byte, 64<<10)
 		var n int64
 		for {
-			k, err := p.server.Read(buf)
+			k, err := conn.Read(buf)
 			if i := bytes.IndexByte(buf[:k], 0xff); i >= 0 {
-				rxc <- rx{n: n + int64(i), end: time.Now()}
+				ss.out = served{Msgs: n + int64(i), End: time.Now().UnixNano()}
 				return
 			}
 			n += int64(k)
+			ss.got.Store(n)
 			if err != nil {
-				rxc <- rx{n: n, end: time.Now(), err: err}
+				ss.err = err
 				return
 			}
 		}
 	}()
-	w := bufio.NewWriterSize(p.client, 64<<10)
+	return ss, nil
+}
+
+func (ss *streamServer) Addr() netip.AddrPort              { return ss.addr }
+func (ss *streamServer) QPN() uint32                       { return 0 }
+func (ss *streamServer) Peer(netip.AddrPort, uint32) error { return nil }
+
+// Finish waits for the end marker, for as long as bytes keep coming, and returns the stream's
+// byte count (a ping-pong's server has nothing to report). A transport that queues more than it
+// can send (kcp-go takes a window of 4096 packets) may take a while to drain on a loaded machine.
+func (ss *streamServer) Finish(int64) (served, error) {
+	if ss.kind == kindPingpong {
+		return served{}, nil
+	}
+	t := time.NewTicker(ioTimeout / 20)
+	defer t.Stop()
+	last, since := ss.got.Load(), time.Now()
+	for {
+		select {
+		case <-ss.done:
+			return ss.out, ss.err
+		case now := <-t.C:
+			if g := ss.got.Load(); g != last {
+				last, since = g, now
+			} else if now.Sub(since) >= ioTimeout {
+				return served{}, errStalled
+			}
+		}
+	}
+}
+
+func (ss *streamServer) Close() error {
+	ss.c.close()
+	select {
+	case <-ss.done:
+		return ss.err
+	case <-time.After(ioTimeout):
+		return errors.New("server did not stop")
+	}
+}
+
+func (s streamTransport) stream(srv server, size int, d time.Duration, via router) (streamResult, error) {
+	var res streamResult
+	var c closers
+	defer c.close()
+	to, stop, err := via(srv.Addr())
+	if err != nil {
+		return res, err
+	}
+	c.add(func() { stop() })
+	conn, err := s.dial(to, &c)
+	if err != nil {
+		return res, err
+	}
+	w := bufio.NewWriterSize(conn, 64<<10)
 	msg := make([]byte, size)
 	var sent int64
 	start := time.Now()
@@ -245,105 +455,79 @@ func streamOver(p *streamPair, size int, d time.Duration) (streamResult, error) 
 	if err := w.Flush(); err != nil {
 		return res, err
 	}
-	var r rx
-	select {
-	case r = <-rxc:
-	case <-time.After(ioTimeout):
-		return res, errStalled
+	r, err := srv.Finish(sent)
+	if err != nil {
+		return res, err
 	}
-	if r.err != nil {
-		return res, r.err
+	if r.Msgs != sent {
+		return res, fmt.Errorf("%d bytes sent, %d received", sent, r.Msgs)
 	}
-	if r.n != sent {
-		return res, fmt.Errorf("%d bytes sent, %d received", sent, r.n)
-	}
-	res.msgs, res.elapsed = r.n/int64(size), r.end.Sub(start)
+	res.msgs, res.elapsed = r.Msgs/int64(size), time.Unix(0, r.End).Sub(start)
 	return res, nil
 }
 
-// pingpongOver echoes size-byte messages over a byte stream.
-func pingpongOver(p *streamPair, echo io.ReadWriter, size, n int) ([]time.Duration, error) {
-	go func() {
-		buf := make([]byte, size)
-		for {
-			if _, err := io.ReadFull(echo, buf); err != nil {
-				return
-			}
-			if _, err := echo.Write(buf); err != nil {
-				return
-			}
-		}
-	}()
+func (s streamTransport) pingpong(srv server, size, n int, via router) (pingResult, error) {
+	var res pingResult
+	var c closers
+	defer c.close()
+	to, stop, err := via(srv.Addr())
+	if err != nil {
+		return res, err
+	}
+	c.add(func() { stop() })
+	conn, err := s.dial(to, &c)
+	if err != nil {
+		return res, err
+	}
+	// A lost server would leave the reads below waiting for ever: the watchdog closes the
+	// connection when no round trip has ended for ioTimeout.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var progress atomic.Int64
+	go watchdog(ctx, func() { cancel(); c.close() }, &progress)
 	msg, buf := make([]byte, size), make([]byte, size)
-	rtts := make([]time.Duration, 0, n)
+	res.rtts = make([]time.Duration, 0, n)
 	for range n {
 		t0 := time.Now()
-		if _, err := p.client.Write(msg); err != nil {
-			return nil, err
+		if _, err := conn.Write(msg); err != nil {
+			return res, err
 		}
-		if _, err := io.ReadFull(p.client.(io.Reader), buf); err != nil {
-			return nil, err
+		if _, err := io.ReadFull(conn, buf); err != nil {
+			if ctx.Err() != nil {
+				err = errStalled
+			}
+			return res, err
 		}
-		rtts = append(rtts, time.Since(t0))
+		res.rtts = append(res.rtts, time.Since(t0))
+		progress.Add(1)
 	}
-	return rtts, nil
+	_, err = srv.Finish(0)
+	return res, err
 }
 
-// streamTransport is a byte-stream transport: pair connects a client to a server, through via,
-// and returns the pair and the server's end.
-type streamTransport struct {
-	label string
-	pair  func(via router) (*streamPair, io.ReadWriter, error)
-}
-
-func (s streamTransport) name() string { return s.label }
-
-func (s streamTransport) stream(size int, d time.Duration, via router) (streamResult, error) {
-	p, _, err := s.pair(via)
+func tcpListen(c *closers) (netip.AddrPort, func(*closers) (io.ReadWriter, error), error) {
+	ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(loopback))
 	if err != nil {
-		return streamResult{}, err
+		return netip.AddrPort{}, nil, err
 	}
-	defer p.close()
-	return streamOver(p, size, d)
+	c.add(func() { ln.Close() })
+	return ln.Addr().(*net.TCPAddr).AddrPort(), func(c *closers) (io.ReadWriter, error) {
+		sv, err := ln.Accept()
+		if err != nil {
+			return nil, err
+		}
+		c.add(func() { sv.Close() })
+		return sv, nil
+	}, nil
 }
 
-func (s streamTransport) pingpong(size, n int, via router) ([]time.Duration, error) {
-	p, sv, err := s.pair(via)
+func tcpDial(to netip.AddrPort, c *closers) (io.ReadWriter, error) {
+	cl, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(to))
 	if err != nil {
 		return nil, err
 	}
-	defer p.close()
-	return pingpongOver(p, sv, size, n)
-}
-
-var (
-	tcpTransport  = streamTransport{"tcp", tcpPair}
-	quicTransport = streamTransport{"quic-go", quicPair}
-	kcpTransport  = streamTransport{"kcp-go", kcpPair}
-)
-
-func tcpPair(via router) (*streamPair, io.ReadWriter, error) {
-	ln, err := net.ListenTCP("tcp", net.TCPAddrFromAddrPort(loopback))
-	if err != nil {
-		return nil, nil, err
-	}
-	defer ln.Close()
-	to, stop, err := via(ln.Addr().(*net.TCPAddr).AddrPort())
-	if err != nil {
-		return nil, nil, err
-	}
-	cl, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(to))
-	if err != nil {
-		stop()
-		return nil, nil, err
-	}
-	sv, err := ln.Accept()
-	if err != nil {
-		cl.Close()
-		stop()
-		return nil, nil, err
-	}
-	return &streamPair{client: cl, server: sv, close: func() error { sv.Close(); cl.Close(); return stop() }}, sv, nil
+	c.add(func() { cl.Close() })
+	return cl, nil
 }
 
 var (
@@ -372,55 +556,52 @@ func selfSigned() (tls.Certificate, error) {
 	return cert, certErr
 }
 
-// quicPair is one quic-go stream; its server end appears once the client has written to it.
-func quicPair(via router) (_ *streamPair, _ io.ReadWriter, err error) {
-	var u undo
-	defer func() {
+// quicListen serves one quic-go stream; it appears once the client has written to it.
+func quicListen(c *closers) (netip.AddrPort, func(*closers) (io.ReadWriter, error), error) {
+	crt, err := selfSigned()
+	if err != nil {
+		return netip.AddrPort{}, nil, err
+	}
+	ln, err := quic.ListenAddr("127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{crt}, NextProtos: []string{"bench"}}, &quic.Config{})
+	if err != nil {
+		return netip.AddrPort{}, nil, err
+	}
+	c.add(func() { ln.Close() })
+	return ln.Addr().(*net.UDPAddr).AddrPort(), func(c *closers) (io.ReadWriter, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), ioTimeout)
+		defer cancel()
+		sc, err := ln.Accept(ctx)
 		if err != nil {
-			u.run()
+			return nil, err
 		}
-	}()
-	c, err := selfSigned()
-	if err != nil {
-		return nil, nil, err
-	}
-	ln, err := quic.ListenAddr("127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{c}, NextProtos: []string{"bench"}}, &quic.Config{})
-	if err != nil {
-		return nil, nil, err
-	}
-	u.add(func() { ln.Close() })
-	to, stop, err := via(ln.Addr().(*net.UDPAddr).AddrPort())
-	if err != nil {
-		return nil, nil, err
-	}
-	u.add(func() { stop() })
+		c.add(func() { sc.CloseWithError(0, "") })
+		ss, err := sc.AcceptStream(ctx)
+		if err == nil {
+			_, err = io.ReadFull(ss, make([]byte, 1))
+		}
+		if err != nil {
+			return nil, err
+		}
+		return ss, nil
+	}, nil
+}
+
+func quicDial(to netip.AddrPort, c *closers) (io.ReadWriter, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), ioTimeout)
 	defer cancel()
 	cc, err := quic.DialAddr(ctx, to.String(), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"bench"}}, &quic.Config{})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	u.add(func() { cc.CloseWithError(0, "") })
-	sc, err := ln.Accept(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	u.add(func() { sc.CloseWithError(0, "") })
+	c.add(func() { cc.CloseWithError(0, "") })
 	cs, err := cc.OpenStreamSync(ctx)
 	if err == nil {
 		_, err = cs.Write([]byte{0}) // a stream exists for the peer once it carries data
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	ss, err := sc.AcceptStream(ctx)
-	if err == nil {
-		_, err = io.ReadFull(ss, make([]byte, 1))
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	return &streamPair{client: cs, server: ss, close: u.closer()}, ss, nil
+	return cs, nil
 }
 
 // tuneKCP sets kcp-go up as its README recommends for low latency: nodelay, 10 ms interval, fast
@@ -433,55 +614,36 @@ func tuneKCP(s *kcp.UDPSession) {
 	s.SetStreamMode(true)
 }
 
-func kcpPair(via router) (_ *streamPair, _ io.ReadWriter, err error) {
-	var u undo
-	defer func() {
-		if err != nil {
-			u.run()
-		}
-	}()
+func kcpListen(c *closers) (netip.AddrPort, func(*closers) (io.ReadWriter, error), error) {
 	ln, err := kcp.ListenWithOptions("127.0.0.1:0", nil, 0, 0)
 	if err != nil {
-		return nil, nil, err
+		return netip.AddrPort{}, nil, err
 	}
-	u.add(func() { ln.Close() })
-	to, stop, err := via(ln.Addr().(*net.UDPAddr).AddrPort())
-	if err != nil {
-		return nil, nil, err
-	}
-	u.add(func() { stop() })
+	c.add(func() { ln.Close() })
+	return ln.Addr().(*net.UDPAddr).AddrPort(), func(c *closers) (io.ReadWriter, error) {
+		ln.SetDeadline(time.Now().Add(ioTimeout))
+		sv, err := ln.AcceptKCP()
+		if err != nil {
+			return nil, err
+		}
+		c.add(func() { sv.Close() })
+		tuneKCP(sv)
+		if _, err := io.ReadFull(sv, make([]byte, 1)); err != nil {
+			return nil, err
+		}
+		return sv, nil
+	}, nil
+}
+
+func kcpDial(to netip.AddrPort, c *closers) (io.ReadWriter, error) {
 	cl, err := kcp.DialWithOptions(to.String(), nil, 0, 0)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	u.add(func() { cl.Close() })
+	c.add(func() { cl.Close() })
 	tuneKCP(cl)
 	if _, err := cl.Write([]byte{0}); err != nil { // the listener learns of a session from its data
-		return nil, nil, err
+		return nil, err
 	}
-	ln.SetDeadline(time.Now().Add(ioTimeout))
-	sv, err := ln.AcceptKCP()
-	if err != nil {
-		return nil, nil, err
-	}
-	u.add(func() { sv.Close() })
-	tuneKCP(sv)
-	if _, err := io.ReadFull(sv, make([]byte, 1)); err != nil {
-		return nil, nil, err
-	}
-	return &streamPair{client: cl, server: sv, close: u.closer()}, sv, nil
+	return cl, nil
 }
-
-// undo is what a half-built pair must close, in reverse order, if a later step fails, and what
-// the finished pair closes.
-type undo []func()
-
-func (u *undo) add(f func()) { *u = append(*u, f) }
-
-func (u undo) run() {
-	for i := len(u) - 1; i >= 0; i-- {
-		u[i]()
-	}
-}
-
-func (u undo) closer() func() error { return func() error { u.run(); return nil } }
