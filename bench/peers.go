@@ -22,9 +22,10 @@ import (
 // driven by a few goroutines. Each sender SENDs one 64-byte message carrying its GID and QP
 // number; the receiver answers each with a SEND of its own, through an AH it creates for the
 // answer and destroys when the answer completes, so that what stays is the device's own state
-// for an idle peer. Then the receiver reports its heap after a GC (the figure is the growth
-// over a baseline taken after one warm-up peer, per peer) and how much CPU time it used, and how
-// often its engine woke, while every peer stayed idle for --duration (at least a second).
+// for an idle peer. Then the receiver reports how much CPU time it used, and how often its
+// engine woke, while every peer stayed idle for --duration (at least a second, starting half a
+// second after the last exchange), and its heap after that, after a GC (the figure is the growth
+// over a baseline taken after one warm-up peer, per peer).
 //
 // The receiver keeps idle peers (PeerIdleTimeout negative): with the default, peers idle for 2
 // minutes are forgotten, and a slow run would measure fewer peers than it claims.
@@ -360,13 +361,13 @@ func peersRun(o *options, n int) (res peersResult, err error) {
 		return res, err
 	}
 	res.setup = time.Since(start)
-	st1, err := c.Stats(true)
+	st1, err := c.Stats(false)
 	if err != nil {
 		return res, err
 	}
-	// The idle window starts a moment after the GCs, whose sweeping and scavenging are the Go
-	// runtime's, not the device's.
-	time.Sleep(200 * time.Millisecond)
+	// The idle window starts once the receiver has had time to slim its idle peers (250 ms
+	// after their last traffic: docs/architecture.md, "Memory per peer").
+	time.Sleep(500 * time.Millisecond)
 	sa, err := c.Stats(false)
 	if err != nil {
 		return res, err
@@ -377,11 +378,15 @@ func peersRun(o *options, n int) (res peersResult, err error) {
 	if err != nil {
 		return res, err
 	}
+	st3, err := c.Stats(true) // the heap, after GCs (not in the idle window: they cost CPU)
+	if err != nil {
+		return res, err
+	}
 	if st1.Msgs != int64(n+1) || st1.Forgotten != 0 {
 		return res, fmt.Errorf("receiver got %d messages, forgot %d peers; want %d and none", st1.Msgs, st1.Forgotten, n+1)
 	}
 	idle := float64(st2.CPU-sa.CPU) / 1e6 // ms
-	res.heapPerPeer = (float64(st1.Heap) - float64(st0.Heap)) / float64(n)
+	res.heapPerPeer = (float64(st3.Heap) - float64(st0.Heap)) / float64(n)
 	res.idleCPU = idle / window.Seconds()
 	res.idleWakeups = float64(st2.Wakeups-sa.Wakeups) / window.Seconds()
 	res.idleRx = st2.RxPkts - sa.RxPkts
