@@ -67,8 +67,15 @@ func newWatcher(e *engine.Device) *watcher {
 	return w
 }
 
+// add watches q (again); a QP already watched stays as it is.
 func (w *watcher) add(q *engine.QP) {
 	w.mu.Lock()
+	for _, x := range w.qps {
+		if x.q == q {
+			w.mu.Unlock()
+			return
+		}
+	}
 	w.qps = append(w.qps, &watched{q: q, sq: q.SQDoorbell(), rq: q.RQDoorbell()})
 	w.n.Store(int32(len(w.qps)))
 	w.mu.Unlock()
