@@ -83,15 +83,17 @@ static int (*real_sigaction)(int, const struct sigaction *, struct sigaction *);
 static int (*real_sigprocmask)(int, const sigset_t *, sigset_t *);
 static int (*real_pthread_sigmask)(int, const sigset_t *, sigset_t *);
 
-static void resolve(void) {
-	if (!real_mmap) {
-		real_munmap = (int (*)(void *, size_t))dlsym(RTLD_NEXT, "munmap");
-		real_sigaction = (int (*)(int, const struct sigaction *, struct sigaction *))dlsym(RTLD_NEXT, "sigaction");
-		real_sigprocmask = (int (*)(int, const sigset_t *, sigset_t *))dlsym(RTLD_NEXT, "sigprocmask");
-		real_pthread_sigmask = (int (*)(int, const sigset_t *, sigset_t *))dlsym(RTLD_NEXT, "pthread_sigmask");
-		real_mmap = (void *(*)(void *, size_t, int, int, int, off_t))dlsym(RTLD_NEXT, "mmap");
-	}
+static pthread_once_t resolved = PTHREAD_ONCE_INIT;
+
+static void resolve_all(void) {
+	real_munmap = (int (*)(void *, size_t))dlsym(RTLD_NEXT, "munmap");
+	real_sigaction = (int (*)(int, const struct sigaction *, struct sigaction *))dlsym(RTLD_NEXT, "sigaction");
+	real_sigprocmask = (int (*)(int, const sigset_t *, sigset_t *))dlsym(RTLD_NEXT, "sigprocmask");
+	real_pthread_sigmask = (int (*)(int, const sigset_t *, sigset_t *))dlsym(RTLD_NEXT, "pthread_sigmask");
+	real_mmap = (void *(*)(void *, size_t, int, int, int, off_t))dlsym(RTLD_NEXT, "mmap");
 }
+
+static void resolve(void) { pthread_once(&resolved, resolve_all); }
 
 static struct trap *find(uintptr_t page) {
 	int n = atomic_load_explicit(&ntraps, memory_order_acquire);
