@@ -12,7 +12,7 @@
 // write(2) on it carries uverbs commands to the engine, and so does ioctl(2) (RDMA_VERBS_IOCTL).
 // socket(AF_NETLINK, ..., NETLINK_RDMA) gets one end of a local socket pair whose requests the
 // engine answers as the kernel's RDMA netlink does (the bind, name, send and receive calls on it
-// are adjusted here to look like netlink's).
+// are adjusted here to look like netlink's). Stores to a QP's doorbell trap (dbtrap.c).
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
