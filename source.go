@@ -8,7 +8,7 @@ import "embed"
 
 // Source holds go.mod, go.sum and every file of the packages the libraries are built from.
 //
-//go:embed go.mod go.sum cabi/*.go cabi/shim/preload.c cabi/libengine/*.go config/*.go efaio/*.go
+//go:embed go.mod go.sum cabi/*.go cabi/shim/*.c cabi/shim/*.h cabi/libengine/*.go config/*.go efaio/*.go
 //go:embed internal/uapi/*.go internal/qpn/*.go internal/wire/*.go internal/engine/*.go internal/seal/*.go internal/srd/*.go
 //go:embed internal/uverbs/*.go link/*.go
 var Source embed.FS

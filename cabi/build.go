@@ -209,7 +209,7 @@ func Build(src, cache string, log io.Writer) (Libs, error) {
 	fmt.Fprintf(log, "softefa: building the preload shim and the engine library into %s\n", dir)
 	steps := []*exec.Cmd{
 		exec.Command(cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", filepath.Join(tmp, ShimLib),
-			filepath.Join(src, "cabi", "shim", "preload.c"), "-ldl", "-lpthread"),
+			filepath.Join(src, "cabi", "shim", "preload.c"), filepath.Join(src, "cabi", "shim", "dbtrap.c"), "-ldl", "-lpthread"),
 		exec.Command("go", "build", "-buildmode=c-shared", "-o", filepath.Join(tmp, EngineLib), "./cabi/libengine"),
 	}
 	for _, c := range steps {
@@ -279,7 +279,7 @@ func sourceHash(src, extra string) (string, error) {
 			return nil
 		}
 		if !(strings.HasSuffix(name, ".go") && !strings.HasSuffix(name, "_test.go") ||
-			strings.HasSuffix(name, ".c") || name == "go.mod" || name == "go.sum") {
+			strings.HasSuffix(name, ".c") || strings.HasSuffix(name, ".h") || name == "go.mod" || name == "go.sum") {
 			return nil
 		}
 		b, err := os.ReadFile(p)

@@ -3,6 +3,7 @@
 package cabi
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -155,4 +156,69 @@ func TestStackTwoProcesses(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) { runPair(t, c.pair) })
 	}
+}
+
+// TestStackRawRing runs testdata/rawring.c, built against rdma-core 64: a UD ping-pong that posts
+// through the rings efadv_query_qp_wqs hands out and reads the CQ buffer efadv_query_cq hands out,
+// never calling libibverbs or libefa on its data path, as libfabric 2.x's efa provider does; every
+// payload is checked. Between two processes and between two QPs of one process (same-device
+// delivery: nothing but the doorbell's trap moves the engine). Every doorbell store must have
+// trapped and been emulated (SOFTEFA_DEBUG=1 makes each process report its count at exit: the
+// 32 receives posted first, then a SEND and a receive per round, per QP); with SOFTEFA_DB_TRAP=0
+// the doorbell watcher notices them instead (docs/cabi.md, "Doorbells").
+func TestStackRawRing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs 20,000 round trips")
+	}
+	p := stackPrefix(t)
+	exe := buildStackC(t, p, "rawring")
+	const rounds = 5000
+	for _, c := range []struct {
+		name    string
+		args    []string
+		env     string
+		reports int // processes reporting their traps
+		stores  int // the doorbell stores each process reports
+	}{
+		{"two processes", nil, "SOFTEFA_DEBUG=1", 2, 32 + 2*rounds},
+		{"one process", []string{"-l"}, "SOFTEFA_DEBUG=1", 1, 2 * (32 + 2*rounds)},
+		{"two processes, watcher", nil, "SOFTEFA_DB_TRAP=0", 0, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := setupOrSkip(t)
+			cmd := exec.Command(exe, append(c.args, "-n", fmt.Sprint(rounds))...)
+			cmd.Env = append(s.Environ(), c.env)
+			b, err := combinedOutputWithin(cmd, 3*time.Minute)
+			out := string(b)
+			if err != nil || !strings.Contains(out, fmt.Sprintf("ok rounds=%d ", rounds)) {
+				t.Fatalf("rawring %s: %v\n%s", strings.Join(c.args, " "), err, out)
+			}
+			want := fmt.Sprintf("softefa: debug: doorbell stores trapped: %d emulated, 0 stepped", c.stores)
+			if n := strings.Count(out, want); n != c.reports || strings.Contains(out, "traps off") {
+				t.Fatalf("want %d processes to report %q:\n%s", c.reports, want, out)
+			}
+			t.Log(lastLines(out, 1))
+		})
+	}
+}
+
+// buildStackC compiles testdata/name.c against the stack's rdma-core (prefix p), with an rpath to
+// its libraries.
+func buildStackC(t *testing.T, p, name string) string {
+	t.Helper()
+	if _, err := exec.LookPath("cc"); err != nil {
+		t.Skipf("cc not found: %v", err)
+	}
+	exe := filepath.Join(t.TempDir(), name)
+	src, err := filepath.Abs(filepath.Join("testdata", name+".c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(p, "lib")
+	out, err := exec.Command("cc", "-O2", "-Wall", "-Wextra", "-Werror", "-I", filepath.Join(p, "include"),
+		"-L", lib, "-Wl,-rpath,"+lib, "-o", exe, src, "-libverbs", "-lefa").CombinedOutput()
+	if err != nil {
+		t.Fatalf("cc %s: %v\n%s", src, err, out)
+	}
+	return exe
 }

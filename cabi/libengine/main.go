@@ -247,6 +247,29 @@ func softefa_kick_qp(fd C.int, handle C.uint32_t) {
 	}
 }
 
+// softefa_db_page answers the shim's mmap of the device fd at off: the handle of the QP whose
+// doorbell page that is, or -1.
+//
+//export softefa_db_page
+func softefa_db_page(fd C.int, off C.int64_t) C.int64_t {
+	if o := lookup(fd); o != nil && off >= 0 {
+		if h, ok := o.f.DoorbellPage(uint64(off)); ok {
+			return C.int64_t(h)
+		}
+	}
+	return -1
+}
+
+// softefa_db_trapped tells the device whether the program's mappings of the doorbell page of the
+// QP with handle h trap every store (uverbs.File.TrapDoorbells).
+//
+//export softefa_db_trapped
+func softefa_db_trapped(fd C.int, handle C.uint32_t, trapped C.int) {
+	if o := lookup(fd); o != nil {
+		o.f.TrapDoorbells(uint32(handle), trapped != 0)
+	}
+}
+
 //export softefa_poll_net
 func softefa_poll_net() C.int {
 	// An empty ibv_poll_cq: the polling thread takes what the network holds for the device

@@ -12,7 +12,7 @@
 // write(2) on it carries uverbs commands to the engine, and so does ioctl(2) (RDMA_VERBS_IOCTL).
 // socket(AF_NETLINK, ..., NETLINK_RDMA) gets one end of a local socket pair whose requests the
 // engine answers as the kernel's RDMA netlink does (the bind, name, send and receive calls on it
-// are adjusted here to look like netlink's).
+// are adjusted here to look like netlink's). Stores to a QP's doorbell trap (dbtrap.c).
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -31,6 +31,8 @@
 #include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <unistd.h>
+
+#include "shim.h"
 
 #ifndef NETLINK_RDMA
 #define NETLINK_RDMA 20
@@ -182,6 +184,8 @@ static void (*eng_dup)(int fd, int nfd);
 static int (*eng_sysfs)(char *buf, size_t n);
 static int (*eng_ioctl)(int fd, unsigned long req, void *arg);
 static int (*eng_netlink)(int peer, uint32_t port, const void *buf, size_t n);
+static int64_t (*eng_db_page)(int fd, int64_t off);
+static void (*eng_db_trapped)(int fd, uint32_t handle, int trapped);
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
 static int eng_err;
 
@@ -233,13 +237,16 @@ static void load_engine(void) {
 	eng_sysfs = (int (*)(char *, size_t))dlsym(h, "softefa_sysfs");
 	eng_ioctl = (int (*)(int, unsigned long, void *))dlsym(h, "softefa_ioctl");
 	eng_netlink = (int (*)(int, uint32_t, const void *, size_t))dlsym(h, "softefa_netlink");
+	eng_db_page = (int64_t (*)(int, int64_t))dlsym(h, "softefa_db_page");
+	eng_db_trapped = (void (*)(int, uint32_t, int))dlsym(h, "softefa_db_trapped");
 	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq || !eng_poll_net || !eng_dup ||
-	    !eng_sysfs || !eng_ioctl || !eng_netlink) {
+	    !eng_sysfs || !eng_ioctl || !eng_netlink || !eng_db_page || !eng_db_trapped) {
 		fprintf(stderr, "softefa: %s lacks the engine entry points\n", lib);
 		eng_err = ENODEV;
 		return;
 	}
 	engine_loaded = 1;
+	softefa_trap_install(); // in front of the Go runtime's SIGSEGV and SIGTRAP handlers
 }
 
 // Direct reads of the device's sysfs (docs/cabi.md, "Sysfs"): a path under
@@ -1014,6 +1021,36 @@ static void arm(int fd, uint32_t handle) {
 	leave(&old);
 }
 
+// What dbtrap.c needs of this file (shim.h).
+int softefa_shim_ours(int fd) { return ours(fd); }
+int softefa_shim_forked(void) { return forked_child; }
+void softefa_shim_kick(int fd, uint32_t handle) { kick(fd, handle); }
+
+long softefa_shim_db_page(int fd, long long off) {
+	sigset_t old;
+	enter(&old);
+	long h = (long)eng_db_page(fd, off);
+	leave(&old);
+	return h;
+}
+
+void softefa_shim_db_trapped(int fd, uint32_t handle, int trapped) {
+	sigset_t old;
+	enter(&old);
+	eng_db_trapped(fd, handle, trapped);
+	leave(&old);
+}
+
+int softefa_shim_debug(void) {
+	static int debug = -1;
+	if (debug < 0) {
+		resolve_getenv();
+		const char *e = REAL(getenv)("SOFTEFA_DEBUG");
+		debug = e && strcmp(e, "1") == 0;
+	}
+	return debug;
+}
+
 static int poll_net(void) {
 	sigset_t old;
 	enter(&old);
@@ -1022,17 +1059,21 @@ static int poll_net(void) {
 	return r;
 }
 
+// kick_qp tells the engine of a post to q, unless its doorbell store trapped and did already.
+static void kick_qp(struct sx_qp *q) {
+	if (!softefa_trap_covers(q->context->cmd_fd, q->handle))
+		kick(q->context->cmd_fd, q->handle);
+}
+
 static int w_post_send(void *qp, void *wr, void **bad) {
 	int r = orig_post_send(qp, wr, bad);
-	struct sx_qp *q = qp;
-	kick(q->context->cmd_fd, q->handle);
+	kick_qp(qp);
 	return r;
 }
 
 static int w_post_recv(void *qp, void *wr, void **bad) {
 	int r = orig_post_recv(qp, wr, bad);
-	struct sx_qp *q = qp;
-	kick(q->context->cmd_fd, q->handle);
+	kick_qp(qp);
 	return r;
 }
 
@@ -1060,8 +1101,7 @@ static int w_req_notify(void *cq, int solicited_only) {
 
 static int w_wr_complete(void *qpx) {
 	int r = orig_wr_complete(qpx);
-	struct sx_qp *q = qpx; // qp_base is first
-	kick(q->context->cmd_fd, q->handle);
+	kick_qp(qpx); // qp_base is first
 	return r;
 }
 

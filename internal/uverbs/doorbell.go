@@ -13,12 +13,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// watcher notices the doorbells libefa stores with plain writes and rings the engine at once,
-// instead of leaving them to the engine's timer (1 to 16 ms): it is what notices a program that
-// writes the rings itself rather than through the wrapped libibverbs entry points. It scans every
-// QP's SQ and RQ doorbell; after a change it may keep scanning for spin, yielding the CPU between
+// watcher notices the doorbells stored with plain writes that do not trap and rings the engine at
+// once, instead of leaving them to the engine's timer (1 to 16 ms). Where the preload shim traps
+// doorbell stores (x86-64: docs/cabi.md, "Doorbells"), the storing thread rings the engine itself
+// and the QP is taken off the watcher (File.TrapDoorbells); otherwise the watcher is what notices
+// a program that writes the rings itself rather than through the wrapped libibverbs entry points.
+// It scans the SQ and RQ doorbell of every QP it watches; after a change it may keep scanning for spin, yielding the CPU between
 // scans (sched_yield); then it scans every 50 µs until busyWindow after the last change, backs
-// off to 1 ms between scans after that, and blocks while there is no QP. Pauses under a millisecond are nanosleeps on the watcher's own thread, with a timer
+// off to 1 ms between scans after that, and blocks while it watches no QP. Pauses under a millisecond are nanosleeps on the watcher's own thread, with a timer
 // slack of 1 µs: Go's timers do not sleep less than about a millisecond, which made every raw
 // doorbell wait 1 to 2 ms (libfabric 2.6's efa-direct fi_pingpong, 64 bytes: 1.8–3.4 ms per
 // transfer before, 0.3–0.6 ms after, on a loaded 2-vCPU machine).
@@ -67,8 +69,15 @@ func newWatcher(e *engine.Device) *watcher {
 	return w
 }
 
+// add watches q (again); a QP already watched stays as it is.
 func (w *watcher) add(q *engine.QP) {
 	w.mu.Lock()
+	for _, x := range w.qps {
+		if x.q == q {
+			w.mu.Unlock()
+			return
+		}
+	}
 	w.qps = append(w.qps, &watched{q: q, sq: q.SQDoorbell(), rq: q.RQDoorbell()})
 	w.n.Store(int32(len(w.qps)))
 	w.mu.Unlock()

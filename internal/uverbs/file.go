@@ -127,6 +127,8 @@ type qpObj struct {
 	typ       int
 	sigAll    bool
 	keys      []uint64
+	dbKey     uint64 // the mmap key of its doorbell page
+	dbUntrap  bool   // a mapping of the doorbell page does not trap (TrapDoorbells); guarded by File.mu
 	asyncSent atomic.Uint32
 	dead      bool // destroyed; guarded by File.mu
 }
@@ -324,6 +326,39 @@ func (f *File) Kick(h uint32) {
 	defer f.mu.Unlock()
 	if o, ok := f.objs[h].(*qpObj); ok {
 		f.d.e.Ring(o.qp)
+	}
+}
+
+// DoorbellPage reports which QP's doorbell page the mmap key names: its handle, or false when
+// the key is not a QP's doorbell page (a ring, a CQ's doorbell page, nothing).
+func (f *File) DoorbellPage(key uint64) (uint32, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for h, o := range f.objs {
+		if q, ok := o.(*qpObj); ok && q.dbKey == key {
+			return h, true
+		}
+	}
+	return 0, false
+}
+
+// TrapDoorbells tells the device how it learns of stores to the doorbells of the QP with handle
+// h, each time the program maps its doorbell page. trapped: that mapping traps every store and
+// rings the engine (the shim's doorbell traps, docs/cabi.md "Doorbells"), so the watcher leaves
+// the QP alone, unless another mapping did not trap. Not trapped: stores to that mapping go
+// through unseen, so the watcher scans the QP from now on. Unknown handles are ignored.
+func (f *File) TrapDoorbells(h uint32, trapped bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	o, ok := f.objs[h].(*qpObj)
+	if !ok {
+		return
+	}
+	o.dbUntrap = o.dbUntrap || !trapped
+	if o.dbUntrap {
+		f.d.dbs.add(o.qp)
+	} else {
+		f.d.dbs.remove(o.qp)
 	}
 }
 
