@@ -155,7 +155,7 @@ func (h *harness) getContext() {
 	drv := make([]byte, 8)
 	put32(drv, 0, efaAllocUcontextCmdTxBatch|efaAllocUcontextCmdMinSQWR)
 	r := h.must(cmd(cmdGetContext, (8+24)/4, withResp(8), drv))
-	if u32(r, 4) != 1 || int32(u32(r, 0)) < 0 {
+	if u32(r, 4) != uint32(h.d.cfg.CompVectors) || int32(u32(r, 0)) < 0 { // num_comp_vectors
 		h.t.Fatalf("GET_CONTEXT core response % x", r[:8])
 	}
 	syscall.Close(int(u32(r, 0)))
@@ -411,7 +411,7 @@ func TestCQAndQP(t *testing.T) {
 	wantErrno(t, bad(func(_, d []byte) { d[15] = 1 }), syscall.EINVAL)
 	wantErrno(t, bad(func(c, _ []byte) { put32(c, 16, 0) }), syscall.EINVAL)
 	wantErrno(t, bad(func(c, _ []byte) { put32(c, 16, 1<<20) }), syscall.EINVAL)
-	wantErrno(t, bad(func(c, _ []byte) { put32(c, 20, 1) }), syscall.EINVAL) // comp_vector
+	wantErrno(t, bad(func(c, _ []byte) { put32(c, 20, uint32(h.d.cfg.CompVectors)) }), syscall.EINVAL) // comp_vector
 	wantErrno(t, bad(func(c, _ []byte) { put32(c, 24, 77) }), syscall.EBADF)                           // not a channel
 
 	qp, r := h.createQP(pd, cq, uapi.QPTypeDriver, 16*64, 16*16)
