@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -184,7 +185,7 @@ func Build(src, cache string, log io.Writer) (Libs, error) {
 	}
 	dir := filepath.Join(cache, key[:16])
 	libs := Libs{Shim: filepath.Join(dir, ShimLib), Engine: filepath.Join(dir, EngineLib)}
-	if built(libs) {
+	if holdBuild(dir) == nil && built(libs) {
 		return libs, nil
 	}
 	if err := os.MkdirAll(cache, 0o755); err != nil {
@@ -198,7 +199,7 @@ func Build(src, cache string, log io.Writer) (Libs, error) {
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
 		return Libs{}, err
 	}
-	if built(libs) { // built while we waited
+	if holdBuild(dir) == nil && built(libs) { // built while we waited
 		return libs, nil
 	}
 	tmp, err := os.MkdirTemp(cache, "build-")
@@ -223,15 +224,58 @@ func Build(src, cache string, log io.Writer) (Libs, error) {
 	if err := os.Rename(tmp, dir); err != nil {
 		return Libs{}, err
 	}
+	if err := holdBuild(dir); err != nil {
+		return Libs{}, err
+	}
 	prune(cache, keepBuilds)
 	return libs, nil
 }
 
-// keepBuilds is how many builds the cache keeps: each source change makes a new one.
+// keepBuilds is how many builds the cache keeps besides those in use: each source change makes
+// a new one.
 const keepBuilds = 4
 
-// prune removes all but the newest keep build directories of cache. Called with the lock held;
-// a program still using a removed build keeps its mapped libraries.
+// inUseFile, in a build directory, is locked shared by every process that uses the build
+// (holdBuild), for as long as it runs: softefa run, or a test binary, starts programs that load
+// the libraries long after it located them (a test suite for half an hour), and a concurrent
+// build of other sources must not prune them meanwhile.
+const inUseFile = ".in-use"
+
+var (
+	heldMu sync.Mutex
+	held   = map[string]*os.File{} // build directory → its in-use file, locked shared until exit
+)
+
+// holdBuild takes a shared lock on dir's in-use file and keeps it until the process exits. A
+// file held before, since removed with its directory, is let go and the new one locked.
+func holdBuild(dir string) error {
+	heldMu.Lock()
+	defer heldMu.Unlock()
+	p := filepath.Join(dir, inUseFile)
+	if f := held[dir]; f != nil {
+		a, err1 := f.Stat()
+		b, err2 := os.Stat(p)
+		if err1 == nil && err2 == nil && os.SameFile(a, b) {
+			return nil
+		}
+		f.Close()
+		delete(held, dir)
+	}
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH); err != nil {
+		f.Close()
+		return err
+	}
+	held[dir] = f
+	return nil
+}
+
+// prune removes all but the newest keep build directories of cache, and never one that a
+// process holds (holdBuild). Called with the cache's lock held; a program that mapped a removed
+// build's libraries keeps them.
 func prune(cache string, keep int) {
 	ents, err := os.ReadDir(cache)
 	if err != nil {
@@ -252,7 +296,15 @@ func prune(cache string, keep int) {
 	}
 	sort.Slice(builds, func(i, j int) bool { return builds[i].mod > builds[j].mod })
 	for _, b := range builds[min(keep, len(builds)):] {
-		os.RemoveAll(b.path)
+		f, err := os.Open(filepath.Join(b.path, inUseFile))
+		if err != nil { // a build no process has held since it was made
+			os.RemoveAll(b.path)
+			continue
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+			os.RemoveAll(b.path)
+		}
+		f.Close()
 	}
 }
 

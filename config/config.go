@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -40,6 +41,11 @@ type Device struct {
 	MaxMR     int    // default 65535 (lkeys carry a 16-bit index)
 	MaxMRSize uint64 // default 1 TiB
 	MaxAH     int    // per device; default 65535
+
+	// CompVectors is num_comp_vectors, the completion vectors a CQ may name (its events'
+	// interrupt, on hardware). Default one per CPU: EFA's driver makes an event queue per online
+	// CPU, up to the device's limit.
+	CompVectors int
 
 	MaxLLQSize      int // SQ ring bytes; default 256 KiB
 	MaxSQWR         int // default 4096
@@ -147,7 +153,8 @@ func Default() Device {
 	return Device{
 		Name: "efa_0", MTU: 8192, MaxRDMASize: 1 << 30,
 		MaxQP: 4096, QPNTableSize: 1 << 16, QPNReservedStart: 1, QPNReservedEnd: 0,
-		MaxCQ: 4096, MaxCQE: 32768, MaxPD: 65535, MaxMR: 65535, MaxMRSize: 1 << 40, MaxAH: 65535,
+		MaxCQ: 4096, MaxCQE: 32768, CompVectors: runtime.NumCPU(),
+		MaxPD: 65535, MaxMR: 65535, MaxMRSize: 1 << 40, MaxAH: 65535,
 		MaxLLQSize: 256 << 10, MaxSQWR: 4096, MaxRQWR: 8192, MaxSQSGE: 2, MaxRQSGE: 2, MaxSGERD: 1,
 		InlineBufSize: 32, InlineBufSizeEx: 80, MaxTxBatch: 16, MinSQWR: 16,
 		Caps: uapi.CapRDMARead | uapi.CapRNRRetry | uapi.CapCQWithSGID | uapi.CapRDMAWrite |
@@ -179,6 +186,7 @@ func (c *Device) Fill() error {
 	setInt(&c.QPNTableSize, def.QPNTableSize)
 	setInt(&c.MaxCQ, def.MaxCQ)
 	setInt(&c.MaxCQE, def.MaxCQE)
+	setInt(&c.CompVectors, def.CompVectors)
 	setInt(&c.MaxPD, def.MaxPD)
 	setInt(&c.MaxMR, def.MaxMR)
 	setInt(&c.MaxAH, def.MaxAH)
@@ -258,6 +266,8 @@ func (c *Device) check() error {
 		return fmt.Errorf("config: MTU %d outside [64, 65536]: %w", c.MTU, syscall.EINVAL)
 	case c.MaxCQE > 1<<15:
 		return fmt.Errorf("config: MaxCQE %d over 32768 (CQ doorbells count 16 bits): %w", c.MaxCQE, syscall.EINVAL)
+	case c.CompVectors < 1:
+		return fmt.Errorf("config: %d completion vectors: %w", c.CompVectors, syscall.EINVAL)
 	case c.MaxRQSGE > MaxRQSGELimit:
 		return fmt.Errorf("config: MaxRQSGE %d over %d: %w", c.MaxRQSGE, MaxRQSGELimit, syscall.EINVAL)
 	case c.MaxSQSGE > 2 || c.MaxSGERD > 1:

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"os"
 	"syscall"
 	"unsafe"
 
@@ -45,13 +46,14 @@ func vm(addr uint64, b []byte, write bool) error {
 }
 
 // Bytes returns the process memory [addr, addr+n) as a slice, after checking that every page of
-// it is mapped (msync fails with ENOMEM on a hole).
-func (procMem) Bytes(addr, n uint64) ([]byte, error) {
-	if addr == 0 || addr+n < addr {
+// it is mapped readable and, with write, writable (/proc/self/maps), as the kernel's pinning of
+// a memory region checks the mappings: EFAULT otherwise.
+func (procMem) Bytes(addr, n uint64, write bool) ([]byte, error) {
+	if addr == 0 || n == 0 || addr+n < addr {
 		return nil, syscall.EFAULT
 	}
-	start := addr &^ 4095
-	if _, _, e := unix.Syscall(unix.SYS_MSYNC, uintptr(start), uintptr(addr+n-start), unix.MS_ASYNC); e != 0 {
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil || !mapped(maps, addr&^4095, addr+n, write) {
 		return nil, syscall.EFAULT
 	}
 	return unsafe.Slice((*byte)(ptr(addr)), n), nil

@@ -155,8 +155,18 @@ func (d *Device) ArmCQ(cq *CQ) {
 	}
 }
 
+// latchArm latches the arm that the doorbell v shows. The doorbell is memory, not a register the
+// device sees every store to: a consumer that stores it itself can overwrite its arm before the
+// engine reads it (libfabric 2.x's direct data path arms with one store and reports its next poll
+// with another, without the arm bit, and its efa fabric's fi_cq_sread then waits for an event
+// that never came). cmd_sn tells the two apart: a consumer moves it only by taking an event, and
+// one that takes events arms again before it waits for the next, so after the first event a
+// cmd_sn other than the last event's counts as an arm even with the bit clear. The first arm is
+// read while its bit is still set: the consumer stores the doorbell again only when it polls an
+// entry, after the engine wrote one and read the doorbell.
 func (cq *CQ) latchArm(v uint32) {
-	if v&efaio.CQDoorbellArm != 0 && int(v>>efaio.CQDoorbellSNShift&3) != cq.firedSN {
+	sn := int(v >> efaio.CQDoorbellSNShift & 3)
+	if sn != cq.firedSN && (v&efaio.CQDoorbellArm != 0 || cq.firedSN >= 0) {
 		cq.armed = true
 	}
 }

@@ -48,3 +48,50 @@ func TestCQPacing(t *testing.T) {
 		}
 	}
 }
+
+// TestCQArmOverwritten: a consumer that stores the CQ doorbell itself arms with one store and
+// reports its next poll with another, without the arm bit, before the engine has read the first
+// (libfabric 2.x's efa fabric does so in fi_cq_sread). After the first event, a doorbell whose
+// cmd_sn has moved past the last event's is armed even with the bit clear; before it, and while
+// cmd_sn stays, only the bit arms.
+func TestCQArmOverwritten(t *testing.T) {
+	d := newAccessRig(t).d
+	events := 0
+	var db uint32
+	cq, err := d.CreateCQ(CQInit{Entries: 8, Unpaced: true, Doorbell: &db, Notify: func() { events++ }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	post := func(n int) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		for range n {
+			cq.post(&efaio.Completion{})
+		}
+	}
+	store := func(polled uint16, sn uint8, arm bool) { atomic.StoreUint32(&db, efaio.CQDoorbell(polled, sn, arm)) }
+	want := func(what string, n int) {
+		t.Helper()
+		if events != n {
+			t.Fatalf("%s: %d events, want %d", what, events, n)
+		}
+	}
+
+	store(0, 0, false) // a consumer that polls and never arms
+	post(2)
+	want("never armed", 0)
+	store(2, 0, true) // arms (cmd_sn 0)
+	post(1)
+	want("armed", 1)
+	post(1)
+	want("the arm is spent", 1)
+	store(4, 1, true)  // took the event (cmd_sn 1) and armed again…
+	store(4, 1, false) // …then polled: the arm bit is gone before the engine read it
+	post(1)
+	want("arm overwritten by the next poll's store", 2)
+	post(1)
+	want("spent again", 2)
+	store(6, 1, false) // polls on, cmd_sn unchanged: no arm
+	post(1)
+	want("cmd_sn unchanged", 2)
+}

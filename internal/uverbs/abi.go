@@ -40,7 +40,6 @@ const (
 	cmdMask          = 0xff
 	cmdFlagExtended  = 0x80000000
 	userPageSize     = 4096
-	maxCompVectors   = 1
 	dbPageQPSQOffset = 0
 	dbPageQPRQOffset = 8
 )

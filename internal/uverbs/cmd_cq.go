@@ -82,7 +82,7 @@ func (f *File) finishCQ(c *call, h uint32, resp []byte) error {
 // ring and the doorbell page are regions of the command fd; the driver response names them.
 func (f *File) newCQ(c *call, p cqParams) (uint32, uint32, error) {
 	var ch *compChannel
-	if p.vector >= maxCompVectors {
+	if p.vector >= uint32(f.d.cfg.CompVectors) {
 		return 0, 0, syscall.EINVAL
 	}
 	if p.channel >= 0 { // ib_uverbs_lookup_comp_file: not this context's channel is EBADF

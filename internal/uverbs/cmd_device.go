@@ -34,7 +34,7 @@ func (f *File) getContext(c *call) error {
 	}
 	resp := make([]byte, getContextResp)
 	put32(resp, 0, uint32(theirs))
-	put32(resp, 4, maxCompVectors)
+	put32(resp, 4, uint32(f.d.cfg.CompVectors))
 	drv := make([]byte, efaAllocUcontextRespSize)
 	put32(drv, 4, efaCmdsSuppUdataQueryDevice|efaCmdsSuppUdataCreateAH)
 	put16(drv, 8, 1) // sub_cqs_per_cq

@@ -115,7 +115,9 @@ func (f *File) destroyAH(c *call) error {
 // process, addressed by hca_va. EINVAL when start and hca_va differ within a page, for access
 // flags IB does not know or REMOTE_WRITE without LOCAL_WRITE (ib_check_mr_access), for an unknown
 // PD or non-zero bytes in the first 8 of driver input; the engine's checks follow (size, EOPNOTSUPP for remote access the
-// device lacks); EFAULT when the range is not mapped.
+// device lacks); EFAULT when the range is not mapped readable, or not writable when the access
+// flags let anyone write it (ib_access_writable: LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC,
+// MW_BIND), as ib_umem_get's pinning fails.
 func (f *File) regMR(c *call) error {
 	req, err := c.request(regMRReq)
 	if err != nil {
@@ -137,7 +139,8 @@ func (f *File) regMR(c *call) error {
 	if length == 0 || length > f.d.cfg.MaxMRSize || start+length < start {
 		return syscall.EINVAL
 	}
-	buf, err := f.mem.Bytes(start, length)
+	writable := access&(uapi.AccessLocalWrite|uapi.AccessRemoteWrite|uapi.AccessRemoteAtomic|uapi.AccessMWBind) != 0
+	buf, err := f.mem.Bytes(start, length, writable)
 	if err != nil {
 		return syscall.EFAULT
 	}

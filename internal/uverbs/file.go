@@ -21,8 +21,10 @@ type Memory interface {
 	Read(addr uint64, b []byte) error
 	Write(addr uint64, b []byte) error
 	// Bytes returns the n bytes at addr as a slice the engine keeps while a region is
-	// registered; EFAULT when the range is not mapped.
-	Bytes(addr, n uint64) ([]byte, error)
+	// registered; EFAULT when any page of the range is not mapped readable or, with write, not
+	// writable (ib_umem_get pins the pages for writing when the access flags let anyone write
+	// them, which fails on a read-only mapping).
+	Bytes(addr, n uint64, write bool) ([]byte, error)
 }
 
 // Regions is the mmap space of a command fd: page-aligned regions named by their offset, the

@@ -14,8 +14,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// fakeMem is a Memory of a few segments at made-up addresses.
-type fakeMem struct{ segs map[uint64][]byte }
+// fakeMem is a Memory of a few segments at made-up addresses. Bytes for writing refuses a range
+// in the segment at readOnly (when set), as the kernel refuses to pin a read-only mapping for
+// writing.
+type fakeMem struct {
+	segs     map[uint64][]byte
+	readOnly uint64
+}
 
 func (m *fakeMem) find(addr, n uint64) ([]byte, error) {
 	for base, b := range m.segs {
@@ -42,7 +47,12 @@ func (m *fakeMem) Write(addr uint64, b []byte) error {
 	return err
 }
 
-func (m *fakeMem) Bytes(addr, n uint64) ([]byte, error) { return m.find(addr, n) }
+func (m *fakeMem) Bytes(addr, n uint64, write bool) ([]byte, error) {
+	if ro := m.segs[m.readOnly]; write && ro != nil && addr >= m.readOnly && addr-m.readOnly < uint64(len(ro)) {
+		return nil, syscall.EFAULT
+	}
+	return m.find(addr, n)
+}
 
 // heapRegions is a Regions over Go memory, for tests that do not need a real memfd.
 type heapRegions struct {
@@ -68,6 +78,7 @@ func (r *heapRegions) Free(key uint64) { delete(r.live, key) }
 const (
 	respAddr = 0x10000 // a 4 KiB response buffer
 	bufAddr  = 0x20000 // a 64 KiB "user buffer" for memory regions
+	roAddr   = 0x40000 // a 4 KiB read-only page (TestPDAndMR)
 )
 
 type harness struct {
@@ -144,7 +155,7 @@ func (h *harness) getContext() {
 	drv := make([]byte, 8)
 	put32(drv, 0, efaAllocUcontextCmdTxBatch|efaAllocUcontextCmdMinSQWR)
 	r := h.must(cmd(cmdGetContext, (8+24)/4, withResp(8), drv))
-	if u32(r, 4) != 1 || int32(u32(r, 0)) < 0 {
+	if u32(r, 4) != uint32(h.d.cfg.CompVectors) || int32(u32(r, 0)) < 0 { // num_comp_vectors
 		h.t.Fatalf("GET_CONTEXT core response % x", r[:8])
 	}
 	syscall.Close(int(u32(r, 0)))
@@ -295,6 +306,18 @@ func TestPDAndMR(t *testing.T) {
 	wantErrno(t, reg(bufAddr, 0, bufAddr, pd, 1), syscall.EINVAL)        // empty
 	wantErrno(t, reg(0x900000, 4096, 0x900000, pd, 1), syscall.EFAULT)   // not mapped
 	wantErrno(t, reg(bufAddr, 4096, bufAddr, pd, 1<<12), syscall.EINVAL) // unknown access bit
+	h.mem.segs[roAddr], h.mem.readOnly = make([]byte, 4096), roAddr
+	for _, access := range []uint32{1, 1 | 2, 1 | 4} { // LOCAL_WRITE, with REMOTE_WRITE or REMOTE_READ
+		wantErrno(t, reg(roAddr, 4096, roAddr, pd, access), syscall.EFAULT) // cannot be pinned for writing
+	}
+	for _, access := range []uint32{0, 4} { // local read only; REMOTE_READ
+		if err := reg(roAddr, 4096, roAddr, pd, access); err != nil {
+			t.Fatalf("read-only page, access %#x: %v", access, err)
+		}
+		dereg := make([]byte, 4)
+		put32(dereg, 0, u32(h.mem.segs[respAddr], 0))
+		h.must(cmd(cmdDeregMR, 0, dereg, nil))
+	}
 	regDrv := func(drv []byte) error {
 		core := withResp(regMRReq)
 		put64(core, 8, bufAddr)
@@ -388,8 +411,8 @@ func TestCQAndQP(t *testing.T) {
 	wantErrno(t, bad(func(_, d []byte) { d[15] = 1 }), syscall.EINVAL)
 	wantErrno(t, bad(func(c, _ []byte) { put32(c, 16, 0) }), syscall.EINVAL)
 	wantErrno(t, bad(func(c, _ []byte) { put32(c, 16, 1<<20) }), syscall.EINVAL)
-	wantErrno(t, bad(func(c, _ []byte) { put32(c, 20, 1) }), syscall.EINVAL) // comp_vector
-	wantErrno(t, bad(func(c, _ []byte) { put32(c, 24, 77) }), syscall.EBADF) // not a channel
+	wantErrno(t, bad(func(c, _ []byte) { put32(c, 20, uint32(h.d.cfg.CompVectors)) }), syscall.EINVAL) // comp_vector
+	wantErrno(t, bad(func(c, _ []byte) { put32(c, 24, 77) }), syscall.EBADF)                           // not a channel
 
 	qp, r := h.createQP(pd, cq, uapi.QPTypeDriver, 16*64, 16*16)
 	drv = r[32:]
