@@ -57,15 +57,12 @@ type Device struct {
 	// polledQPs counts the live QPs whose doorbells may be stored without Ring (PollDoorbells):
 	// while there are any, the engine loop keeps polling doorbells.
 	polledQPs int
-	// txBusy: some stream may have something outstanding. Set whenever a message enters a stream;
-	// cleared by the transport tick that finds none. While it is set the engine loop keeps ticking.
-	txBusy bool
-	nCQ    int
-	nPD    int
-	pdNext uint16
-	pds    map[uint16]*PD
-	mrs    mrTable
-	nAH    int
+	nCQ       int
+	nPD       int
+	pdNext    uint16
+	pds       map[uint16]*PD
+	mrs       mrTable
+	nAH       int
 	// foreignMRs counts live foreign regions: while there are any, copies of application
 	// memory are guarded against faults (copyMem).
 	foreignMRs int
