@@ -424,16 +424,21 @@ func (ss *streamServer) Close() error {
 	}
 }
 
+// connect reaches srv through via; what it opens closes with c.
+func (s streamTransport) connect(srv server, via router, c *closers) (io.ReadWriter, error) {
+	to, stop, err := via(srv.Addr())
+	if err != nil {
+		return nil, err
+	}
+	c.add(func() { stop() })
+	return s.dial(to, c)
+}
+
 func (s streamTransport) stream(srv server, size int, d time.Duration, via router) (streamResult, error) {
 	var res streamResult
 	var c closers
 	defer c.close()
-	to, stop, err := via(srv.Addr())
-	if err != nil {
-		return res, err
-	}
-	c.add(func() { stop() })
-	conn, err := s.dial(to, &c)
+	conn, err := s.connect(srv, via, &c)
 	if err != nil {
 		return res, err
 	}
@@ -470,12 +475,7 @@ func (s streamTransport) pingpong(srv server, size, n int, via router) (pingResu
 	var res pingResult
 	var c closers
 	defer c.close()
-	to, stop, err := via(srv.Addr())
-	if err != nil {
-		return res, err
-	}
-	c.add(func() { stop() })
-	conn, err := s.dial(to, &c)
+	conn, err := s.connect(srv, via, &c)
 	if err != nil {
 		return res, err
 	}

@@ -71,17 +71,7 @@ func TestUDPBatches(t *testing.T) {
 // A busy poller reads beside a Receive parked in the network poller: it never waits for it (a
 // parked Receive holds the socket's read lock), and each datagram reaches exactly one of them.
 func TestBusyPollerBesideReceive(t *testing.T) {
-	lo := netip.MustParseAddrPort("127.0.0.1:0")
-	a, err := ListenUDP(lo, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := ListenUDP(lo, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a, b := loopbackPair(t, 1)
 	newPkts := func() []Packet {
 		p := make([]Packet, 8)
 		for i := range p {
@@ -150,17 +140,7 @@ func TestBusyPollerBesideReceive(t *testing.T) {
 // Senders do not share scratch: several goroutines send at once, every datagram arrives intact
 // (run with -race), and a send allocates nothing once each sender's scratch exists.
 func TestUDPConcurrentSenders(t *testing.T) {
-	lo := netip.MustParseAddrPort("127.0.0.1:0")
-	a, err := ListenUDP(lo, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := ListenUDP(lo, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a, b := loopbackPair(t, 2)
 	const senders, each = 4, 200
 	done := make(chan error, senders)
 	for s := range senders {
@@ -209,4 +189,20 @@ func TestUDPConcurrentSenders(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { _ = a.Send(out) }); n != 0 {
 		t.Errorf("Send: %.1f allocations per call, want 0", n)
 	}
+}
+
+// loopbackPair binds a (with paths paths) and b (one path) on 127.0.0.1; both close with the test.
+func loopbackPair(t *testing.T, paths int) (a, b *UDP) {
+	t.Helper()
+	lo := netip.MustParseAddrPort("127.0.0.1:0")
+	a, err := ListenUDP(lo, paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	if b, err = ListenUDP(lo, 1); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return a, b
 }
