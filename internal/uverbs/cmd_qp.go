@@ -59,7 +59,11 @@ func (f *File) createQP(c *call) error {
 	if caps.MaxInlineData > cfg.InlineBufSize {
 		esz = efaio.TxWQESize128
 	}
-	if sqSize <= 0 || sqSize%esz != 0 || rqSize < 0 || rqSize%efaio.RxDescSize != 0 {
+	if sqSize <= 0 || sqSize%esz != 0 || rqSize < 0 || rqSize%efaio.RxDescSize != 0 ||
+		sqSize > ringBytes(cfg.MaxSQWR, esz) || rqSize > ringBytes(cfg.MaxRQWR, efaio.RxDescSize*cfg.MaxRQSGE) {
+		// Ring sizes come from the program (libefa: its WR count rounded up to a power of two,
+		// times the entry size): the device's limits bound them, or a program could have the
+		// device map gigabytes for one QP.
 		return syscall.EINVAL
 	}
 
@@ -221,4 +225,14 @@ func (f *File) destroyQP(c *call) error {
 	resp := make([]byte, destroyQPResp)
 	put32(resp, 0, o.asyncSent.Load()-f.discardAsync(o.handle))
 	return f.respond(c, resp)
+}
+
+// ringBytes is the largest ring of entries of esz bytes a program may ask for when the device
+// allows maxWR work requests: maxWR rounded up to a power of two, as libefa rounds.
+func ringBytes(maxWR, esz int) int {
+	n := 1
+	for n < maxWR {
+		n <<= 1
+	}
+	return n * esz
 }

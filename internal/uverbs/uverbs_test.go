@@ -437,6 +437,29 @@ func TestCQAndQP(t *testing.T) {
 	}
 	wantErrnoQP(2, 0, syscall.EOPNOTSUPP)                 // RC
 	wantErrnoQP(uapi.QPTypeDriver, 1, syscall.EOPNOTSUPP) // not SRD
+	// Ring sizes past the device's limits (the program names them) are refused: a hostile
+	// program would have the device map gigabytes.
+	wantRings := func(sq, rq int, want syscall.Errno) {
+		t.Helper()
+		core := withResp(createQPReq)
+		put32(core, 16, pd)
+		put32(core, 20, cq)
+		put32(core, 24, cq)
+		put32(core, 32, 16)
+		put32(core, 36, 16)
+		put32(core, 40, 1)
+		put32(core, 44, 1)
+		core[53] = uapi.QPTypeDriver
+		drv := make([]byte, 16)
+		put32(drv, 4, uint32(rq))
+		put32(drv, 8, uint32(sq))
+		put32(drv, 12, uapi.DriverQPTypeSRD)
+		wantErrno(t, h.do(cmd(cmdCreateQP, 24, core, drv)), want)
+	}
+	cfg := h.d.cfg
+	wantRings(ringBytes(cfg.MaxSQWR, 64)+64, 16*16, syscall.EINVAL)
+	wantRings(16*64, ringBytes(cfg.MaxRQWR, 16*cfg.MaxRQSGE)+16, syscall.EINVAL)
+	wantRings(1<<31, 16*16, syscall.EINVAL)
 
 	dcq := make([]byte, 16)
 	put64(dcq, 0, respAddr)
