@@ -1,0 +1,286 @@
+//go:build linux
+
+package cabi
+
+import (
+	"bufio"
+	"encoding/xml"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestStackFabtests runs libfabric 2.6's own EFA test suite, fabtests' pytest suite
+// (share/fabtests/pytest/efa) as its runner runfabtests.py runs it, with server and client both on
+// this host (docs/cabi.md, "fabtests"). The suite reaches its hosts with ssh: testdata/fabtests/ssh,
+// first on PATH, runs each command here, in the environment of softefa run, so that every fabtests
+// program of the suite loads the shim and gets a device of its own. The server is 127.0.0.1 and
+// the client localhost: the same address, but two names, so that the suite treats them as the two
+// nodes they are (every process has its own device, and the shm provider is off), and runs the
+// tests it keeps for two nodes (RNR, truncation, device selection, the implicit AV's unexpected
+// path) instead of skipping them as if server and client shared one device. Its options:
+//
+//   - -t quick, the runner's default set: the unit and functional tests and the short form (-I 5)
+//     of the performance tests, whose standard form differs only in its iteration count;
+//   - --expression "not (cuda or neuron or rocr)": the parametrizations with GPU, Neuron or ROCr
+//     memory are deselected (this host has none; each would only skip after asking for one);
+//   - -b: EFA addresses exchanged out of band (the efa provider takes a node given to fi_getinfo
+//     as an EFA address, an IPv6 GID, never an IP address; fabtests' README runs efa with -b);
+//   - -S, strict mode: a test that ends with ENODATA or ENOSYS fails instead of skipping;
+//   - -e: the exclusions of testdata/fabtests/efa.exclude, on top of the efa provider's own
+//     (test_configs/efa/efa.exclude, which the runner applies), each with its reason there;
+//   - --nworkers 2, so the parallel part runs two tests at a time.
+//
+// Every test must pass or skip for a reason in fabtestsSkips; any failure, error or other skip
+// fails this test.
+func TestStackFabtests(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs libfabric's EFA test suite")
+	}
+	p := stackPrefix(t)
+	s := setupOrSkip(t, "/usr/bin/python3")
+	if out, err := exec.Command("/usr/bin/python3", "-c", "import pytest, xdist, yaml, retrying, junitparser").CombinedOutput(); err != nil {
+		msg := fmt.Sprintf("fabtests' runner needs python3-pytest python3-pytest-xdist python3-yaml python3-retrying python3-junitparser: %v\n%s", err, out)
+		if os.Getenv("SOFTEFA_REQUIRE_STACK") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	sshDir, err := filepath.Abs(filepath.Join("testdata", "fabtests"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exclude, err := fabtestsExclusions(filepath.Join(sshDir, "efa.exclude"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The suite takes 30 to 45 minutes on 2 vCPUs (docs/cabi.md); go test's default timeout is
+	// 10 minutes a package.
+	within := 90 * time.Minute
+	if d, ok := t.Deadline(); ok {
+		if left := time.Until(d) - time.Minute; left < 60*time.Minute {
+			msg := fmt.Sprintf("libfabric's EFA suite takes 30 to 45 minutes; go test's deadline leaves %v: run with -timeout 120m",
+				left.Round(time.Minute))
+			if os.Getenv("SOFTEFA_REQUIRE_STACK") == "1" {
+				t.Fatal(msg)
+			}
+			t.Skip(msg)
+		} else {
+			within = min(within, left)
+		}
+	}
+	report := filepath.Join(t.TempDir(), "fabtests.xml")
+	bin := filepath.Join(p, "bin")
+	c := exec.Command("/usr/bin/python3", filepath.Join(bin, "runfabtests.py"),
+		"-b", "-S", "-p", bin, "--nworkers", "2", "-v", "--junit-xml", report,
+		"-t", "quick", "--expression", "not (cuda or neuron or rocr)", "-e", strings.Join(exclude, ","),
+		"efa", "127.0.0.1", "localhost")
+	c.Env = append(s.Environ(), "PATH="+sshDir+":"+bin+":"+os.Getenv("PATH"),
+		"PYTEST_ADDOPTS=-p no:cacheprovider") // the suite's directory is the stack's, maybe read-only
+	start := time.Now()
+	out, runErr := combinedOutputWithin(c, within)
+	cases, err := readJUnit(report)
+	if err != nil {
+		t.Fatalf("runfabtests.py: %v; its report: %v\n%s", runErr, err, lastLines(string(out), 60))
+	}
+	var passed, xfailed, skipped int
+	reasons := map[string]int{}
+	for _, tc := range cases {
+		switch {
+		case tc.Failure != nil || tc.Error != nil:
+			t.Errorf("%s: %s\n%s", tc.Name, tc.message(), lastLines(tc.SystemOut, 40))
+		case tc.Skipped != nil && tc.Skipped.Type == "pytest.xfail":
+			if _, ok := fabtestsXfails[testFunc(tc.Name)]; !ok {
+				t.Errorf("%s failed, as marked expected (xfail), but not one of fabtestsXfails: %s", tc.Name, tc.Skipped.Message)
+			}
+			xfailed++
+		case tc.Skipped != nil:
+			why := skipReason(tc.Skipped.Message)
+			if _, ok := fabtestsSkips[why]; !ok {
+				t.Errorf("%s skipped: %s", tc.Name, tc.Skipped.Message)
+			}
+			reasons[why]++
+			skipped++
+		default:
+			passed++
+		}
+	}
+	if runErr != nil && !t.Failed() {
+		t.Errorf("runfabtests.py: %v with no failed test in its report:\n%s", runErr, lastLines(string(out), 60))
+	}
+	if passed == 0 {
+		t.Fatalf("no test passed:\n%s", lastLines(string(out), 60))
+	}
+	var lines []string
+	for r, n := range reasons {
+		lines = append(lines, fmt.Sprintf("  %4d skipped: %s", n, r))
+	}
+	sort.Strings(lines)
+	t.Logf("fabtests (efa, quick): %d tests, %d passed, %d failed as expected (xfail), %d skipped, in %v\n%s\nslowest: %s",
+		len(cases), passed, xfailed, skipped, time.Since(start).Round(time.Second), strings.Join(lines, "\n"), slowest(cases, 8))
+}
+
+// slowest names the n test functions that took longest in all, with their times.
+func slowest(cases []junitCase, n int) string {
+	total := map[string]float64{}
+	for _, c := range cases {
+		total[testFunc(c.Name)] += c.Time
+	}
+	names := make([]string, 0, len(total))
+	for f := range total {
+		names = append(names, f)
+	}
+	sort.Slice(names, func(i, j int) bool { return total[names[i]] > total[names[j]] })
+	var out []string
+	for _, f := range names[:min(n, len(names))] {
+		out = append(out, fmt.Sprintf("%s %.0fs", f, total[f]))
+	}
+	return strings.Join(out, ", ")
+}
+
+// testFunc is a test's function name: its name without the parameters in brackets.
+func testFunc(name string) string {
+	if i := strings.IndexByte(name, '['); i >= 0 {
+		return name[:i]
+	}
+	return name
+}
+
+// fabtestsSkips are the reasons fabtests' EFA suite gives for the skips allowed in
+// TestStackFabtests, each with why it is right here; docs/cabi.md ("fabtests") counts them.
+var fabtestsSkips = map[string]string{
+	"excluded": "excluded by the efa provider's test_configs/efa/efa.exclude or by testdata/fabtests/efa.exclude",
+	"Duplicate completion semantic for fi_read test": "an RDMA read is the same with transmit and delivery " +
+		"completion; the suite runs it once",
+	"Duplicate completion semantic for fi_write* test": "the device has RDMA write, with which every write " +
+		"completes on delivery; the suite runs the delivery-complete form only",
+	"the rx cq data mode is only applied for writedata": "a parameter that only fi_writedata takes; the suite " +
+		"runs the others once",
+	"efa fabric ignores the rx cq data mode": "a parameter only the efa-direct fabric takes",
+	"Cannot hit EFA MR limit": "the suite's own bound: the test would need a memory region of 4 GiB or " +
+		"more, past what EFA registers",
+	"fi_efa_hw_cntr requires efadv_create_comp_cntr": "rdma-core 64 has no efadv_create_comp_cntr (hardware " +
+		"completion counters), so fabtests did not build fi_efa_hw_cntr; the device has no completion " +
+		"counters either",
+}
+
+// fabtestsXfails are the tests the suite marks as expected to fail (pytest.mark.xfail, strict:
+// passing fails them), with the suite's reason.
+var fabtestsXfails = map[string]string{
+	"test_implicit_av_limited_av_size_unexpected_path": "an implicit AV of 3 entries for 5 server " +
+		"endpoints evicts entries the client still needs, and the test hangs until its timeout",
+}
+
+// skipReason is a skip message without pytest's location prefix ("file.py:12: why").
+func skipReason(msg string) string {
+	if i := strings.Index(msg, ": "); i >= 0 && strings.Contains(msg[:i], ".py:") {
+		return msg[i+2:]
+	}
+	return msg
+}
+
+// fabtestsExclusions reads an exclusion file as runfabtests.py's reads them (a regular
+// expression a line, matched against each test's command; # starts a comment line) for its -e
+// option, which takes them joined by commas, so none may hold a comma.
+func fabtestsExclusions(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var pats []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if strings.Contains(line, ",") {
+			return nil, fmt.Errorf("%s: pattern %q has a comma", path, line)
+		}
+		pats = append(pats, line)
+	}
+	if len(pats) == 0 {
+		return nil, fmt.Errorf("%s: no patterns", path)
+	}
+	return pats, sc.Err()
+}
+
+// junitCase is a testcase of pytest's JUnit XML report (xunit1, as fabtests' pytest.ini asks).
+type junitCase struct {
+	Name      string        `xml:"name,attr"`
+	Class     string        `xml:"classname,attr"`
+	Time      float64       `xml:"time,attr"`
+	Failure   *junitOutcome `xml:"failure"`
+	Error     *junitOutcome `xml:"error"`
+	Skipped   *junitOutcome `xml:"skipped"`
+	SystemOut string        `xml:"system-out"`
+}
+
+type junitOutcome struct {
+	Type    string `xml:"type,attr"`
+	Message string `xml:"message,attr"`
+	Text    string `xml:",chardata"`
+}
+
+func (c junitCase) message() string {
+	for _, o := range []*junitOutcome{c.Failure, c.Error} {
+		if o != nil {
+			return strings.TrimSpace(o.Message + "\n" + lastLines(o.Text, 20))
+		}
+	}
+	return ""
+}
+
+// readJUnit returns the test cases of a JUnit XML report: one testsuite, or several under
+// testsuites (runfabtests.py merges its parallel and serial runs' reports so).
+func readJUnit(path string) ([]junitCase, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var doc struct {
+		Cases  []junitCase `xml:"testcase"`
+		Suites []struct {
+			Cases []junitCase `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	if err := xml.Unmarshal(b, &doc); err != nil {
+		return nil, err
+	}
+	cases := doc.Cases
+	for _, s := range doc.Suites {
+		cases = append(cases, s.Cases...)
+	}
+	return cases, nil
+}
+
+// TestReadJUnit reads a report as pytest 7 writes it (xunit1) and as runfabtests.py merges two.
+func TestReadJUnit(t *testing.T) {
+	suite := `<testsuite name="pytest" tests="3"><testcase classname="efa.test_a" name="test_ok[x y]" time="1.5" />` +
+		`<testcase classname="efa.test_a" name="test_skip" time="0.1"><skipped type="pytest.skip" message="excluded">common.py:587: excluded</skipped></testcase>` +
+		`<testcase classname="efa.test_a" name="test_xf[1]" time="15.0"><skipped type="pytest.xfail" message="" /></testcase></testsuite>`
+	for _, doc := range []string{suite, "<testsuites>" + suite + suite + "</testsuites>"} {
+		p := filepath.Join(t.TempDir(), "r.xml")
+		if err := os.WriteFile(p, []byte(`<?xml version="1.0" encoding="utf-8"?>`+doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cases, err := readJUnit(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cases)%3 != 0 || len(cases) == 0 || cases[0].Name != "test_ok[x y]" || cases[0].Time != 1.5 ||
+			cases[1].Skipped == nil || skipReason(cases[1].Skipped.Message) != "excluded" ||
+			cases[2].Skipped == nil || cases[2].Skipped.Type != "pytest.xfail" || testFunc(cases[2].Name) != "test_xf" {
+			t.Fatalf("%+v", cases)
+		}
+	}
+	if got := skipReason("efa/test_rma_bw.py:89: Duplicate completion semantic for fi_read test"); got != "Duplicate completion semantic for fi_read test" {
+		t.Errorf("skipReason: %q", got)
+	}
+}
