@@ -42,6 +42,10 @@ func TestStackFabtests(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs libfabric's EFA test suite")
 	}
+	if os.Getenv("SOFTEFA_FABTESTS") != "1" {
+		// 30 to 45 minutes on 2 vCPUs: asked for by name, not part of go test ./... (docs/testing.md).
+		t.Skip("libfabric's EFA suite runs with SOFTEFA_FABTESTS=1 (and go test -timeout 120m)")
+	}
 	p := stackPrefix(t)
 	s := setupOrSkip(t, "/usr/bin/python3")
 	if out, err := exec.Command("/usr/bin/python3", "-c", "import pytest, xdist, yaml, retrying, junitparser").CombinedOutput(); err != nil {

@@ -98,7 +98,10 @@ func (f *File) createQP(c *call) error {
 		keys = append(keys, rqKey)
 		in.RQEntries, in.RQRing = rqSize/efaio.RxDescSize, rqRing[:rqSize]
 	}
-	o := &qpObj{f: f, handle: u64(req, 8), typ: typ, sigAll: req[52] != 0, keys: keys, dbKey: dbKey}
+	o := &qpObj{f: f, handle: u64(req, 8), typ: typ, sigAll: req[52] != 0, keys: keys, dbKey: dbKey, dbMaps: 1}
+	if rqSize > 0 {
+		o.dbMaps = 2 // libefa maps the doorbell page for the RQ as well
+	}
 	in.Owner = o
 	qp, err := f.d.e.CreateQP(in)
 	if err != nil {

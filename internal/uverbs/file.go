@@ -131,6 +131,8 @@ type qpObj struct {
 	keys      []uint64
 	dbKey     uint64 // the mmap key of its doorbell page
 	dbUntrap  bool   // a mapping of the doorbell page does not trap (TrapDoorbells); guarded by File.mu
+	dbMaps    int    // the mappings of the doorbell page libefa makes: one for the SQ, one for an RQ
+	dbTrapped int    // the mappings reported trapping (TrapDoorbells); guarded by File.mu
 	asyncSent atomic.Uint32
 	dead      bool // destroyed; guarded by File.mu
 }
@@ -347,7 +349,8 @@ func (f *File) DoorbellPage(key uint64) (uint32, bool) {
 // TrapDoorbells tells the device how it learns of stores to the doorbells of the QP with handle
 // h, each time the program maps its doorbell page. trapped: that mapping traps every store and
 // rings the engine (the shim's doorbell traps, docs/cabi.md "Doorbells"), so the watcher leaves
-// the QP alone, unless another mapping did not trap. Not trapped: stores to that mapping go
+// the QP alone once every mapping libefa makes (the SQ's, and the RQ's if it has one) has been
+// reported trapping, unless another mapping did not trap. Not trapped: stores to that mapping go
 // through unseen, so the watcher scans the QP from now on. Unknown handles are ignored.
 func (f *File) TrapDoorbells(h uint32, trapped bool) {
 	f.mu.Lock()
@@ -357,7 +360,14 @@ func (f *File) TrapDoorbells(h uint32, trapped bool) {
 		return
 	}
 	o.dbUntrap = o.dbUntrap || !trapped
-	if o.dbUntrap {
+	if trapped {
+		o.dbTrapped++
+	}
+	// Until every mapping libefa makes has been reported, one may have been made where the shim
+	// cannot see it: libfabric's memory hooks (its MR cache's monitor) overwrite the preloaded
+	// mmap with one that makes the system call itself. Its stores would neither trap nor be
+	// watched (docs/cabi.md, "Doorbells"), so the watcher keeps the QP until then.
+	if o.dbUntrap || o.dbTrapped < o.dbMaps {
 		f.d.dbs.add(o.qp)
 	} else {
 		f.d.dbs.remove(o.qp)
