@@ -27,7 +27,12 @@ type accessRig struct {
 const guard = 0xee
 
 func newAccessRig(t testing.TB) *accessRig {
-	d, err := NewDevice(config.Device{Addr: netip.MustParseAddrPort("127.0.0.1:1")})
+	return newAccessRigOn(t, config.Device{Addr: netip.MustParseAddrPort("127.0.0.1:1")})
+}
+
+// newAccessRigOn is newAccessRig on a device configured by cfg.
+func newAccessRigOn(t testing.TB, cfg config.Device) *accessRig {
+	d, err := NewDevice(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
