@@ -23,10 +23,9 @@ func (h *harness) watching(qh uint32) bool {
 }
 
 // TestTrapDoorbells: the shim learns which mmap key is a QP's doorbell page, and once every
-// mapping libefa makes of it (the SQ's and the RQ's) traps stores, the watcher stops scanning the
-// QP; with no QP left to scan it
-// blocks (no wake-ups while the program is idle). A mapping that does not trap puts the QP back
-// under the watcher for good.
+// mapping libefa makes of it (the SQ's, and the RQ's if the QP has an RQ) traps stores, the
+// watcher stops scanning the QP; with no QP left to scan it blocks (no wake-ups while the program
+// is idle). A mapping that does not trap puts the QP back under the watcher for good.
 func TestTrapDoorbells(t *testing.T) {
 	h := newHarness(t)
 	h.getContext()
@@ -68,5 +67,11 @@ func TestTrapDoorbells(t *testing.T) {
 	h.must(cmd(cmdDestroyQP, 1, d, nil))
 	if h.d.dbs.n.Load() != 0 {
 		t.Fatal("a destroyed QP is still watched")
+	}
+	// A QP without an RQ: libefa maps its doorbell page once, for the SQ.
+	sqOnly, _ := h.createQP(pd, cq, uapi.QPTypeDriver, 16*64, 0)
+	h.f.TrapDoorbells(sqOnly, true)
+	if h.watching(sqOnly) {
+		t.Fatal("the watcher still scans a QP without an RQ whose one doorbell mapping traps")
 	}
 }

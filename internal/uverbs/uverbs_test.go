@@ -422,24 +422,9 @@ func TestCQAndQP(t *testing.T) {
 	}
 	// QP on the 16-byte CQ, UD.
 	qpUD, _ := h.createQP(pd, cq16, uapi.QPTypeUD, 16*64, 16*16)
-	wantErrnoQP := func(typ byte, drvType uint32, want syscall.Errno) {
-		t.Helper()
-		core := withResp(createQPReq)
-		put32(core, 16, pd)
-		put32(core, 20, cq)
-		put32(core, 24, cq)
-		put32(core, 32, 16)
-		core[53] = typ
-		drv := make([]byte, 16)
-		put32(drv, 8, 1024)
-		put32(drv, 12, drvType)
-		wantErrno(t, h.do(cmd(cmdCreateQP, 24, core, drv)), want)
-	}
-	wantErrnoQP(2, 0, syscall.EOPNOTSUPP)                 // RC
-	wantErrnoQP(uapi.QPTypeDriver, 1, syscall.EOPNOTSUPP) // not SRD
-	// Ring sizes past the device's limits (the program names them) are refused: a hostile
-	// program would have the device map gigabytes.
-	wantRings := func(sq, rq int, want syscall.Errno) {
+	// wantQP asks for a QP of type typ (driver type drvType) with SQ and RQ rings of sq and rq
+	// bytes, and wants it refused with want.
+	wantQP := func(typ byte, drvType uint32, sq, rq int, want syscall.Errno) {
 		t.Helper()
 		core := withResp(createQPReq)
 		put32(core, 16, pd)
@@ -449,12 +434,20 @@ func TestCQAndQP(t *testing.T) {
 		put32(core, 36, 16)
 		put32(core, 40, 1)
 		put32(core, 44, 1)
-		core[53] = uapi.QPTypeDriver
+		core[53] = typ
 		drv := make([]byte, 16)
 		put32(drv, 4, uint32(rq))
 		put32(drv, 8, uint32(sq))
-		put32(drv, 12, uapi.DriverQPTypeSRD)
+		put32(drv, 12, drvType)
 		wantErrno(t, h.do(cmd(cmdCreateQP, 24, core, drv)), want)
+	}
+	wantQP(2, 0, 1024, 0, syscall.EOPNOTSUPP)                 // RC
+	wantQP(uapi.QPTypeDriver, 1, 1024, 0, syscall.EOPNOTSUPP) // not SRD
+	// Ring sizes past the device's limits (the program names them) are refused: a hostile
+	// program would have the device map gigabytes.
+	wantRings := func(sq, rq int, want syscall.Errno) {
+		t.Helper()
+		wantQP(uapi.QPTypeDriver, uapi.DriverQPTypeSRD, sq, rq, want)
 	}
 	cfg := h.d.cfg
 	wantRings(ringBytes(cfg.MaxSQWR, 64)+64, 16*16, syscall.EINVAL)
