@@ -248,7 +248,7 @@ func softefa_kick_qp(fd C.int, handle C.uint32_t) {
 }
 
 // softefa_db_page answers the shim's mmap of the device fd at off: the handle of the QP whose
-// doorbell page that is, or -1.
+// SQ doorbell page that is, or -1.
 //
 //export softefa_db_page
 func softefa_db_page(fd C.int, off C.int64_t) C.int64_t {
@@ -260,7 +260,7 @@ func softefa_db_page(fd C.int, off C.int64_t) C.int64_t {
 	return -1
 }
 
-// softefa_db_trapped tells the device whether the program's mappings of the doorbell page of the
+// softefa_db_trapped tells the device whether the program's mappings of the SQ doorbell page of the
 // QP with handle h trap every store (uverbs.File.TrapDoorbells).
 //
 //export softefa_db_trapped

@@ -3,8 +3,8 @@
 // before it goes on. That is how the engine notices a program that writes the rings and stores
 // the doorbells itself (libfabric 2.x's efa provider), at once and without a thread that polls.
 //
-// The program's mapping of a QP's doorbell page (libefa maps it from the device fd, once for the
-// SQ and once for the RQ) is made read-only; the shim keeps a writable mapping of the same page
+// The program's mapping of a QP's SQ doorbell page (libefa maps it from the device fd; the RQ
+// doorbell has a page of its own, which is not trapped: delivery reads it) is made read-only; the shim keeps a writable mapping of the same page
 // of its own (the alias). A store to the page faults. The SIGSEGV handler, installed in front of
 // the Go runtime's and chaining to it (and to whatever the program installs later) for every
 // other fault, decodes the faulting instruction (the MOV and XCHG stores compilers emit for an
@@ -152,7 +152,7 @@ int softefa_trap_covers(int fd, uint32_t handle) {
 	return 0;
 }
 
-// map_doorbell maps the doorbell page of the QP with handle h read-only, with an alias, and
+// map_doorbell maps the SQ doorbell page of the QP with handle h read-only, with an alias, and
 // tells the engine; when it cannot, it maps the page as asked and the engine's watcher scans it.
 static void *map_doorbell(void *addr, size_t len, int prot, int flags, int fd, off_t off, long h) {
 	void *p = real_mmap(addr, len, (prot & ~PROT_WRITE) | PROT_READ, flags, fd, off);

@@ -77,17 +77,27 @@ func (f *File) createQP(c *call) error {
 		return fail(err)
 	}
 	keys = append(keys, sqKey)
+	// The SQ and RQ doorbells live on pages of their own: the shim traps stores to the SQ's
+	// (File.DoorbellPage), never to the RQ's. A receive post needs no engine step, since delivery
+	// reads the RQ doorbell itself; trapping it made posting thousands of receives slow enough
+	// that a sender's RNR retries filled the CQ before the program first read it (docs/cabi.md,
+	// "Doorbells").
 	dbKey, dbPage, err := f.reg.Alloc(userPageSize)
 	if err != nil {
 		return fail(err)
 	}
 	keys = append(keys, dbKey)
+	rqDBKey, rqDBPage, err := f.reg.Alloc(userPageSize)
+	if err != nil {
+		return fail(err)
+	}
+	keys = append(keys, rqDBKey)
 	in := engine.QPInit{
 		Type: typ, DriverType: drvType, PD: pdo.pd, SendCQ: scq.cq, RecvCQ: rcq.cq, Caps: caps,
 		SQEntries: sqSize / esz, SQEntrySize: esz, RQEntries: 1, Flags: int(flags), SL: sl, // efa_ibv_create_qp flags: the engine's own bits
 		SQRing:     sqRing[:sqSize],
 		SQDoorbell: (*uint32)(unsafe.Pointer(&dbPage[dbPageQPSQOffset])),
-		RQDoorbell: (*uint32)(unsafe.Pointer(&dbPage[dbPageQPRQOffset])),
+		RQDoorbell: (*uint32)(unsafe.Pointer(&rqDBPage[dbPageQPRQOffset])),
 	}
 	var rqKey uint64
 	if rqSize > 0 {
@@ -98,10 +108,7 @@ func (f *File) createQP(c *call) error {
 		keys = append(keys, rqKey)
 		in.RQEntries, in.RQRing = rqSize/efaio.RxDescSize, rqRing[:rqSize]
 	}
-	o := &qpObj{f: f, handle: u64(req, 8), typ: typ, sigAll: req[52] != 0, keys: keys, dbKey: dbKey, dbMaps: 1}
-	if rqSize > 0 {
-		o.dbMaps = 2 // libefa maps the doorbell page for the RQ as well
-	}
+	o := &qpObj{f: f, handle: u64(req, 8), typ: typ, sigAll: req[52] != 0, keys: keys, dbKey: dbKey}
 	in.Owner = o
 	qp, err := f.d.e.CreateQP(in)
 	if err != nil {
@@ -125,9 +132,9 @@ func (f *File) createQP(c *call) error {
 	put32(drv, 12, 0)               // llq_desc_offset
 	put64(drv, 16, rqKey)
 	put64(drv, 24, uint64(roundPage(rqSize)))
-	put64(drv, 32, dbKey) // rq_db_mmap_key
-	put64(drv, 40, dbKey) // sq_db_mmap_key
-	put64(drv, 48, sqKey) // llq_desc_mmap_key
+	put64(drv, 32, rqDBKey) // rq_db_mmap_key
+	put64(drv, 40, dbKey)   // sq_db_mmap_key
+	put64(drv, 48, sqKey)   // llq_desc_mmap_key
 	if err := f.respondDriver(c, drv); err == nil {
 		if err = f.respond(c, resp); err == nil {
 			return nil

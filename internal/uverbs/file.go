@@ -129,10 +129,9 @@ type qpObj struct {
 	typ       int
 	sigAll    bool
 	keys      []uint64
-	dbKey     uint64 // the mmap key of its doorbell page
-	dbUntrap  bool   // a mapping of the doorbell page does not trap (TrapDoorbells); guarded by File.mu
-	dbMaps    int    // the mappings of the doorbell page libefa makes: one for the SQ, one for an RQ
-	dbTrapped int    // the mappings reported trapping (TrapDoorbells); guarded by File.mu
+	dbKey     uint64 // the mmap key of its SQ doorbell page
+	dbUntrap  bool   // a mapping of the SQ doorbell page does not trap (TrapDoorbells); guarded by File.mu
+	dbTrapped bool   // a mapping of it was reported trapping (TrapDoorbells); guarded by File.mu
 	asyncSent atomic.Uint32
 	dead      bool // destroyed; guarded by File.mu
 }
@@ -333,8 +332,9 @@ func (f *File) Kick(h uint32) {
 	}
 }
 
-// DoorbellPage reports which QP's doorbell page the mmap key names: its handle, or false when
-// the key is not a QP's doorbell page (a ring, a CQ's doorbell page, nothing).
+// DoorbellPage reports which QP's SQ doorbell page the mmap key names: its handle, or false when
+// the key is not a QP's SQ doorbell page (its RQ doorbell page, a ring, a CQ's doorbell page,
+// nothing). Only SQ doorbell stores trap: delivery reads the RQ doorbell itself.
 func (f *File) DoorbellPage(key uint64) (uint32, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -346,12 +346,13 @@ func (f *File) DoorbellPage(key uint64) (uint32, bool) {
 	return 0, false
 }
 
-// TrapDoorbells tells the device how it learns of stores to the doorbells of the QP with handle
-// h, each time the program maps its doorbell page. trapped: that mapping traps every store and
+// TrapDoorbells tells the device how it learns of stores to the SQ doorbell of the QP with handle
+// h, each time the program maps its SQ doorbell page. trapped: that mapping traps every store and
 // rings the engine (the shim's doorbell traps, docs/cabi.md "Doorbells"), so the watcher leaves
-// the QP alone once every mapping libefa makes (the SQ's, and the RQ's if it has one) has been
-// reported trapping, unless another mapping did not trap. Not trapped: stores to that mapping go
-// through unseen, so the watcher scans the QP from now on. Unknown handles are ignored.
+// the QP alone, unless another mapping did not trap. Not trapped: stores to that mapping go
+// through unseen, so the watcher scans the QP from now on. A QP whose mapping is never reported
+// (made past the shim: libfabric's memory hooks overwrite the preloaded mmap with one that makes
+// the system call itself) stays with the watcher. Unknown handles are ignored.
 func (f *File) TrapDoorbells(h uint32, trapped bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -360,14 +361,8 @@ func (f *File) TrapDoorbells(h uint32, trapped bool) {
 		return
 	}
 	o.dbUntrap = o.dbUntrap || !trapped
-	if trapped {
-		o.dbTrapped++
-	}
-	// Until every mapping libefa makes has been reported, one may have been made where the shim
-	// cannot see it: libfabric's memory hooks (its MR cache's monitor) overwrite the preloaded
-	// mmap with one that makes the system call itself. Its stores would neither trap nor be
-	// watched (docs/cabi.md, "Doorbells"), so the watcher keeps the QP until then.
-	if o.dbUntrap || o.dbTrapped < o.dbMaps {
+	o.dbTrapped = o.dbTrapped || trapped
+	if o.dbUntrap || !o.dbTrapped {
 		f.d.dbs.add(o.qp)
 	} else {
 		f.d.dbs.remove(o.qp)

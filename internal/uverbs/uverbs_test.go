@@ -417,7 +417,7 @@ func TestCQAndQP(t *testing.T) {
 	qp, r := h.createQP(pd, cq, uapi.QPTypeDriver, 16*64, 16*16)
 	drv = r[32:]
 	if u32(r, 4) == 0 || u32(drv, 4) != dbPageQPRQOffset || u32(drv, 8) != dbPageQPSQOffset ||
-		u64(drv, 24) != 4096 || u64(drv, 32) != u64(drv, 40) {
+		u64(drv, 24) != 4096 || u64(drv, 32) == u64(drv, 40) || h.reg.live[u64(drv, 32)] == nil || h.reg.live[u64(drv, 40)] == nil {
 		t.Fatalf("CREATE_QP response % x", r[:96])
 	}
 	// QP on the 16-byte CQ, UD.
@@ -626,7 +626,11 @@ func TestCompChannel(t *testing.T) {
 }
 
 func qpDB(h *harness, resp []byte, off int) *uint32 {
-	return (*uint32)(unsafePointer(h.reg.live[u64(resp[32:], 32)][off:]))
+	key := u64(resp[32:], 40) // sq_db_mmap_key
+	if off == dbPageQPRQOffset {
+		key = u64(resp[32:], 32) // rq_db_mmap_key
+	}
+	return (*uint32)(unsafePointer(h.reg.live[key][off:]))
 }
 
 // TestAsyncEventDiscard drains a QP's send queue with SQ_DRAINED asked for (RTS to SQD with
