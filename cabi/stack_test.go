@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -177,12 +178,13 @@ func TestStackRawRing(t *testing.T) {
 		name    string
 		args    []string
 		env     string
-		reports int // processes reporting their traps
-		stores  int // the doorbell stores each process reports
+		reports int  // processes reporting their traps
+		stores  int  // the doorbell stores each process reports
+		guarded bool // its CQ reads are guarded
 	}{
-		{"two processes", nil, "SOFTEFA_DEBUG=1", 2, rounds},
-		{"one process", []string{"-l"}, "SOFTEFA_DEBUG=1", 1, 2 * rounds},
-		{"two processes, watcher", nil, "SOFTEFA_DB_TRAP=0", 0, 0},
+		{"two processes", nil, "SOFTEFA_DEBUG=1", 2, rounds, true},
+		{"one process", []string{"-l"}, "SOFTEFA_DEBUG=1", 1, 2 * rounds, false},
+		{"two processes, watcher", nil, "SOFTEFA_DB_TRAP=0", 0, 0, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := setupOrSkip(t)
@@ -196,6 +198,18 @@ func TestStackRawRing(t *testing.T) {
 			want := fmt.Sprintf("softefa: debug: doorbell stores trapped: %d emulated, 0 stepped", c.stores)
 			if n := strings.Count(out, want); n != c.reports || strings.Contains(out, "traps off") {
 				t.Fatalf("want %d processes to report %q:\n%s", c.reports, want, out)
+			}
+			// Completion traps: a QP that talks to another process has its CQ guarded after each
+			// SEND, and the program's next read waits in the engine; one that talks only to its
+			// own device never.
+			waits := regexp.MustCompile(`softefa: debug: guarded CQ reads: (\d+)`).FindAllStringSubmatch(out, -1)
+			if len(waits) != c.reports {
+				t.Fatalf("want %d processes to report their guarded CQ reads:\n%s", c.reports, out)
+			}
+			for _, w := range waits {
+				if n, _ := strconv.Atoi(w[1]); (n >= rounds) != c.guarded {
+					t.Errorf("%s; want at least %d (one a round) only between two processes", w[0], rounds)
+				}
 			}
 			t.Log(lastLines(out, 1))
 		})

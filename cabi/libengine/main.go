@@ -260,6 +260,44 @@ func softefa_db_page(fd C.int, off C.int64_t) C.int64_t {
 	return -1
 }
 
+// softefa_db_rung is a trapped store to the SQ doorbell of the QP with handle h: the engine's
+// Kick, then the CQs whose rings the shim guards until the program next reads them, packed as
+// send | recv<<32, or -1 for none (uverbs.File.RingTrapped).
+//
+//export softefa_db_rung
+func softefa_db_rung(fd C.int, handle C.uint32_t) C.int64_t {
+	if o := lookup(fd); o != nil {
+		if s, r, ok := o.f.RingTrapped(uint32(handle)); ok {
+			return C.int64_t(int64(s) | int64(r)<<32)
+		}
+	}
+	return -1
+}
+
+// softefa_cq_ring answers the shim's mmap of the device fd at off: the handle of the CQ whose
+// ring that is, or -1 (uverbs.File.CQRing).
+//
+//export softefa_cq_ring
+func softefa_cq_ring(fd C.int, off C.int64_t) C.int64_t {
+	if o := lookup(fd); o != nil && off >= 0 {
+		if h, ok := o.f.CQRing(uint64(off)); ok {
+			return C.int64_t(h)
+		}
+	}
+	return -1
+}
+
+// softefa_await_cq is the program's read at byte off of a guarded ring of the CQ with handle h:
+// the thread polls the network until that entry is written or the spin budget passes
+// (uverbs.File.AwaitCQ).
+//
+//export softefa_await_cq
+func softefa_await_cq(fd C.int, handle C.uint32_t, off C.uint64_t) {
+	if o := lookup(fd); o != nil {
+		o.f.AwaitCQ(uint32(handle), uint64(off))
+	}
+}
+
 // softefa_db_trapped tells the device whether the program's mappings of the SQ doorbell page of the
 // QP with handle h trap every store (uverbs.File.TrapDoorbells).
 //

@@ -186,6 +186,9 @@ static int (*eng_ioctl)(int fd, unsigned long req, void *arg);
 static int (*eng_netlink)(int peer, uint32_t port, const void *buf, size_t n);
 static int64_t (*eng_db_page)(int fd, int64_t off);
 static void (*eng_db_trapped)(int fd, uint32_t handle, int trapped);
+static int64_t (*eng_db_rung)(int fd, uint32_t handle);
+static int64_t (*eng_cq_ring)(int fd, int64_t off);
+static void (*eng_await_cq)(int fd, uint32_t handle, uint64_t off);
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
 static int eng_err;
 
@@ -239,8 +242,12 @@ static void load_engine(void) {
 	eng_netlink = (int (*)(int, uint32_t, const void *, size_t))dlsym(h, "softefa_netlink");
 	eng_db_page = (int64_t (*)(int, int64_t))dlsym(h, "softefa_db_page");
 	eng_db_trapped = (void (*)(int, uint32_t, int))dlsym(h, "softefa_db_trapped");
+	eng_db_rung = (int64_t (*)(int, uint32_t))dlsym(h, "softefa_db_rung");
+	eng_cq_ring = (int64_t (*)(int, int64_t))dlsym(h, "softefa_cq_ring");
+	eng_await_cq = (void (*)(int, uint32_t, uint64_t))dlsym(h, "softefa_await_cq");
 	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq || !eng_poll_net || !eng_dup ||
-	    !eng_sysfs || !eng_ioctl || !eng_netlink || !eng_db_page || !eng_db_trapped) {
+	    !eng_sysfs || !eng_ioctl || !eng_netlink || !eng_db_page || !eng_db_trapped || !eng_db_rung ||
+	    !eng_cq_ring || !eng_await_cq) {
 		fprintf(stderr, "softefa: %s lacks the engine entry points\n", lib);
 		eng_err = ENODEV;
 		return;
@@ -1024,7 +1031,6 @@ static void arm(int fd, uint32_t handle) {
 // What dbtrap.c needs of this file (shim.h).
 int softefa_shim_ours(int fd) { return ours(fd); }
 int softefa_shim_forked(void) { return forked_child; }
-void softefa_shim_kick(int fd, uint32_t handle) { kick(fd, handle); }
 
 long softefa_shim_db_page(int fd, long long off) {
 	sigset_t old;
@@ -1032,6 +1038,29 @@ long softefa_shim_db_page(int fd, long long off) {
 	long h = (long)eng_db_page(fd, off);
 	leave(&old);
 	return h;
+}
+
+long long softefa_shim_db_rung(int fd, uint32_t handle) {
+	sigset_t old;
+	enter(&old);
+	long long r = (long long)eng_db_rung(fd, handle);
+	leave(&old);
+	return r;
+}
+
+long softefa_shim_cq_ring(int fd, long long off) {
+	sigset_t old;
+	enter(&old);
+	long h = (long)eng_cq_ring(fd, off);
+	leave(&old);
+	return h;
+}
+
+void softefa_shim_await_cq(int fd, uint32_t handle, uint64_t off) {
+	sigset_t old;
+	enter(&old);
+	eng_await_cq(fd, handle, off);
+	leave(&old);
 }
 
 void softefa_shim_db_trapped(int fd, uint32_t handle, int trapped) {

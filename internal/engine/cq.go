@@ -24,7 +24,8 @@ type CQ struct {
 	db    *uint32
 	flags int
 
-	pc      uint16 // CQEs produced, modulo 2^16
+	pc      uint16        // CQEs produced, modulo 2^16
+	written atomic.Uint32 // pc, readable without the device's lock (AwaitCQ)
 	phase   uint8
 	unpaced bool // CQInit.Unpaced: the doorbell's consumer count is not read for overrun
 	refs    int  // QPs using this CQ
@@ -52,6 +53,9 @@ func (cq *CQ) Depth() int { return int(cq.depth) }
 
 // Doorbell returns the CQ doorbell word.
 func (cq *CQ) Doorbell() *uint32 { return cq.db }
+
+// EntrySize returns the bytes per entry.
+func (cq *CQ) EntrySize() int { return cq.esz }
 
 // Flags returns the creation flags (uapi.CQFlag*).
 func (cq *CQ) Flags() int { return cq.flags }
@@ -196,6 +200,7 @@ func (cq *CQ) post(c *efaio.Completion) {
 	slot.EncodeBody(c)
 	atomic.StoreUint32((*uint32)(unsafe.Pointer(&slot[0])), efaio.HeaderWord(c))
 	cq.pc++
+	cq.written.Store(uint32(cq.pc))
 	if uint32(cq.pc)&(cq.depth-1) == 0 {
 		cq.phase ^= 1
 	}

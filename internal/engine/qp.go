@@ -58,7 +58,8 @@ type QP struct {
 	out      []*sendWR  // sends on the network, waiting for the peer's answer
 	drainReq bool       // raise SQ_DRAINED when nothing is in flight
 	kicked   atomic.Bool
-	polled   bool // its doorbells may be stored without Ring: the engine polls them (PollDoorbells)
+	remote   atomic.Bool // it has sent to another device (TalksToPeers)
+	polled   bool        // its doorbells may be stored without Ring: the engine polls them (PollDoorbells)
 	dead     bool
 	owner    any
 

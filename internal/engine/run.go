@@ -262,6 +262,29 @@ func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
 	return worked || rqMoved, busy
 }
 
+// AwaitCQ is a consumer's read of the entry at slot of cq that found nothing there yet, made on
+// the consumer's thread (a program polling a raw CQ ring: docs/cabi.md, "Completion traps"): it
+// polls the network, as PollNetwork does, until the CQ has written past slot's previous lap (its
+// next entry to write is no longer slot) or budget has passed. The consumer was about to spin on
+// that entry anyway; spinning here lets its own thread take the answer off the socket, instead of
+// waiting for the receive loop's thread to be woken and given a core.
+func (d *Device) AwaitCQ(cq *CQ, slot uint32, budget time.Duration) {
+	if slot >= cq.depth {
+		return
+	}
+	start := time.Now()
+	for cq.written.Load()&(cq.depth-1) == slot {
+		d.PollNetwork()
+		if time.Since(start) >= budget {
+			return
+		}
+	}
+}
+
+// TalksToPeers reports whether q has sent to another device: the completions of its sends, and
+// likely the answers to them, come from the network.
+func (q *QP) TalksToPeers() bool { return q.remote.Load() }
+
 // PollNetwork is a receive done by a goroutine that found its completion queue empty (busy
 // polling, as SO_BUSY_POLL does for sockets): it takes the datagrams the link holds now, without
 // waiting, handles them and sends what they produced. It reports whether any datagram came. It

@@ -171,7 +171,9 @@ func (d *Device) deliver(q *QP, w *efaio.TxDesc, m *message, tries int) efaio.St
 		return d.respond(m)
 	case d.link == nil:
 		return efaio.StatusLocalUnreachRemote
-	case m.typ == uapi.QPTypeUD:
+	}
+	q.remote.Store(true)
+	if m.typ == uapi.QPTypeUD {
 		return d.sendUD(m)
 	}
 	return d.sendRemote(q, w, m, tries)

@@ -108,7 +108,8 @@ func (f *File) createQP(c *call) error {
 		keys = append(keys, rqKey)
 		in.RQEntries, in.RQRing = rqSize/efaio.RxDescSize, rqRing[:rqSize]
 	}
-	o := &qpObj{f: f, handle: u64(req, 8), typ: typ, sigAll: req[52] != 0, keys: keys, dbKey: dbKey}
+	o := &qpObj{f: f, handle: u64(req, 8), typ: typ, sigAll: req[52] != 0, keys: keys, dbKey: dbKey,
+		cqs: [2]uint32{u32(req, 20), u32(req, 24)}}
 	in.Owner = o
 	qp, err := f.d.e.CreateQP(in)
 	if err != nil {

@@ -63,3 +63,34 @@ func TestTrapDoorbells(t *testing.T) {
 		t.Fatal("a destroyed QP is still watched")
 	}
 }
+
+// TestCQRing: the shim learns which mmap key is a CQ's ring, to guard the program's mapping of it
+// after a trapped doorbell store; RingTrapped names a QP's CQs for guarding only once the QP has
+// talked to another device (a QP that has not, here with no link at all, gets its completions
+// from the device itself, at once), and completion traps can be turned off (SOFTEFA_CQ_SPIN=0).
+func TestCQRing(t *testing.T) {
+	h := newHarness(t)
+	h.getContext()
+	pd := h.allocPD()
+	cq, cr := h.createCQ(64, 32, 0)
+	ringKey, dbKey := u64(cr[8:], 8), u64(cr[8:], 32)
+	if got, ok := h.f.CQRing(ringKey); !ok || got != cq {
+		t.Fatalf("CQRing(ring key %#x) = %d, %v; want CQ %d", ringKey, got, ok, cq)
+	}
+	qp, r := h.createQP(pd, cq, uapi.QPTypeDriver, 16*64, 16*16)
+	for _, k := range []uint64{dbKey, u64(r[32:], 40), u64(r[32:], 48), 1 << 40} {
+		if got, ok := h.f.CQRing(k); ok {
+			t.Errorf("CQRing(%#x) = %d: not a CQ's ring", k, got)
+		}
+	}
+	if s, rc, ok := h.f.RingTrapped(qp); ok {
+		t.Errorf("RingTrapped of a QP that never sent = %d, %d: nothing to guard", s, rc)
+	}
+	if _, _, ok := h.f.RingTrapped(12345); ok {
+		t.Error("RingTrapped of an unknown handle names CQs")
+	}
+	h.d.cqSpin = 0
+	if got, ok := h.f.CQRing(ringKey); ok {
+		t.Errorf("with completion traps off, CQRing(ring key) = %d", got)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/engine"
@@ -43,7 +44,8 @@ type Device struct {
 	mu     sync.Mutex // guards files
 	files  map[*File]struct{}
 	cancel context.CancelFunc
-	dbs    *watcher // notices doorbell stores (doorbell.go)
+	dbs    *watcher      // notices doorbell stores (doorbell.go)
+	cqSpin time.Duration // a guarded CQ read's spin budget; 0: no completion traps (cqtrap.go)
 }
 
 // NewDevice wraps e. Close stops the async-event forwarder (the engine is the caller's).
@@ -52,6 +54,7 @@ func NewDevice(e *engine.Device) *Device {
 	ctx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
 	d.dbs = newWatcher(e)
+	d.cqSpin = cqSpinBudget()
 	go d.forwardAsync(ctx)
 	return d
 }
@@ -129,9 +132,10 @@ type qpObj struct {
 	typ       int
 	sigAll    bool
 	keys      []uint64
-	dbKey     uint64 // the mmap key of its SQ doorbell page
-	dbUntrap  bool   // a mapping of the SQ doorbell page does not trap (TrapDoorbells); guarded by File.mu
-	dbTrapped bool   // a mapping of it was reported trapping (TrapDoorbells); guarded by File.mu
+	dbKey     uint64    // the mmap key of its SQ doorbell page
+	dbUntrap  bool      // a mapping of the SQ doorbell page does not trap (TrapDoorbells); guarded by File.mu
+	dbTrapped bool      // a mapping of it was reported trapping (TrapDoorbells); guarded by File.mu
+	cqs       [2]uint32 // the handles of its send and receive CQs
 	asyncSent atomic.Uint32
 	dead      bool // destroyed; guarded by File.mu
 }

@@ -1,0 +1,78 @@
+package uverbs
+
+import (
+	"os"
+	"time"
+)
+
+// Completion traps (docs/cabi.md, "Completion traps"). A program that reads the CQ rings itself
+// (libfabric 2.x's efa provider) calls nothing softefa sees while it waits for a completion, so the
+// completion could only come from the engine's receive loop, whose thread must first be woken and
+// given a core: on a small machine whose cores the program's own busy polling keeps, that wait
+// is most of a round trip. So, after a trapped SQ doorbell store of a QP that talks to other
+// devices, the shim guards the program's mappings of the QP's CQ rings (no access); the
+// program's next read of one faults, and its thread, instead of spinning on the entry, spins
+// here, taking the network's datagrams itself, until the entry is written or a budget passes;
+// then the mapping is open again until the next trapped doorbell store.
+
+// defaultCQSpin is how long a guarded CQ read polls the network for the entry it reads; after
+// it, the program spins on the ring as before and the receive loop writes the entry.
+// SOFTEFA_CQ_SPIN overrides it; 0 turns completion traps off.
+const defaultCQSpin = 200 * time.Microsecond
+
+func cqSpinBudget() time.Duration {
+	if v, err := time.ParseDuration(os.Getenv("SOFTEFA_CQ_SPIN")); err == nil && v >= 0 {
+		return v
+	}
+	return defaultCQSpin
+}
+
+// CQRing reports which CQ's ring the mmap key names: its handle, or false when the key is not a
+// CQ's ring or completion traps are off. The shim guards its mappings of that ring after a
+// trapped doorbell store (RingTrapped).
+func (f *File) CQRing(key uint64) (uint32, bool) {
+	if f.d.cqSpin <= 0 {
+		return 0, false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for h, o := range f.objs {
+		if c, ok := o.(*cqObj); ok && c.ringKey == key && !c.dead {
+			return h, true
+		}
+	}
+	return 0, false
+}
+
+// RingTrapped is a trapped store to the SQ doorbell of the QP with handle h: it rings the engine
+// as Kick does, and returns the handles of the QP's send and receive CQs if their next entries
+// will come from the network (the QP has sent to another device), for the shim to guard. ok is
+// false for an unknown handle, a QP that has talked only to its own device, or with completion
+// traps off.
+func (f *File) RingTrapped(h uint32) (send, recv uint32, ok bool) {
+	f.mu.Lock()
+	o, found := f.objs[h].(*qpObj)
+	if found {
+		f.d.e.Ring(o.qp)
+	}
+	f.mu.Unlock()
+	if !found || f.d.cqSpin <= 0 || !o.qp.TalksToPeers() {
+		return 0, 0, false
+	}
+	return o.cqs[0], o.cqs[1], true
+}
+
+// AwaitCQ is a read at byte off of the ring of the CQ with handle h that found the program's
+// mapping guarded: the reading thread polls the network until the entry there is written, or
+// the spin budget has passed (engine.Device.AwaitCQ). Unknown handles are ignored.
+func (f *File) AwaitCQ(h uint32, off uint64) {
+	f.mu.Lock()
+	o, ok := f.objs[h].(*cqObj)
+	f.mu.Unlock()
+	if !ok || f.d.cqSpin <= 0 {
+		return
+	}
+	if slot := off / uint64(o.cq.EntrySize()); slot < uint64(o.cq.Depth()) {
+		f.d.e.AwaitCQ(o.cq, uint32(slot), f.d.cqSpin)
+	}
+}
