@@ -685,49 +685,6 @@ void softefa_trap_install(void) {
 		fprintf(stderr, "softefa: debug: doorbell traps off (x86-64 only): the watcher scans the doorbells\n");
 }
 
-static void remember_cq(uintptr_t addr, size_t len, int prot, int fd, uint32_t handle) {
-	pthread_mutex_lock(&traps_mu);
-	int n = atomic_load_explicit(&ncqs, memory_order_relaxed), i = 0;
-	while (i < n && atomic_load_explicit(&cqs[i].addr, memory_order_relaxed))
-		i++;
-	if (i < MAX_CQS) {
-		cqs[i].len = len;
-		cqs[i].prot = prot;
-		cqs[i].fd = fd;
-		cqs[i].handle = handle;
-		atomic_store_explicit(&cqs[i].guarded, 0, memory_order_relaxed);
-		atomic_store_explicit(&cqs[i].addr, addr, memory_order_release);
-		if (i == n)
-			atomic_store_explicit(&ncqs, n + 1, memory_order_release);
-	} // else the ring is never guarded: its completions come from the receive loop, as without traps
-	pthread_mutex_unlock(&traps_mu);
-}
-
-static struct cqmap *find_cq(uintptr_t a) {
-	int n = atomic_load_explicit(&ncqs, memory_order_acquire);
-	for (int i = 0; i < n; i++) {
-		uintptr_t p = atomic_load_explicit(&cqs[i].addr, memory_order_acquire);
-		if (p && a >= p && a - p < cqs[i].len)
-			return &cqs[i];
-	}
-	return NULL;
-}
-
-// guard takes away access to the program's mappings of the ring of the CQ with handle h (fd), so
-// that its next read of it faults. guarded goes first: a handler opening the mapping meanwhile
-// leaves it open or guarded, and either is right (see struct cqmap).
-static void guard(int fd, uint32_t h) {
-	pthread_mutex_lock(&traps_mu);
-	int n = atomic_load_explicit(&ncqs, memory_order_relaxed);
-	for (int i = 0; i < n; i++) {
-		struct cqmap *c = &cqs[i];
-		uintptr_t p = atomic_load_explicit(&c->addr, memory_order_relaxed);
-		if (p && c->fd == fd && c->handle == h && !atomic_exchange(&c->guarded, 1))
-			mprotect((void *)p, c->len, PROT_NONE);
-	}
-	pthread_mutex_unlock(&traps_mu);
-}
-
 int softefa_trap_covers(int fd, uint32_t handle) {
 	(void)fd;
 	(void)handle;
