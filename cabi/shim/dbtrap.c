@@ -93,6 +93,15 @@ static _Atomic int ncqs;
 
 static _Atomic uint64_t n_emulated, n_stepped, n_cq_waits;
 
+// drop_cq forgets a CQ mapping, giving it back the program's protection if it is guarded (part of
+// it may outlive the munmap that drops it). Called with traps_mu held.
+static void drop_cq(struct cqmap *c) {
+	uintptr_t p = atomic_load_explicit(&c->addr, memory_order_relaxed);
+	atomic_store_explicit(&c->addr, 0, memory_order_release);
+	if (atomic_exchange(&c->guarded, 0))
+		mprotect((void *)p, c->len, c->prot);
+}
+
 // The trampoline's save area: XSAVE's size for the features the OS enabled, a multiple of 64.
 __attribute__((used)) static uint64_t xsave_size;
 
@@ -166,8 +175,21 @@ static void forget(void *addr, size_t len) {
 	for (int i = 0; i < n; i++) {
 		uintptr_t p = atomic_load_explicit(&cqs[i].addr, memory_order_relaxed);
 		if (p && p + cqs[i].len > lo && p < hi)
-			atomic_store_explicit(&cqs[i].addr, 0, memory_order_release);
+			drop_cq(&cqs[i]);
 	}
+	pthread_mutex_unlock(&traps_mu);
+}
+
+// softefa_trap_forget_fd drops the CQ mappings made through fd, which the program is closing:
+// a later device, opened on the same fd number, numbers its CQs from 0 again.
+void softefa_trap_forget_fd(int fd) {
+	if (!atomic_load_explicit(&ncqs, memory_order_acquire))
+		return;
+	pthread_mutex_lock(&traps_mu);
+	int n = atomic_load_explicit(&ncqs, memory_order_relaxed);
+	for (int i = 0; i < n; i++)
+		if (atomic_load_explicit(&cqs[i].addr, memory_order_relaxed) && cqs[i].fd == fd)
+			drop_cq(&cqs[i]);
 	pthread_mutex_unlock(&traps_mu);
 }
 
@@ -510,6 +532,13 @@ static void chain(struct chained *c, int sig, siginfo_t *si, void *uctx) {
 		raise(sig); // not re-raised by running on: pending until the handler returns
 }
 
+// allowed reports whether the program's protection prot allows the access a page fault's error
+// code describes (bit 1: a write, bit 4: an instruction fetch). Another access to a CQ mapping is
+// the program's own fault, and goes on to its handler.
+static int allowed(int prot, greg_t err) {
+	return (!(err & 2) || (prot & PROT_WRITE)) && (!(err & 16) || (prot & PROT_EXEC)) && (prot & PROT_READ);
+}
+
 static void on_segv(int sig, siginfo_t *si, void *uctx) {
 	ucontext_t *uc = uctx;
 	greg_t *g = uc->uc_mcontext.gregs;
@@ -531,13 +560,14 @@ static void on_segv(int sig, siginfo_t *si, void *uctx) {
 		return;
 	}
 	struct cqmap *c;
-	if (si->si_code == SEGV_ACCERR && (c = find_cq(a))) {
+	if (si->si_code == SEGV_ACCERR && (c = find_cq(a)) && allowed(c->prot, g[REG_ERR])) {
 		// A read of a guarded CQ ring: open it again, wait for the entry in the engine, and run
 		// the read again (the return address is the faulting instruction's).
 		uintptr_t p = atomic_load_explicit(&c->addr, memory_order_acquire);
-		int fd = c->fd;
+		int fd = c->fd, err = errno;
 		uint64_t what = AWAIT_CQ | (uint64_t)((a - p) & 0x7fffffff) << 32 | c->handle;
 		mprotect((void *)p, c->len, c->prot);
+		errno = err;
 		atomic_store_explicit(&c->guarded, 0, memory_order_release);
 		atomic_fetch_add_explicit(&n_cq_waits, 1, memory_order_relaxed);
 		ring(uc, fd, what);
@@ -636,6 +666,10 @@ static int shadow_stack(void) {
 	return l && e && memmem(l, (size_t)(e - l), "shstk", 5);
 }
 
+// atfork_child: a child forked while another thread held traps_mu would otherwise wait for it
+// forever in its first mmap or munmap.
+static void atfork_child(void) { traps_mu = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; }
+
 static void report(void) {
 	fprintf(stderr, "softefa: debug: doorbell stores trapped: %llu emulated, %llu stepped\n",
 		(unsigned long long)atomic_load(&n_emulated), (unsigned long long)atomic_load(&n_stepped));
@@ -672,6 +706,7 @@ void softefa_trap_install(void) {
 		return off("sigaction");
 	}
 	trap_on = 1;
+	pthread_atfork(NULL, NULL, atfork_child);
 	if (softefa_shim_debug()) {
 		fprintf(stderr, "softefa: debug: doorbell traps on (XSAVE area %llu bytes)\n", (unsigned long long)xsave_size);
 		atexit(report);
@@ -690,5 +725,7 @@ int softefa_trap_covers(int fd, uint32_t handle) {
 	(void)handle;
 	return 0;
 }
+
+void softefa_trap_forget_fd(int fd) { (void)fd; }
 
 #endif

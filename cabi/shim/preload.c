@@ -423,6 +423,7 @@ int close(int fd) {
 		REAL(close)(nl_peer[fd]);
 	} else if (ours(fd)) {
 		mark(fd, 0);
+		softefa_trap_forget_fd(fd);
 		eng_close_fd(fd); // tears the ucontext down, as ib_uverbs_close does
 	} else if (orphan(fd)) {
 		atomic_fetch_and(&orphans[fd >> 6], ~((uint64_t)1 << (fd & 63)));

@@ -20,5 +20,6 @@ HIDDEN int softefa_shim_debug(void);         // SOFTEFA_DEBUG=1: diagnostics on 
 // From dbtrap.c.
 HIDDEN void softefa_trap_install(void);              // once, after the engine is loaded
 HIDDEN int softefa_trap_covers(int fd, uint32_t handle); // that QP's doorbell stores trap
+HIDDEN void softefa_trap_forget_fd(int fd);          // fd is being closed: drop its CQ mappings
 
 #endif

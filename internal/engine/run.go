@@ -269,8 +269,8 @@ func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
 // that entry anyway; spinning here lets its own thread take the answer off the socket, instead of
 // waiting for the receive loop's thread to be woken and given a core.
 func (d *Device) AwaitCQ(cq *CQ, slot uint32, budget time.Duration) {
-	if slot >= cq.depth {
-		return
+	if slot >= cq.depth || d.busyRx == nil {
+		return // (no busy poller: PollNetwork would never take anything)
 	}
 	start := time.Now()
 	for cq.written.Load()&(cq.depth-1) == slot {
