@@ -5,13 +5,16 @@
 // checked. Built against rdma-core 64 (cabi/thirdparty/build.sh); the formats are those of
 // docs/descriptors.md.
 //
-//   rawring [-n rounds] [-l] [-i seconds]
+//   rawring [-n rounds] [-l] [-i seconds] [-w]
 //
 // By default two processes (this one and a child forked before either touches the device, so each
 // has a device of its own) exchange rounds messages. -l runs both QPs in this process, on one
 // device. -i holds the QPs idle for that long after setting up, before the ping-pong (to measure
 // what an idle program costs). Success prints "ok rounds=N usec/round=T"; a side that sees no
-// completion for 30 s reports the round it stalled in and exits 2.
+// completion for 30 s reports the round it stalled in and exits 2. -w (two processes) then posts
+// one more SEND and stores to the CQ buffer, which is mapped read-only: the fault must reach the
+// program's own SIGSEGV handler, which prints "ok CQ store faulted" (the shim's completion traps
+// must not take it for a read of a guarded ring).
 #define _GNU_SOURCE
 #include <errno.h>
 #include <infiniband/efadv.h>
@@ -275,15 +278,37 @@ static int loopback(int idle_secs) {
 	return 0;
 }
 
+static void on_segv(int sig) {
+	(void)sig;
+	static const char msg[] = "ok CQ store faulted\n";
+	if (write(1, msg, sizeof(msg) - 1) < 0)
+		_exit(3);
+	_exit(0);
+}
+
+// store_to_cq stores to s's CQ buffer after a SEND (whose trapped doorbell store guards the CQ):
+// the program's own handler must get the fault.
+static int store_to_cq(struct side *s) {
+	struct sigaction sa = {.sa_handler = on_segv};
+	sigemptyset(&sa.sa_mask);
+	if (sigaction(SIGSEGV, &sa, NULL))
+		die(s, "sigaction", errno);
+	post_send(s, rounds);
+	*(volatile uint8_t *)s->cq.buffer = 0;
+	fprintf(stderr, "a store to the read-only CQ buffer did not fault\n");
+	return 1;
+}
+
 int main(int argc, char **argv) {
-	int opt, loop = 0, idle_secs = 0;
-	while ((opt = getopt(argc, argv, "n:li:")) != -1) {
+	int opt, loop = 0, idle_secs = 0, store = 0;
+	while ((opt = getopt(argc, argv, "n:li:w")) != -1) {
 		switch (opt) {
 		case 'n': rounds = atoi(optarg); break;
 		case 'l': loop = 1; break;
 		case 'i': idle_secs = atoi(optarg); break;
+		case 'w': store = 1; break;
 		default:
-			fprintf(stderr, "usage: rawring [-n rounds] [-l] [-i seconds]\n");
+			fprintf(stderr, "usage: rawring [-n rounds] [-l] [-i seconds] [-w]\n");
 			return 1;
 		}
 	}
@@ -333,5 +358,5 @@ int main(int argc, char **argv) {
 		return 1;
 	}
 	printf("ok rounds=%d usec/round=%.2f\n", rounds, d / rounds * 1e6);
-	return 0;
+	return store ? store_to_cq(&s) : 0;
 }
