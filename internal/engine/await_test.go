@@ -11,20 +11,22 @@ import (
 	"github.com/softefa/softefa/link"
 )
 
+// udpRig is an access rig on a device of its own over UDP on loopback.
+func udpRig(t *testing.T) *accessRig {
+	l, err := link.ListenUDP(netip.MustParseAddrPort("127.0.0.1:0"), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return newAccessRigOn(t, config.Device{Addr: l.LocalAddr(), Link: l})
+}
+
 // AwaitCQ, a program's read of a CQ entry the device has not written yet (docs/cabi.md,
 // "Completion traps"): the reading thread polls the network until the entry is written. Two
 // devices over UDP on loopback; the budget is an hour, so a wait that never saw its entry would
 // hang the test rather than pass it.
 func TestAwaitCQ(t *testing.T) {
-	rig := func() *accessRig {
-		l, err := link.ListenUDP(netip.MustParseAddrPort("127.0.0.1:0"), 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		return newAccessRigOn(t, config.Device{Addr: l.LocalAddr(), Link: l})
-	}
-	a, b := rig(), rig()
+	a, b := udpRig(t), udpRig(t)
 	ah, err := a.d.CreateAH(a.pd, b.d.GID())
 	if err != nil {
 		t.Fatal(err)
@@ -64,4 +66,40 @@ func TestAwaitCQ(t *testing.T) {
 		t.Errorf("TalksToPeers: sender %v, receiver %v; want true, false", a.q.TalksToPeers(), b.q.TalksToPeers())
 	}
 	b.d.AwaitCQ(recv, 1, 0) // nothing more comes: with no budget, one poll and back
+}
+
+// An inline SEND keeps the bytes that were posted while it waits for the peer: the SQ slot it
+// came from may be written again before it completes (libefa reuses a slot once fewer than a
+// ring's worth of WRs are outstanding, and SRD completes out of order), and its RNR retry (or a
+// retransmission) must not send what the slot holds by then.
+func TestInlineSendOutlivesItsSlot(t *testing.T) {
+	a, b := udpRig(t), udpRig(t)
+	ah, err := a.d.CreateAH(a.pd, b.d.GID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const posted, later = "posted inline", "slot written again"
+	a.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 3, Inline: true, Length: uint16(len(posted)),
+		InlineBuf: []byte(posted), AHN: ah.ahn, QKey: 9, DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase})
+	atomic.StoreUint32(a.q.sq.db, 1)
+	a.d.Ring(a.q) // no receive posted at b: RNR, and the SEND waits to be tried again
+
+	// The peer's RNR answer parks the SEND; then its slot is written again, and b posts a receive.
+	for parked := false; !parked; {
+		a.d.mu.Lock()
+		parked = len(a.q.parked) > 0
+		a.d.mu.Unlock()
+		b.d.PollNetwork()
+		a.d.PollNetwork()
+	}
+	a.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 4, Inline: true, Length: uint16(len(later)),
+		InlineBuf: []byte(later), AHN: ah.ahn, QKey: 9, DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase})
+	efaio.RxDesc(b.q.rq.ring[:efaio.RxDescSize]).Encode(&efaio.RxDescFields{Addr: b.a.iova, ReqID: 7,
+		Length: 64, LKey: b.a.lkey, First: true, Last: true})
+	atomic.StoreUint32(b.q.rq.db, 1)
+
+	b.d.AwaitCQ(b.q.recvCQ, 0, time.Hour)
+	if got := string(b.inA[:len(posted)]); got != posted {
+		t.Errorf("the receiver got %q, want the bytes posted, %q", got, posted)
+	}
 }

@@ -19,6 +19,11 @@ type sendWR struct {
 	length uint64
 	idx    int      // position in q.out
 	m      *srd.Msg // the transport's request
+	// inl holds an inline WR's data, which w.InlineBuf and the request's source point at: the
+	// SQ slot it came from may be written again before the WR completes (libefa reuses a slot
+	// once fewer than a ring's worth of WRs are outstanding, and SRD completes out of order),
+	// and a retransmission or an RNR retry must send the bytes that were posted.
+	inl [efaio.TxWQESize128]byte
 }
 
 // statusPending is execute's "the WR is on the network": not an EFA status.
@@ -27,6 +32,12 @@ const statusPending efaio.Status = 0xff
 // sendRemote starts a request to another device: q's WR completes when the peer answers (or the
 // transport gives up).
 func (d *Device) sendRemote(q *QP, w *efaio.TxDesc, m *message, tries int) efaio.Status {
+	sw := d.newSendWR()
+	sw.q, sw.w, sw.tries, sw.length = q, *w, tries, m.length
+	if w.Inline {
+		sw.w.InlineBuf = sw.inl[:copy(sw.inl[:], w.InlineBuf)]
+		m.src[0] = sw.w.InlineBuf
+	}
 	r := m.request()
 	switch m.op {
 	case efaio.OpRDMAWrite:
@@ -34,8 +45,6 @@ func (d *Device) sendRemote(q *QP, w *efaio.TxDesc, m *message, tries int) efaio
 	case efaio.OpRDMARead:
 		r.Op = wire.OpReadReq
 	}
-	sw := d.newSendWR()
-	sw.q, sw.w, sw.tries, sw.length = q, *w, tries, m.length
 	sw.idx = len(q.out)
 	q.out = append(q.out, sw) // before Request: a request can end inside it
 	msg, st := d.srd.Request(m.dstGID, &r, sw)
@@ -103,7 +112,7 @@ func (h *host) Done(owner any, st efaio.Status, mayRetry bool) {
 		q.dropOut(sw)
 		if mayRetry && st == efaio.StatusRemoteRNR && (q.attr.RNRRetry == uapi.RNRRetryInfinite || sw.tries < int(q.attr.RNRRetry)) &&
 			(q.attr.State == uapi.QPSRTS || q.attr.State == uapi.QPSSQD) {
-			q.parked = append(q.parked, parkedWR{desc: sw.w, tries: sw.tries + 1, due: d.now + d.cfg.RNRInterval})
+			q.parked = append(q.parked, parked(&sw.w, sw.tries+1, d.now+d.cfg.RNRInterval))
 		} else {
 			msg := message{length: sw.length}
 			d.count(q, &sw.w, &msg, st)

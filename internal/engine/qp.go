@@ -102,6 +102,18 @@ type parkedWR struct {
 	desc  efaio.TxDesc
 	tries int
 	due   time.Duration // on the device clock
+	// inl is an inline WR's data, kept apart from the SQ slot it came from (sendWR.inl says
+	// why); desc.InlineBuf is pointed at it again when the WR is retried.
+	inl [efaio.TxWQESize128]byte
+}
+
+// parked is the WR w parked for its tries-th attempt at due, with its inline data copied.
+func parked(w *efaio.TxDesc, tries int, due time.Duration) parkedWR {
+	p := parkedWR{desc: *w, tries: tries, due: due}
+	if w.Inline {
+		copy(p.inl[:], w.InlineBuf)
+	}
+	return p
 }
 
 // Owner returns the value given as QPInit.Owner; nil for a nil QP.

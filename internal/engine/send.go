@@ -74,7 +74,7 @@ func (d *Device) execute(q *QP, w *efaio.TxDesc, tries int, now time.Duration) {
 	}
 	if st == efaio.StatusRemoteRNR && q.typ == uapi.QPTypeDriver &&
 		(q.attr.RNRRetry == uapi.RNRRetryInfinite || tries < int(q.attr.RNRRetry)) {
-		q.parked = append(q.parked, parkedWR{desc: *w, tries: tries + 1, due: now + d.cfg.RNRInterval})
+		q.parked = append(q.parked, parked(w, tries+1, now+d.cfg.RNRInterval))
 		return
 	}
 	d.count(q, w, &m, st)
@@ -240,6 +240,9 @@ func (d *Device) retryParked(q *QP, rqMoved bool, now time.Duration) {
 		if !rqMoved && now < p.due {
 			kept = append(kept, p)
 			continue
+		}
+		if p.desc.Inline {
+			p.desc.InlineBuf = p.inl[:len(p.desc.InlineBuf)]
 		}
 		d.execute(q, &p.desc, p.tries, now)
 	}
