@@ -153,9 +153,11 @@ func (t *Transport) newMsg(p *peer, kind int) *Msg {
 	return m
 }
 
-// release returns m to the free list when nothing refers to it any more.
+// release returns m to the free list when nothing refers to it any more; once (m.p is nil from
+// then until newMsg hands it out again): a transport timeout releases a message for each of its
+// packets' slots.
 func (t *Transport) release(m *Msg) {
-	if m.done && m.pending == 0 && m.sent == m.nseg && m.owner == nil && !m.inQueue {
+	if m.p != nil && m.done && m.pending == 0 && m.sent == m.nseg && m.owner == nil && !m.inQueue {
 		m.p = nil
 		t.freeMsgs = append(t.freeMsgs, m)
 	}

@@ -552,3 +552,22 @@ func TestTraceTimeoutOfAPeerHeardBefore(t *testing.T) {
 		t.Fatalf("unresponsive events %d, want 1", r.counts.UnresponsiveRemoteEvents.Load())
 	}
 }
+
+// A transport timeout that abandons a message of several packets frees it once: its packets'
+// slots all name it, and freeing it for each would hand one message to several later requests.
+func TestTraceTransportTimeoutFreesMessagesOnce(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.post(1, efaio.OpRDMAWrite, 4*r.tr.segSize()) // four packets
+	if d := r.data(); len(d) != 4 {
+		t.Fatalf("sent %d packets, want 4", len(d))
+	}
+	r.advance(1100 * time.Millisecond)
+	r.wantCompletion(1, efaio.StatusLocalUnreachRemote)
+	seen := make(map[*Msg]bool)
+	for _, m := range r.tr.freeMsgs {
+		if seen[m] {
+			t.Fatalf("a message is on the free list twice (%d entries)", len(r.tr.freeMsgs))
+		}
+		seen[m] = true
+	}
+}
