@@ -52,13 +52,8 @@ func (f *File) CQRing(key uint64) (uint32, bool) {
 // false for an unknown handle, a QP that has talked only to its own device, or with completion
 // traps off.
 func (f *File) RingTrapped(h uint32) (send, recv uint32, ok bool) {
-	f.mu.Lock()
-	o, found := f.objs[h].(*qpObj)
-	if found {
-		f.d.e.Ring(o.qp)
-	}
-	f.mu.Unlock()
-	if !found || f.d.cqSpin <= 0 || !o.qp.TalksToPeers() {
+	o := f.kick(h)
+	if o == nil || f.d.cqSpin <= 0 || !o.qp.TalksToPeers() {
 		return 0, 0, false
 	}
 	return o.cqs[0], o.cqs[1], true

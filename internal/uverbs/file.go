@@ -328,12 +328,17 @@ var _ = syscall.EINVAL
 // Kick tells the engine that the program just posted to the QP with handle h (the shim's
 // post_send, post_recv and wr_complete wrappers call it), so the engine looks at its rings at once.
 // Unknown handles are ignored.
-func (f *File) Kick(h uint32) {
+func (f *File) Kick(h uint32) { f.kick(h) }
+
+// kick is Kick; it returns the QP rung, or nil for an unknown handle.
+func (f *File) kick(h uint32) *qpObj {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if o, ok := f.objs[h].(*qpObj); ok {
+	o, ok := f.objs[h].(*qpObj)
+	if ok {
 		f.d.e.Ring(o.qp)
 	}
+	return o
 }
 
 // DoorbellPage reports which QP's SQ doorbell page the mmap key names: its handle, or false when
