@@ -318,6 +318,17 @@ func softefa_poll_net() C.int {
 	return 0
 }
 
+// softefa_exit is called as the process exits (the shim's atexit handler): the acknowledgements
+// a busy poll left owed go now, or the peers would time out sends that were delivered
+// (engine.Device.FlushAcks).
+//
+//export softefa_exit
+func softefa_exit() {
+	if e := polled.Load(); e != nil {
+		e.FlushAcks()
+	}
+}
+
 //export softefa_arm_cq
 func softefa_arm_cq(fd C.int, handle C.uint32_t) {
 	if o := lookup(fd); o != nil {

@@ -189,6 +189,7 @@ static void (*eng_db_trapped)(int fd, uint32_t handle, int trapped);
 static int64_t (*eng_db_rung)(int fd, uint32_t handle);
 static int64_t (*eng_cq_ring)(int fd, int64_t off);
 static void (*eng_await_cq)(int fd, uint32_t handle, uint64_t off);
+static void (*eng_exit)(void);
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
 static int eng_err;
 
@@ -214,6 +215,19 @@ static void init_async_sigs(void) {
 
 static void enter(sigset_t *old) { pthread_sigmask(SIG_BLOCK, &async_sigs, old); }
 static void leave(const sigset_t *old) { pthread_sigmask(SIG_SETMASK, old, NULL); }
+
+// at_exit sends the acknowledgements a busy poll left owed (engine.Device.FlushAcks): a program
+// that exits right after its last completion (the end of a test) would otherwise take them with
+// it, and its peer would time out a send that was delivered. Not in a forked child: the engine's
+// threads stayed in the parent.
+static void at_exit(void) {
+	if (forked_child)
+		return;
+	sigset_t old;
+	enter(&old);
+	eng_exit();
+	leave(&old);
+}
 
 static void load_engine(void) {
 	const char *lib = getenv("SOFTEFA_ENGINE");
@@ -245,15 +259,17 @@ static void load_engine(void) {
 	eng_db_rung = (int64_t (*)(int, uint32_t))dlsym(h, "softefa_db_rung");
 	eng_cq_ring = (int64_t (*)(int, int64_t))dlsym(h, "softefa_cq_ring");
 	eng_await_cq = (void (*)(int, uint32_t, uint64_t))dlsym(h, "softefa_await_cq");
+	eng_exit = (void (*)(void))dlsym(h, "softefa_exit");
 	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq || !eng_poll_net || !eng_dup ||
 	    !eng_sysfs || !eng_ioctl || !eng_netlink || !eng_db_page || !eng_db_trapped || !eng_db_rung ||
-	    !eng_cq_ring || !eng_await_cq) {
+	    !eng_cq_ring || !eng_await_cq || !eng_exit) {
 		fprintf(stderr, "softefa: %s lacks the engine entry points\n", lib);
 		eng_err = ENODEV;
 		return;
 	}
 	engine_loaded = 1;
 	softefa_trap_install(); // in front of the Go runtime's SIGSEGV and SIGTRAP handlers
+	atexit(at_exit);
 }
 
 // Direct reads of the device's sysfs (docs/cabi.md, "Sysfs"): a path under

@@ -166,14 +166,8 @@ func (d *Device) Close() error {
 		d.mu.Unlock()
 		return nil
 	}
+	owed := d.takeOwedAcks() // what a busy poll left owed goes now: the peers are waiting for it
 	d.closed = true
-	var owed *srd.Queue
-	if d.srd != nil && d.srd.AcksOwed() {
-		// What a busy poll left owed goes now: the peers are waiting for it.
-		owed = d.srd.NewQueue()
-		d.useTx(owed)
-		d.srd.FlushAcks(0)
-	}
 	d.mu.Unlock()
 	if owed != nil {
 		d.srd.Flush(owed)
@@ -184,6 +178,34 @@ func (d *Device) Close() error {
 	}
 	d.wg.Wait()
 	return nil
+}
+
+// FlushAcks sends now every acknowledgement a busy poll left owed (PollNetwork leaves them for
+// the application's answer to carry, for up to srd.AckDelay). A process about to exit calls it:
+// an owed ACK would die with the process, and the peer's send would then fail as unresponsive
+// after its transport timeout although the message was delivered.
+func (d *Device) FlushAcks() {
+	d.mu.Lock()
+	var owed *srd.Queue
+	if !d.closed {
+		owed = d.takeOwedAcks()
+	}
+	d.mu.Unlock()
+	if owed != nil {
+		d.srd.Flush(owed)
+	}
+}
+
+// takeOwedAcks builds every owed ACK into a queue of its own and returns it (nil when none is
+// owed); the caller holds mu and sends the queue after releasing it.
+func (d *Device) takeOwedAcks() *srd.Queue {
+	if d.srd == nil || !d.srd.AcksOwed() {
+		return nil
+	}
+	q := d.srd.NewQueue()
+	d.useTx(q)
+	d.srd.FlushAcks(0)
+	return q
 }
 
 // Config returns the device's configuration with defaults filled in.
