@@ -4,9 +4,12 @@ import (
 	"net/netip"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/uapi"
+	"github.com/softefa/softefa/link"
 )
 
 // A SEND whose doorbell was stored but that the device has not looked at yet (a doorbell mapping
@@ -37,5 +40,55 @@ func TestDestroyCarriesOutRungWQEs(t *testing.T) {
 	}
 	if got := string(r.inA[:len(msg)]); got != msg {
 		t.Errorf("the receive buffer holds %q, want %q", got, msg)
+	}
+}
+
+// A QP moved to RESET with a SEND still on the network discards it without a completion, as IB's
+// RESET discards everything, and can then be destroyed: when the transport gives up on the
+// SEND (its peer never answers), nothing is left to complete. Before, RESET kept the SEND in the
+// QP's list of WRs on the network, the destroy dropped the list, and the transport's timeout
+// completed a WR the QP no longer had: the engine panicked.
+func TestResetDiscardsWRsOnTheNetwork(t *testing.T) {
+	silent, err := link.ListenUDP(netip.MustParseAddrPort("127.0.0.1:0"), 1) // never read
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	l, err := link.ListenUDP(netip.MustParseAddrPort("127.0.0.1:0"), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var now time.Duration
+	r := newAccessRigOn(t, config.Device{Addr: l.LocalAddr(), Link: l, Driven: true,
+		Clock: func() time.Duration { return now }})
+	ah, err := r.d.CreateAH(r.pd, GIDFromAddr(silent.LocalAddr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 3, Length: 1, AHN: ah.ahn, QKey: 9,
+		DestQPN: 1, CompReq: true, Phase: r.q.sq.phase,
+		SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: 8, LKey: r.a.lkey, Addr: r.a.iova}}})
+	atomic.StoreUint32(r.q.sq.db, 1)
+	r.d.Drive()
+	if len(r.q.out) != 1 {
+		t.Fatalf("%d WRs on the network after the post, want 1", len(r.q.out))
+	}
+	if err := r.d.ModifyQP(r.q, &QPAttr{State: uapi.QPSReset}, uapi.QPAttrState); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.q.out) != 0 {
+		t.Fatalf("%d WRs on the network after RESET, want 0", len(r.q.out))
+	}
+	cq := r.q.sendCQ
+	if err := r.d.DestroyQP(r.q); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 { // well past the transport timeout, in steps the timers see
+		now += r.d.cfg.TransportTimeout / 4
+		r.d.Drive()
+	}
+	if got := cq.written.Load(); got != 0 {
+		t.Errorf("%d completions for a SEND discarded by RESET, want 0", got)
 	}
 }

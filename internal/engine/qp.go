@@ -354,6 +354,9 @@ func (q *QP) reset() {
 	q.rq.ci, q.rq.seen = 0, 0
 	atomic.StoreUint32(q.rq.db, 0)
 	q.parked = q.parked[:0]
+	for len(q.out) > 0 {
+		q.d.cancel(q.out[len(q.out)-1]) // no completion: its answer, if it comes, is ignored
+	}
 	q.drainReq = false
 }
 
