@@ -64,7 +64,7 @@ func (t *Transport) sendAck(p *peer) {
 // ack is the acknowledgement of p's stream as it stands.
 func (p *peer) ack() wire.Ack {
 	r := &p.rx
-	a := wire.Ack{Cum: r.cum, Highest: r.highest, Path: r.ackPath, Horizon: p.tx.respEnd}
+	a := wire.Ack{Cum: r.cum, Highest: r.highest, Path: r.ackPath, Horizon: p.tx.horizon()}
 	for i := range wire.SackWords * 64 {
 		if psn := r.cum + 1 + uint32(i); !psnLess(r.highest, psn) && r.seen != nil && r.seen.has(psn) {
 			a.Sack[i/64] |= 1 << (i % 64)

@@ -118,6 +118,19 @@ func (s *txStream) queued(m *Msg) {
 	}
 }
 
+// horizon is the horizon our ACKs carry (wire.Ack.Horizon): the PSN after our latest RESP
+// while the peer has not acknowledged it, and once it has, the point below which the peer has
+// acknowledged everything (una), which lies past every RESP and which the peer has reached. The
+// PSN after a RESP long acknowledged would go stale: 2^31 PSNs later it reads as ahead of the
+// peer's cumulative point, and the peer's SENDs and WRITEs would wait for it forever (docs/wire.md,
+// "Completion").
+func (s *txStream) horizon() uint32 {
+	if s.respEnd == 0 || s.respEnd-s.una <= s.next+s.unsent-s.una {
+		return s.respEnd // none in this epoch, or not yet acknowledged: [una, end of the stream]
+	}
+	return s.una
+}
+
 // init sets a new stream's estimates; its ring and request table come with its first message
 // (txReady).
 func (s *txStream) init() {

@@ -571,3 +571,34 @@ func TestTraceTransportTimeoutFreesMessagesOnce(t *testing.T) {
 		seen[m] = true
 	}
 }
+
+// wire.md "Completion": the horizon an ACK carries never lags the stream by so much that it reads
+// as ahead of it. Once the peer has acknowledged the RESP, the horizon moves with the
+// acknowledged point; before, it stayed at the PSN after the RESP, and 2^31 PSNs later (here
+// jumped to) the peer, comparing it with its cumulative point, would wait for it forever.
+func TestTraceHorizonFollowsAcknowledgedStream(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	r.peerData(wire.Data{Op: wire.OpSend, MsgID: 5, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)})
+	resps := r.data()
+	if len(resps) != 1 || resps[0].f.Data.Op != wire.OpResp {
+		t.Fatalf("sent %+v, want a RESP", resps)
+	}
+	end := resps[0].f.Data.PSN + 1
+	r.ack(end, nil, 0) // the peer has the RESP
+	r.take(wire.TypeAck)
+	s := &r.tr.peers[config.GIDFromAddr(tracePeer)].tx
+	if s.una != end || s.next != end {
+		t.Fatalf("stream [%d, %d), want everything up to %d acknowledged", s.una, s.next, end)
+	}
+	far := end + 1<<31 + 5 // as if that many more PSNs had been sent and acknowledged
+	s.una, s.next = far, far
+	r.peerData(wire.Data{Op: wire.OpWrite, MsgID: 6, Length: 10, Payload: make([]byte, 10)})
+	acks := r.take(wire.TypeAck)
+	if len(acks) == 0 {
+		t.Fatal("the WRITE was not acknowledged")
+	}
+	if h := acks[len(acks)-1].f.Ack.Horizon; h != far {
+		t.Fatalf("horizon %d, want %d: the acknowledged point (the RESP's end, %d, reads as ahead of it)", h, far, end)
+	}
+}
