@@ -1,14 +1,19 @@
 package engine
 
 import (
+	"bytes"
+	"encoding/binary"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/srd"
 	"github.com/softefa/softefa/internal/uapi"
+	"github.com/softefa/softefa/internal/wire"
 	"github.com/softefa/softefa/link"
 )
 
@@ -90,5 +95,69 @@ func TestResetDiscardsWRsOnTheNetwork(t *testing.T) {
 	}
 	if got := cq.written.Load(); got != 0 {
 		t.Errorf("%d completions for a SEND discarded by RESET, want 0", got)
+	}
+}
+
+// A SEND from the network that arrived in part has taken its receive WR; when the QP is flushed
+// (ERR), destroyed, or the receive buffer's region deregistered before the rest arrives, the WR
+// completes at once (FLUSHED, or LOCAL_INVALID_LKEY for the region), the rest of the message
+// places nothing, and no second completion follows; the sender's request fails. Before, the WR
+// got no completion at the flush, and the later segments were copied into the buffer (which the
+// application may have unmapped by then) and completed into the CQ.
+func TestPartReceivedSendEndsWithItsQP(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		stop func(r *accessRig) error
+		want efaio.Status
+	}{
+		{"ERR", func(r *accessRig) error {
+			return r.d.ModifyQP(r.q, &QPAttr{State: uapi.QPSErr}, uapi.QPAttrState)
+		}, efaio.StatusFlushed},
+		{"destroy", func(r *accessRig) error { return r.d.DestroyQP(r.q) }, efaio.StatusFlushed},
+		{"dereg", func(r *accessRig) error { return r.d.DeregMR(r.a) }, efaio.StatusLocalInvalidLKey},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newAccessRigOn(t, config.Device{Addr: netip.MustParseAddrPort("127.0.0.1:1"), Driven: true})
+			h := (*host)(r.d)
+			cq := r.q.recvCQ
+			efaio.RxDesc(r.q.rq.ring[:efaio.RxDescSize]).Encode(&efaio.RxDescFields{Addr: r.a.iova, ReqID: 7,
+				Length: 64, LKey: r.a.lkey, First: true, Last: true})
+			atomic.StoreUint32(r.q.rq.db, 1)
+			seg := func(off int, prev srd.Inbound) (srd.Inbound, efaio.Status, bool) {
+				f := wire.Data{Op: wire.OpSend, DstQPN: uint16(r.q.qpn), QKey: 9, Length: 30, Offset: uint32(off),
+					Payload: bytes.Repeat([]byte{byte('a' + off/10)}, 10)}
+				return h.Receive([16]byte{1}, &f, prev)
+			}
+			r.d.mu.Lock()
+			defer r.d.mu.Unlock()
+			in, _, done := seg(0, nil)
+			if done || in == nil {
+				t.Fatal("the first of three segments finished the message")
+			}
+			r.d.mu.Unlock()
+			if err := c.stop(r); err != nil {
+				t.Fatal(err)
+			}
+			r.d.mu.Lock()
+			if got := cq.written.Load(); got != 1 {
+				t.Fatalf("%d receive completions at the %s, want 1", got, c.name)
+			}
+			e := efaio.CQE(cq.ring[:cq.esz])
+			var got efaio.Completion
+			if err := e.Decode(binary.LittleEndian.Uint32(e), &got); err != nil || got.Status != c.want || got.ReqID != 7 {
+				t.Errorf("the completion has status %d for WR %d (%v), want %d for WR 7", got.Status, got.ReqID, err, c.want)
+			}
+			in, _, _ = seg(10, in)
+			_, st, done := seg(20, in)
+			if !done || st == efaio.StatusOK {
+				t.Errorf("the last segment: done %v, status %d; want done and a failure for the sender", done, st)
+			}
+			if got := cq.written.Load(); got != 1 {
+				t.Errorf("%d receive completions after the rest arrived, want still 1", got)
+			}
+			if got := string(r.inA[:30]); got != strings.Repeat("a", 10)+strings.Repeat("\x00", 20) {
+				t.Errorf("the receive buffer holds %q: the rest of the message was placed", got)
+			}
+		})
 	}
 }

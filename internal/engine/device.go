@@ -63,13 +63,18 @@ type Device struct {
 	pds       map[uint16]*PD
 	mrs       mrTable
 	nAH       int
-	// foreignMRs counts live foreign regions: while there are any, copies of application
-	// memory are guarded against faults (copyMem).
-	foreignMRs int
-	events     []AsyncEvent
-	closed     bool
-	counts     Counters
-	pending    pendingQueue // QPs whose doorbells a provider rang (own lock)
+	// foreign is set once a foreign region has been registered: from then on, copies of
+	// application memory are guarded against faults (copyMem), also after the region is
+	// deregistered, since a read response or a message received in part may still hold slices
+	// of it.
+	foreign bool
+	// receiving lists the messages from the network accepted and received in part (inbound.idx):
+	// a flush, reset or destroy of their QP, or a deregistration of their buffers, ends them.
+	receiving []*inbound
+	events    []AsyncEvent
+	closed    bool
+	counts    Counters
+	pending   pendingQueue // QPs whose doorbells a provider rang (own lock)
 
 	// SRD over the link (package srd); nil without a link: the device reaches only itself.
 	link    link.Link

@@ -101,3 +101,37 @@ func munmap(b []byte) error {
 	}
 	return nil
 }
+
+// A read response keeps slices of the region it reads, to send them again after a loss; if the
+// program deregisters the region and protects or unmaps it meanwhile, gathering them faults
+// into a failure, not a crash, also once no foreign region is registered any more.
+func TestGatherAfterForeignDereg(t *testing.T) {
+	const page = 4096
+	mem, err := syscall.Mmap(-1, 0, page, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer munmap(mem)
+	r := newAccessRig(t)
+	mr, err := r.d.RegForeignMR(r.pd, mem, 0x100000, uapi.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.d.mu.Lock()
+	src, ok := r.d.remoteSpan(r.pd, mr.rkey, mr.iova, page, uapi.AccessRemoteRead)
+	r.d.mu.Unlock()
+	if !ok {
+		t.Fatal("the region does not read")
+	}
+	if err := r.d.DeregMR(mr); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mprotect(mem, syscall.PROT_NONE); err != nil {
+		t.Fatal(err)
+	}
+	r.d.mu.Lock()
+	defer r.d.mu.Unlock()
+	if _, ok := (*host)(r.d).Gather(nil, [][]byte{src}, 0, 16); ok {
+		t.Error("a gather from a protected page succeeded")
+	}
+}

@@ -140,13 +140,17 @@ func (h *host) Receive(src [16]byte, f *wire.Data, prev srd.Inbound) (srd.Inboun
 	if in == nil {
 		in = d.newInbound()
 		m := d.message(src, f, op, uapi.QPTypeDriver)
-		d.accept(&m, in)
+		if d.accept(&m, in) == efaio.StatusOK && !in.dropped {
+			in.idx = len(d.receiving)
+			d.receiving = append(d.receiving, in)
+		}
 		in.d = d
 	}
 	d.place(in, uint64(f.Offset), f.Payload)
 	if in.got < in.m.length {
 		return in, efaio.StatusOK, false
 	}
+	d.unlist(in)
 	st := d.finish(in)
 	d.freeIn = append(d.freeIn, in)
 	return nil, st, true
@@ -173,9 +177,10 @@ func (h *host) UD(src [16]byte, f *wire.Data) {
 	d.respond(&m)
 }
 
-// Gather appends bytes [off, off+n) of src, under a fault guard while foreign regions exist.
+// Gather appends bytes [off, off+n) of src, under a fault guard once the device has had a foreign
+// region (copyMem).
 func (h *host) Gather(b []byte, src [][]byte, off uint64, n int) ([]byte, bool) {
-	if h.foreignMRs == 0 {
+	if !h.foreign {
 		return srd.AppendRange(b, src, off, n), true
 	}
 	ok := catchFault(func() { b = srd.AppendRange(b, src, off, n) })
@@ -188,6 +193,7 @@ func (h *host) Copy(dst, src []byte) bool { return (*Device)(h).copyMem(dst, src
 // Abort ends a message that arrived in part: its receive WR, if it took one, completes with
 // REMOTE_ABORT.
 func (in *inbound) Abort() {
+	in.d.unlist(in)
 	if in.hasWR {
 		in.t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: efaio.StatusRemoteAbort})
 	}

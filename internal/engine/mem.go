@@ -147,7 +147,7 @@ func (d *Device) regMR(pd *PD, buf []byte, iova uint64, access int, foreign bool
 		return nil, err
 	}
 	if foreign {
-		d.foreignMRs++
+		d.foreign = true
 	}
 	pd.refs++
 	return mr, nil
@@ -163,9 +163,7 @@ func (d *Device) DeregMR(mr *MR) error {
 	}
 	d.mrs.remove(mr)
 	mr.dead = true
-	if mr.foreign {
-		d.foreignMRs--
-	}
+	d.stopReceivingInto(mr)
 	mr.pd.refs--
 	return nil
 }
@@ -214,9 +212,9 @@ func catchFault(f func()) (ok bool) {
 	return true
 }
 
-// copyMem is copy, guarded while the device has foreign regions. Called with d.mu held.
+// copyMem is copy, guarded once the device has had a foreign region. Called with d.mu held.
 func (d *Device) copyMem(dst, src []byte) bool {
-	if d.foreignMRs == 0 {
+	if !d.foreign {
 		copy(dst, src)
 		return true
 	}

@@ -357,6 +357,7 @@ func (q *QP) reset() {
 	for len(q.out) > 0 {
 		q.d.cancel(q.out[len(q.out)-1]) // no completion: its answer, if it comes, is ignored
 	}
+	q.d.stopReceiving(q, false)
 	q.drainReq = false
 }
 
@@ -397,6 +398,7 @@ func (q *QP) flush() {
 		w.CompReq = true
 		q.completeSend(w, efaio.StatusFlushed)
 	}
+	q.d.stopReceiving(q, true) // a message received in part took its WR first
 	var wr recvWR
 	for q.rq.next(&wr, q.d.cfg.MaxRQSGE) {
 		q.rq.ci += uint16(wr.ndesc)

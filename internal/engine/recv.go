@@ -94,6 +94,69 @@ type inbound struct {
 	dst     [config.MaxRQSGELimit][]byte // SEND: the receive buffers, after the GRH for UD
 	ndst    int
 	got     uint64 // payload bytes placed
+	idx     int    // its place in d.receiving, -1 when not listed there
+}
+
+// unlist takes in off the device's list of messages received in part, if it is on it.
+func (d *Device) unlist(in *inbound) {
+	if in.idx < 0 {
+		return
+	}
+	last := len(d.receiving) - 1
+	d.receiving[in.idx] = d.receiving[last]
+	d.receiving[in.idx].idx = in.idx
+	d.receiving[last] = nil
+	d.receiving = d.receiving[:last]
+	in.idx = -1
+}
+
+// stopReceiving ends the messages q is receiving in part, as its QP is flushed (flushed: the
+// receive WR one of them took completes with FLUSHED, as the WRs still posted do), reset or
+// destroyed (no completion): their remaining segments place nothing, and the requests that sent
+// them fail. Without this, segments arriving later were placed into the receive buffers (which
+// the application may have deregistered and unmapped since) and completed into the QP's CQ.
+func (d *Device) stopReceiving(q *QP, flushed bool) {
+	for i := 0; i < len(d.receiving); {
+		in := d.receiving[i]
+		if in.t != q {
+			i++
+			continue
+		}
+		if in.hasWR && flushed {
+			q.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: efaio.StatusFlushed})
+		}
+		in.hasWR = false
+		in.status = efaio.StatusRemoteBadDestQPN
+		d.unlist(in) // moves the last into i
+	}
+}
+
+// stopReceivingInto ends the SENDs received in part into buffers of mr, which is being
+// deregistered: their receive WRs complete with LOCAL_INVALID_LKEY, as if the region had been
+// gone when they were taken, and their requests fail. (RDMA writes look their region up again
+// for every segment.)
+func (d *Device) stopReceivingInto(mr *MR) {
+	for i := 0; i < len(d.receiving); {
+		in := d.receiving[i]
+		if in.m.op != efaio.OpSend || !in.hasWR || in.t.pd != mr.pd || !in.usesLKey(mr.lkey) {
+			i++
+			continue
+		}
+		in.t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: efaio.StatusLocalInvalidLKey})
+		in.hasWR = false
+		in.status = efaio.StatusRemoteBadStatus
+		d.unlist(in)
+	}
+}
+
+// usesLKey reports whether a buffer of in's receive WR is in the region with lkey.
+func (in *inbound) usesLKey(lkey uint32) bool {
+	for _, f := range in.wr.desc[:in.wr.ndesc] {
+		if f.Length > 0 && f.LKey == lkey {
+			return true
+		}
+	}
+	return false
 }
 
 // respond carries out a same-device message at once and returns the requester's status.
@@ -126,7 +189,7 @@ func (d *Device) respond(m *message) efaio.Status {
 // per-message statuses that leave both QPs as they are; a UD message that cannot be delivered is
 // marked dropped.
 func (d *Device) accept(m *message, in *inbound) efaio.Status {
-	*in = inbound{m: *m}
+	*in = inbound{m: *m, idx: -1}
 	in.m.src, in.m.nsrc, in.m.sink = [efaio.TxNumBufs][]byte{}, 0, nil
 	t := d.qps[uint32(m.dstQPN)]
 	ud := m.typ == uapi.QPTypeUD
@@ -256,7 +319,7 @@ func (d *Device) place(in *inbound, off uint64, data []byte) {
 
 // scatterMem is scatter of one source, guarded as copyMem is.
 func (d *Device) scatterMem(dst [][]byte, data []byte) bool {
-	if d.foreignMRs == 0 {
+	if !d.foreign {
 		scatter(dst, [][]byte{data}, 1)
 		return true
 	}
