@@ -97,6 +97,11 @@ func (t *Transport) expirePeers(now time.Duration) {
 	t.nextExpiry = now + time.Second
 	keep := t.peerList[:0]
 	for _, p := range t.peerList {
+		if now-p.seen > t.cfg.PeerIdleTimeout && len(p.rx.in) > 0 {
+			// Quiet for that long in the middle of its messages: they will not be finished.
+			t.counts.RxDrops.Add(uint64(len(p.rx.in)))
+			t.abortInbound(p)
+		}
 		if now-p.seen > t.cfg.PeerIdleTimeout && p.idle() {
 			t.forget(p)
 			continue

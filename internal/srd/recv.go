@@ -26,7 +26,17 @@ type rxStream struct {
 	ackPath  uint8
 	sinceAck int
 	in       map[uint32]Inbound // messages arriving in segments, by the peer's message id
+	// aborted holds the messages whose ABORT came before some earlier PSN of the stream, by
+	// message id, with the ABORT's PSN: a segment of one that arrives after its ABORT (by another
+	// path) must not start it anew. Forgotten once the cumulative point passes the ABORT.
+	aborted map[uint32]uint32
 }
+
+// maxInbound bounds the messages one peer may have arriving in segments at once. A sender has at
+// most maxCwnd packets in flight, and a message in part has one of them still to come, so no honest
+// peer comes near it; a hostile one that starts messages and never finishes them is refused
+// past it (each held message keeps a receive WR or an RDMA write's state).
+const maxInbound = maxCwnd
 
 // Inbox is what a goroutine receiving for the device reuses for every batch: Pkts to receive
 // datagrams into, and Out, the queue for what handling them produces.
@@ -213,6 +223,18 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 			delete(p.rx.in, f.MsgID)
 			in.Abort()
 		}
+		if !psnLess(psn, r.cum) {
+			// A PSN before the ABORT is still to come, perhaps a segment of this message.
+			if r.aborted == nil {
+				r.aborted = make(map[uint32]uint32)
+			}
+			r.aborted[f.MsgID] = psn
+		}
+	}
+	for id, at := range r.aborted {
+		if psnLess(at, r.cum) {
+			delete(r.aborted, id) // every segment sent before the ABORT is in (this one handled)
+		}
 	}
 	// Only now, with the frame handled, may an ACK cover it: a failed message's RESP must lie
 	// below the horizon of the ACK that covers its last segment.
@@ -227,6 +249,15 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 // onSegment hands a SEND or RDMA write segment to the host; the message is answered when whole.
 func (t *Transport) onSegment(p *peer, f *wire.Data) {
 	in := p.rx.in[f.MsgID]
+	if in == nil {
+		if _, ok := p.rx.aborted[f.MsgID]; ok {
+			return // a segment that came after its message's ABORT: the sender let it go
+		}
+		if len(p.rx.in) >= maxInbound {
+			t.counts.RxDrops.Add(1)
+			return
+		}
+	}
 	next, st, done := t.host.Receive(p.gid, f, in)
 	switch {
 	case done:
@@ -306,18 +337,25 @@ func (t *Transport) answer(p *peer, msgID uint32, st efaio.Status) {
 	t.enqueue(p, o)
 }
 
-// resetRx forgets the peer's stream: the messages half received are aborted (Inbound.Abort).
-func (t *Transport) resetRx(p *peer) {
+// abortInbound ends every message p has arriving in part: each Inbound is told to Abort.
+func (t *Transport) abortInbound(p *peer) {
 	r := &p.rx
-	if t.txq != nil && t.txq.cur == p {
-		t.txq.cur = nil // its header names the stream being forgotten
-	}
 	// In message-id order (not the map's), so that a replayed run completes them alike.
 	for _, id := range slices.Sorted(maps.Keys(r.in)) {
 		in := r.in[id]
 		delete(r.in, id)
 		in.Abort()
 	}
+}
+
+// resetRx forgets the peer's stream: the messages half received are aborted (Inbound.Abort).
+func (t *Transport) resetRx(p *peer) {
+	r := &p.rx
+	if t.txq != nil && t.txq.cur == p {
+		t.txq.cur = nil // its header names the stream being forgotten
+	}
+	t.abortInbound(p)
+	r.aborted = nil
 	r.cum, r.highest, r.started = 0, 0, false
 	if r.seen != nil {
 		clear(r.seen)

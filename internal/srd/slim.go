@@ -50,6 +50,8 @@ func (t *Transport) rxReady(p *peer) {
 func (t *Transport) slimIdle(now time.Duration) (later bool) {
 	for _, p := range t.peerList {
 		switch {
+		case len(p.rx.in) > 0:
+			later = true // messages in part: the timer must run for expirePeers to end them
 		case p.slim || !p.idle():
 		case now-p.seen >= slimAfter:
 			t.slimPeer(p)

@@ -602,3 +602,65 @@ func TestTraceHorizonFollowsAcknowledgedStream(t *testing.T) {
 		t.Fatalf("horizon %d, want %d: the acknowledged point (the RESP's end, %d, reads as ahead of it)", h, far, end)
 	}
 }
+
+// wire.md "Frames" (ABORT): a segment of a message that arrives after the message's ABORT (the
+// ABORT overtook it by another path) is dropped; it does not start the message anew and take a
+// second receive WR, which no further segment would ever finish.
+func TestTraceSegmentAfterAbortIsDropped(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	r.recv(7)
+	r.recv(8)
+	seg := func(psn uint32, off uint32) {
+		d := wire.Data{PSN: psn, Op: wire.OpSend, MsgID: 5, Length: 30, Offset: off, DstQPN: 3, QKey: traceQKey,
+			Payload: make([]byte, 10)}
+		r.send(0, func(b []byte) []byte { return wire.AppendData(b, &d) })
+	}
+	seg(0, 0)
+	ab := wire.Data{PSN: 2, Op: wire.OpAbort, MsgID: 5}
+	r.send(1, func(b []byte) []byte { return wire.AppendData(b, &ab) })
+	r.wantCompletion(7, efaio.StatusRemoteAbort)
+	seg(1, 10) // sent before the ABORT, arriving after it
+	r.noCompletion()
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	if len(p.rx.in) != 0 || len(r.host.recvs) != 1 {
+		t.Fatalf("%d messages held, %d receives left; want none held and WR 8 still posted", len(p.rx.in), len(r.host.recvs))
+	}
+	if len(p.rx.aborted) != 0 {
+		t.Errorf("the ABORT is still remembered with the stream complete up to %d", p.rx.cum)
+	}
+}
+
+// A peer that goes quiet in the middle of a message does not hold its receive WR forever: after
+// the peer idle timeout the message is aborted, and the peer can then be forgotten.
+func TestTraceQuietPeerReleasesPartMessage(t *testing.T) {
+	r := newTrace(t, 2, func(c *config.Device) { c.PeerIdleTimeout = 2 * time.Second })
+	r.meet()
+	r.recv(7)
+	r.peerData(wire.Data{Op: wire.OpSend, MsgID: 5, Length: 30, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)})
+	r.noCompletion()
+	r.advance(4 * time.Second)
+	r.wantCompletion(7, efaio.StatusRemoteAbort)
+	if _, ok := r.tr.peers[config.GIDFromAddr(tracePeer)]; ok {
+		r.advance(2 * time.Second)
+		if _, ok := r.tr.peers[config.GIDFromAddr(tracePeer)]; ok {
+			t.Error("the quiet peer is still remembered")
+		}
+	}
+}
+
+// A peer may have at most maxInbound messages arriving in part: one that starts more RDMA writes
+// and never finishes them has the first segments past the bound dropped, not held.
+func TestTraceMessagesInPartAreBounded(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	for id := range uint32(maxInbound + 10) {
+		r.peerData(wire.Data{Op: wire.OpWrite, MsgID: id, Length: 30, Payload: make([]byte, 10)})
+	}
+	if n := len(r.tr.peers[config.GIDFromAddr(tracePeer)].rx.in); n != maxInbound {
+		t.Fatalf("%d messages held in part, want the bound, %d", n, maxInbound)
+	}
+	if got := r.counts.RxDrops.Load(); got != 10 {
+		t.Errorf("%d segments dropped, want the 10 past the bound", got)
+	}
+}
