@@ -439,3 +439,48 @@ func TestPeerStateBounded(t *testing.T) {
 		}
 	})
 }
+
+// A sealed datagram captured from a peer's earlier run and replayed after the peer has restarted
+// more often than a receiver remembers old salts for is refused: a datagram with a salt other than
+// the peer's current one is taken only with a fresh cookie, as from a new peer. Before, it was
+// taken for the peer's restart (its requests in flight aborted) and its salt became current, so
+// that the receiver refused the peer's real datagrams as replays until the peer restarted again.
+func TestSealedReplayOfAnEarlierRun(t *testing.T) {
+	inWorlds(t, 43, func(t *testing.T, w *world) {
+		key := func(c *config.Device) { c.Key = testKey }
+		a, b := w.pair(2, loopOpts{cfg: key})
+		var captured []byte
+		w.f.Tap(func(s, d netip.AddrPort, x []byte) {
+			if s == simB && d == simA && len(x) > 200 && captured == nil {
+				captured = append([]byte(nil), x...)
+			}
+		})
+		exchange(t, b, a, 2, 1000, 1000, 1)
+		w.f.Tap(nil)
+		if captured == nil {
+			t.Fatal("captured nothing to replay")
+		}
+		for range 6 { // b's process dies and a new one takes its address, six times
+			b.close()
+			check(t, b.ctx.Close())
+			check(t, b.ctx.Device().Close())
+			nd := w.device(simB, 2, key)
+			qpn := b.qp.QPN()
+			b = newEnd(t, openCtx(t, nd), loopOpts{size: 1 << 20, iova: w.iova(), access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead,
+				typ: verbs.QPTDriver, cap: verbs.QPCap{MaxSendWR: 256, MaxRecvWR: 256, MaxSendSGE: 2, MaxRecvSGE: 2}})
+			b.ah = b.makeAH(a.ctx.Device().GID())
+			if b.qp.QPN() != qpn {
+				t.Fatalf("the new life's QP is %d, the old one's %d: the test needs the same number", b.qp.QPN(), qpn)
+			}
+			exchange(t, b, a, 1, 1000, 1000, 2)
+		}
+		before := a.ctx.Counters()
+		w.f.Inject(simB, simA, captured)
+		w.sleep(10 * time.Millisecond)
+		if c := a.ctx.Counters(); c.Replays+c.Unvalidated == before.Replays+before.Unvalidated {
+			t.Error("the replay of the first run was neither refused nor challenged")
+		}
+		exchange(t, a, b, 3, 1000, 1000, 3) // the real peer is still heard
+		exchange(t, b, a, 3, 1000, 1000, 4)
+	})
+}

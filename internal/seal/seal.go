@@ -121,6 +121,10 @@ func (r *Replay) bit(c uint64) (*uint64, uint64) {
 	return &r.win[i/64], 1 << (i % 64)
 }
 
+// OtherRun reports whether salt is not the salt of the sender's run that r knows as current
+// (false before r knows any).
+func (r *Replay) OtherRun(salt uint32) bool { return r.salt != 0 && salt != r.salt }
+
 // Fresh reports whether (salt, ctr) has not been seen from this sender, and records it.
 func (r *Replay) Fresh(salt uint32, ctr uint64) bool {
 	if salt != r.salt {

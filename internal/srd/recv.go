@@ -109,7 +109,10 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		return
 	}
 	p := t.peers[gid]
-	if p == nil || !p.trusts(from.Port(), h.SrcPort) {
+	// A sealed datagram of another run than the peer's current one (another salt) is taken only
+	// with a fresh cookie, as from a stranger: it may be a capture of an earlier run, and taken,
+	// it would pass for the peer's restart and make its salt the current one (docs/security.md).
+	if p == nil || !p.trusts(from.Port(), h.SrcPort) || n != nil && p.replay.OtherRun(n.salt) {
 		if p = t.admit(p, gid, from, &h, frames, pk.N); p == nil {
 			return
 		}
