@@ -134,6 +134,14 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		t.resetPeer(p, efaio.StatusRemoteAbort, h.SrcInc) // the peer restarted
 	}
 	p.inc, p.heard, p.seen = h.SrcInc, true, now
+	if epochLess(p.tx.epoch, h.RxEpoch) {
+		// The peer has had a later epoch of our stream than ours: we forgot it (our memo of
+		// the peer was evicted) and started over below it, and the peer drops what we send as
+		// stale. Move past it now, not after a transport timeout per epoch; what the peer never
+		// acknowledged goes again, whole (docs/wire.md, "Epochs").
+		p.tx.epoch = h.RxEpoch
+		t.resetTx(p, efaio.StatusRemoteAbort, resetRestart)
+	}
 	f := &t.frame // (not on the stack: the host's methods take pointers into it)
 	answered, challenged := false, false
 	for len(frames) > 0 {
@@ -179,7 +187,11 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 	r := &p.rx
 	if !r.started || h.TxEpoch != r.epoch {
 		if r.started && epochLess(h.TxEpoch, r.epoch) {
-			t.counts.StalePackets.Add(1) // from a stream the peer has since abandoned
+			// From a stream the peer has since abandoned; or the peer forgot its later epoch
+			// (its memo of us was evicted) and started over below it. An ACK tells it which
+			// epoch we are at (its header's rx epoch), so that it moves past it (input).
+			t.counts.StalePackets.Add(1)
+			t.oweAck(p, now)
 			return
 		}
 		t.resetRx(p)

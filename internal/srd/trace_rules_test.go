@@ -664,3 +664,41 @@ func TestTraceMessagesInPartAreBounded(t *testing.T) {
 		t.Errorf("%d segments dropped, want the 10 past the bound", got)
 	}
 }
+
+// wire.md "Epochs": a device that forgot a peer (its memo evicted) starts its stream to the peer
+// at epoch 0 again, below the epoch the peer last had from it. The peer answers the stale DATA
+// with an ACK whose header names the epoch it has; the device then moves its stream past it at
+// once and sends again what the peer never acknowledged. Before, the peer dropped the stale
+// DATA without a word and the device climbed one epoch per transport timeout (hours for a peer
+// that had seen many epochs).
+func TestTraceStaleEpochIsAnswered(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	r.epoch = 7
+	r.peerData(wire.Data{Op: wire.OpWrite, MsgID: 1, Length: 10, Payload: make([]byte, 10)})
+	r.take(wire.TypeAck)
+	r.epoch, r.next = 2, 0 // the peer, having forgotten us, starts over below
+	r.peerData(wire.Data{Op: wire.OpWrite, MsgID: 1, Length: 10, Payload: make([]byte, 10)})
+	r.advance(time.Millisecond)
+	acks := r.take(wire.TypeAck)
+	if len(acks) == 0 || acks[len(acks)-1].h.RxEpoch != 7 {
+		t.Fatalf("ACKs %+v after stale DATA, want one naming epoch 7", acks)
+	}
+}
+
+func TestTraceStreamMovesPastThePeersEpoch(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	r.post(1, efaio.OpSend, 100)
+	first := r.data()
+	if len(first) != 1 || first[0].h.TxEpoch != 0 {
+		t.Fatalf("sent %+v, want one DATA in epoch 0", first)
+	}
+	r.devTx = 9 // the peer has had epoch 9 of our stream, from before we forgot it
+	r.send(0, func(b []byte) []byte { return wire.AppendAck(b, &wire.Ack{}) })
+	again := r.data()
+	if len(again) != 1 || again[0].h.TxEpoch != 10 || again[0].f.Data.PSN != 0 || again[0].f.Data.Length != 100 {
+		t.Fatalf("sent %+v, want the SEND again as PSN 0 of epoch 10", again)
+	}
+	r.noCompletion()
+}
