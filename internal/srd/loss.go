@@ -45,7 +45,7 @@ func (t *Transport) transportTick(now time.Duration) bool {
 	t.expirePeers(now)
 	t.linger = t.slimIdle(now)
 	busy := false
-	for _, p := range t.peerList {
+	for _, p := range t.active { // (a slim peer is idle: no timer of its runs, no path is probed)
 		for i := range p.paths {
 			if ps := &p.paths[i]; ps.failed && now >= ps.probeAt {
 				ps.nonce, ps.probeSent, ps.probeAt = uint32(now)^uint32(i)<<24|1, true, now+probeInterval

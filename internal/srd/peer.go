@@ -36,6 +36,7 @@ type peer struct {
 	myBucket int64
 	seen     time.Duration // when the peer last sent us a datagram we took, or we queued it work
 	slim     bool          // its stream buffers are given back (slim.go)
+	activeAt int           // 1 + its index in Transport.active; 0 while slim
 }
 
 // pathState is the scoreboard of one of our paths towards a peer.
@@ -80,6 +81,7 @@ func (t *Transport) peerFor(gid [16]byte) *peer {
 	t.recall(p)
 	t.peers[gid] = p
 	t.peerList = append(t.peerList, p)
+	t.activate(p)
 	return p
 }
 

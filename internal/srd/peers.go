@@ -43,6 +43,7 @@ func (t *Transport) forget(p *peer) {
 	t.memos[p.gid] = memo{inc: p.inc, txEpoch: p.tx.epoch, rxEpoch: p.rx.epoch, rxCum: p.rx.cum,
 		rxStarted: p.rx.started, salt: salt, top: top, old: old}
 	delete(t.peers, p.gid)
+	t.deactivate(p)
 	if t.txq != nil && t.txq.cur == p {
 		t.txq.cur = nil
 	}

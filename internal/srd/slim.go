@@ -30,6 +30,7 @@ func (t *Transport) txReady(p *peer) {
 		s.reqs = make(map[uint32]*Msg)
 	}
 	p.slim = false
+	t.activate(p)
 }
 
 // rxReady gives p's receive stream its window before a DATA frame is looked up in it.
@@ -43,12 +44,35 @@ func (t *Transport) rxReady(p *peer) {
 		}
 	}
 	p.slim = false
+	t.activate(p)
+}
+
+// activate lists p among the active peers, if it is not listed yet.
+func (t *Transport) activate(p *peer) {
+	if p.activeAt == 0 {
+		t.active = append(t.active, p)
+		p.activeAt = len(t.active)
+	}
+}
+
+// deactivate takes p off the list of active peers, if it is on it.
+func (t *Transport) deactivate(p *peer) {
+	if p.activeAt == 0 {
+		return
+	}
+	i, last := p.activeAt-1, len(t.active)-1
+	t.active[i] = t.active[last]
+	t.active[i].activeAt = i + 1
+	t.active[last] = nil
+	t.active = t.active[:last]
+	p.activeAt = 0
 }
 
 // slimIdle slims the peers idle for slimAfter and reports whether any idle peer is left to slim
 // later. Called by the timer (transportTick).
 func (t *Transport) slimIdle(now time.Duration) (later bool) {
-	for _, p := range t.peerList {
+	for i := len(t.active) - 1; i >= 0; i-- { // (slimPeer moves the last into i: seen already)
+		p := t.active[i]
 		switch {
 		case len(p.rx.in) > 0:
 			later = true // messages in part: the timer must run for expirePeers to end them
@@ -79,6 +103,7 @@ func (t *Transport) slimPeer(p *peer) {
 	}
 	r.in = nil
 	p.slim = true // (a window with bits set stays: the next message keeps it)
+	t.deactivate(p)
 }
 
 // Lingering reports whether idle peers are waiting to be slimmed: the device's timer should tick

@@ -702,3 +702,25 @@ func TestTraceStreamMovesPastThePeersEpoch(t *testing.T) {
 	}
 	r.noCompletion()
 }
+
+// The timer's loops over peers walk only the peers not slim (Transport.active): a slimmed peer
+// leaves the list, and its next traffic puts it back.
+func TestTraceSlimPeerLeavesTheTimersList(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	r.recv(1)
+	r.peerData(wire.Data{Op: wire.OpSend, MsgID: 1, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)})
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	if len(r.tr.active) != 1 || r.tr.active[0] != p {
+		t.Fatalf("active peers %v, want the one peer", r.tr.active)
+	}
+	r.advance(2 * slimAfter)
+	if !p.slim || len(r.tr.active) != 0 {
+		t.Fatalf("slim %v, %d active peers; want slim and none", p.slim, len(r.tr.active))
+	}
+	r.recv(2)
+	r.peerData(wire.Data{Op: wire.OpSend, MsgID: 2, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)})
+	if p.slim || len(r.tr.active) != 1 {
+		t.Fatalf("slim %v, %d active peers after new traffic; want the peer back", p.slim, len(r.tr.active))
+	}
+}

@@ -94,8 +94,11 @@ type Transport struct {
 	inc    uint32 // this device's incarnation
 	counts *Counters
 
-	peers         map[[16]byte]*peer
-	peerList      []*peer           // the same, in the order they came: what loops over peers follow
+	peers    map[[16]byte]*peer
+	peerList []*peer // the same, in the order they came: what loops over peers follow
+	// active lists the peers not slim, in no order: the timer's loops over peers follow it, so
+	// that thousands of idle peers cost a tick nothing (slim.go).
+	active        []*peer
 	memos         map[[16]byte]memo // what forgotten peers left (peers.go)
 	nextExpiry    time.Duration     // when expirePeers looks next
 	stranger      peer              // scratch context for datagrams from devices not yet validated
