@@ -27,7 +27,7 @@ var (
 
 // trace is one transport, its host, and the test as its peer.
 type trace struct {
-	t    *testing.T
+	t    testing.TB
 	f    *memlink.Fabric
 	tr   *Transport
 	q    *Queue
@@ -129,7 +129,7 @@ func (h *fakeHost) Copy(dst, src []byte) bool { copy(dst, src); return true }
 const traceQKey = 0x1234
 
 // newTrace makes the transport (paths paths; mod may change its configuration) and its host.
-func newTrace(t *testing.T, paths int, mod func(*config.Device)) *trace {
+func newTrace(t testing.TB, paths int, mod func(*config.Device)) *trace {
 	t.Helper()
 	f := memlink.NewSim(1)
 	node := memlink.Polled{Node: f.Listen(traceDev, paths)}
