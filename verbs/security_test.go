@@ -445,6 +445,8 @@ func TestPeerStateBounded(t *testing.T) {
 // the peer's current one is taken only with a fresh cookie, as from a new peer. Before, it was
 // taken for the peer's restart (its requests in flight aborted) and its salt became current, so
 // that the receiver refused the peer's real datagrams as replays until the peer restarted again.
+// A new run that challenges the receiver before proving itself gets the receiver's cookie: the
+// two do not only challenge each other.
 func TestSealedReplayOfAnEarlierRun(t *testing.T) {
 	inWorlds(t, 43, func(t *testing.T, w *world) {
 		key := func(c *config.Device) { c.Key = testKey }
@@ -460,7 +462,7 @@ func TestSealedReplayOfAnEarlierRun(t *testing.T) {
 		if captured == nil {
 			t.Fatal("captured nothing to replay")
 		}
-		for range 6 { // b's process dies and a new one takes its address, six times
+		for i := range 6 { // b's process dies and a new one takes its address, six times
 			b.close()
 			check(t, b.ctx.Close())
 			check(t, b.ctx.Device().Close())
@@ -472,7 +474,11 @@ func TestSealedReplayOfAnEarlierRun(t *testing.T) {
 			if b.qp.QPN() != qpn {
 				t.Fatalf("the new life's QP is %d, the old one's %d: the test needs the same number", b.qp.QPN(), qpn)
 			}
-			exchange(t, b, a, 1, 1000, 1000, 2)
+			if i%2 == 0 {
+				exchange(t, b, a, 1, 1000, 1000, 2) // the new run speaks first
+			} else {
+				exchange(t, a, b, 1, 1000, 1000, 2) // a speaks first: the new run challenges it
+			}
 		}
 		before := a.ctx.Counters()
 		w.f.Inject(simB, simA, captured)

@@ -71,11 +71,14 @@ func (p *peer) trusts(port, gidPort uint16) bool {
 }
 
 // admit decides what to do with a datagram from src that names gid in its header, when the
-// device keeps no context for gid (p nil) or does not trust src for it. If the datagram has a
-// COOKIE frame with a valid cookie for gid's endpoint, listing src's port, it returns the context
-// (made if need be, with the listed ports trusted from now on). Otherwise it delivers the
-// datagram's UD messages, challenges the endpoint if anything else came, and returns nil.
-func (t *Transport) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Header, frames []byte, n int) *peer {
+// device keeps no context for gid (p nil), does not trust src for it, or the datagram is sealed
+// by another run of the peer than the current one (otherRun). If the datagram has a COOKIE frame
+// with a valid cookie for gid's endpoint, listing src's port, it returns the context (made if
+// need be, with the listed ports trusted from now on). Otherwise it delivers the datagram's UD
+// messages (not another run's: they may be replays), takes a CHALLENGE from a source it trusts
+// for p (a new run of the peer challenging us: it must get our cookie, or the two would only
+// challenge each other), challenges the endpoint if anything else came, and returns nil.
+func (t *Transport) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Header, frames []byte, n int, otherRun bool) *peer {
 	addr := config.AddrFromGID(gid, t.link.LocalAddr().Port())
 	f := &t.strangerFrame
 	var stateful bool
@@ -99,13 +102,17 @@ func (t *Transport) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Hea
 			}
 			return p
 		case f.Type == wire.TypeData && f.Data.Flags&wire.FlagUD != 0:
+		case f.Type == wire.TypeChallenge:
+			if p != nil && p.trusts(src.Port(), h.SrcPort) {
+				t.onChallenge(p, f.Cookie)
+			}
 		default:
 			stateful = true
 		}
 	}
 	s := &t.stranger
 	*s = peer{gid: gid, addr: addr, inc: h.SrcInc, paths: s.paths[:0]}
-	for rest := frames; len(rest) > 0; {
+	for rest := frames; len(rest) > 0 && !otherRun; {
 		rest, _ = wire.NextFrame(rest, f)
 		if f.Type == wire.TypeData && f.Data.Flags&wire.FlagUD != 0 {
 			t.onUD(s, &f.Data)
@@ -113,7 +120,10 @@ func (t *Transport) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Hea
 	}
 	if stateful {
 		t.counts.Unvalidated.Add(1)
-		if n >= wire.DatagramHeaderSize+challengeFrameSize { // never answer with more than came
+		// Never answer with more than came, unless the datagram is sealed by a new run of a peer
+		// we know (its endpoint is validated, and a RESET from it is smaller than a challenge:
+		// unchallenged, it could never prove itself).
+		if n >= wire.DatagramHeaderSize+challengeFrameSize || otherRun {
 			s.paths = append(s.paths, pathState{})
 			t.commit(wire.AppendChallenge(t.room(s, 0, challengeFrameSize), t.cookie(addr, int64(t.now/cookiePeriod))))
 			t.txq.cur = nil // no other frame joins a stranger's datagram

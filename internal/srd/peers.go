@@ -97,9 +97,12 @@ func (t *Transport) expirePeers(now time.Duration) {
 	}
 	t.nextExpiry = now + time.Second
 	keep := t.peerList[:0]
+	// A peer quiet this long in the middle of its messages has given them up: a sender's
+	// stream moves to a new epoch after its transport timeout, and the old one's segments are
+	// dropped as stale.
+	quiet := max(t.cfg.PeerIdleTimeout, 2*t.cfg.TransportTimeout)
 	for _, p := range t.peerList {
-		if now-p.seen > t.cfg.PeerIdleTimeout && len(p.rx.in) > 0 {
-			// Quiet for that long in the middle of its messages: they will not be finished.
+		if now-p.seen > quiet && len(p.rx.in) > 0 {
 			t.counts.RxDrops.Add(uint64(len(p.rx.in)))
 			t.abortInbound(p)
 		}

@@ -36,7 +36,7 @@ type rxStream struct {
 // most maxCwnd packets in flight, and a message in part has one of them still to come, so no honest
 // peer comes near it; a hostile one that starts messages and never finishes them is refused
 // past it (each held message keeps a receive WR or an RDMA write's state).
-const maxInbound = maxCwnd
+const maxInbound = maxCwnd + 64
 
 // Inbox is what a goroutine receiving for the device reuses for every batch: Pkts to receive
 // datagrams into, and Out, the queue for what handling them produces.
@@ -112,8 +112,8 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 	// A sealed datagram of another run than the peer's current one (another salt) is taken only
 	// with a fresh cookie, as from a stranger: it may be a capture of an earlier run, and taken,
 	// it would pass for the peer's restart and make its salt the current one (docs/security.md).
-	if p == nil || !p.trusts(from.Port(), h.SrcPort) || n != nil && p.replay.OtherRun(n.salt) {
-		if p = t.admit(p, gid, from, &h, frames, pk.N); p == nil {
+	if otherRun := p != nil && n != nil && p.replay.OtherRun(n.salt); p == nil || !p.trusts(from.Port(), h.SrcPort) || otherRun {
+		if p = t.admit(p, gid, from, &h, frames, pk.N, otherRun); p == nil {
 			return
 		}
 	}
@@ -140,7 +140,7 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		// stale. Move past it now, not after a transport timeout per epoch; what the peer never
 		// acknowledged goes again, whole (docs/wire.md, "Epochs").
 		p.tx.epoch = h.RxEpoch
-		t.resetTx(p, efaio.StatusRemoteAbort, resetRestart)
+		t.resetTx(p, efaio.StatusRemoteAbort, resetBehind)
 	}
 	f := &t.frame // (not on the stack: the host's methods take pointers into it)
 	answered, challenged := false, false
@@ -268,8 +268,10 @@ func (t *Transport) onSegment(p *peer, f *wire.Data) {
 		if _, ok := p.rx.aborted[f.MsgID]; ok {
 			return // a segment that came after its message's ABORT: the sender let it go
 		}
-		if len(p.rx.in) >= maxInbound {
+		whole := f.Offset == 0 && len(f.Payload) == int(f.Length)
+		if !whole && len(p.rx.in) >= maxInbound {
 			t.counts.RxDrops.Add(1)
+			t.answer(p, f.MsgID, efaio.StatusRemoteBadStatus) // (the sender's request fails, not lost unseen)
 			return
 		}
 	}

@@ -24,6 +24,12 @@ const (
 	// them died with it); requests it never acknowledged any of go again, whole, to the new
 	// life, since nothing shows the earlier one had them (docs/wire.md, "Incarnations").
 	resetRestart
+	// resetBehind: the peer has had a later epoch of our stream than ours (we forgot it, our
+	// memo of the peer evicted, and started over below it; the peer dropped what we sent as
+	// stale). Our answers and read data go again, as after a timeout (the peer's requests
+	// wait for them); requests the peer never acknowledged any of go again, whole, as after a
+	// restart; the others fail with the given status.
+	resetBehind
 )
 
 // resetTx abandons p's outgoing stream (why says what happens to its requests and answers) and
@@ -38,7 +44,7 @@ func (t *Transport) resetTx(p *peer, st efaio.Status, why int) {
 	for _, m := range reqs {
 		switch {
 		case m.owner == nil:
-		case why == resetRestart && m.untouched():
+		case why != resetTimeout && m.untouched():
 			carry = append(carry, m)
 		default:
 			t.completeReq(m, st, false)
@@ -47,7 +53,7 @@ func (t *Transport) resetTx(p *peer, st efaio.Status, why int) {
 	for psn := s.una; psn != s.next; psn++ {
 		if e := s.slot(psn); e.msg != nil {
 			switch m := e.msg; {
-			case why != resetTimeout || e.acked:
+			case why == resetRestart || e.acked:
 			case m.kind == kindResp:
 				answers = append(answers, m.hdr)
 			case m.kind == kindReadResp && !m.again:
@@ -63,7 +69,7 @@ func (t *Transport) resetTx(p *peer, st efaio.Status, why int) {
 	}
 	for _, m := range s.queue {
 		switch {
-		case why != resetTimeout:
+		case why == resetRestart:
 		case m.kind == kindResp:
 			answers = append(answers, m.hdr)
 		case m.kind == kindReadResp && !m.again:

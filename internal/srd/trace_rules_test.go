@@ -660,8 +660,8 @@ func TestTraceMessagesInPartAreBounded(t *testing.T) {
 	if n := len(r.tr.peers[config.GIDFromAddr(tracePeer)].rx.in); n != maxInbound {
 		t.Fatalf("%d messages held in part, want the bound, %d", n, maxInbound)
 	}
-	if got := r.counts.RxDrops.Load(); got != 10 {
-		t.Errorf("%d segments dropped, want the 10 past the bound", got)
+	if got := r.counts.RxDrops.Load(); got != 10 || len(r.data()) != 10 {
+		t.Errorf("%d segments dropped, want the 10 past the bound, each answered with a RESP", got)
 	}
 }
 
@@ -722,5 +722,25 @@ func TestTraceSlimPeerLeavesTheTimersList(t *testing.T) {
 	r.peerData(wire.Data{Op: wire.OpSend, MsgID: 2, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)})
 	if p.slim || len(r.tr.active) != 1 {
 		t.Fatalf("slim %v, %d active peers after new traffic; want the peer back", p.slim, len(r.tr.active))
+	}
+}
+
+// When the stream moves past the peer's epoch (TestTraceStreamMovesPastThePeersEpoch), the
+// answers in it go again in the new epoch: the peer's SEND that failed waits for its RESP, and an
+// ACK of the new epoch (whose horizon starts over) must not let it pass for a success.
+func TestTraceStreamMovingPastKeepsAnswers(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	r.peerData(wire.Data{Op: wire.OpSend, MsgID: 5, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)})
+	resps := r.data()
+	if len(resps) != 1 || resps[0].f.Data.Op != wire.OpResp || resps[0].h.TxEpoch != 0 {
+		t.Fatalf("sent %+v, want a RESP in epoch 0", resps)
+	}
+	r.devTx = 3 // the peer has had epoch 3 of our stream: it dropped the RESP as stale
+	r.send(0, func(b []byte) []byte { return wire.AppendAck(b, &wire.Ack{}) })
+	again := r.data()
+	if len(again) != 1 || again[0].f.Data.Op != wire.OpResp || again[0].f.Data.MsgID != 5 || again[0].h.TxEpoch != 4 ||
+		efaio.Status(again[0].f.Data.Status) != efaio.StatusRemoteRNR {
+		t.Fatalf("sent %+v, want the RESP for message 5 again in epoch 4", again)
 	}
 }
