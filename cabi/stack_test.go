@@ -168,8 +168,8 @@ func TestStackTwoProcesses(t *testing.T) {
 // trapped and been emulated, and no RQ doorbell store (SOFTEFA_DEBUG=1 makes each process report
 // its count at exit: a SEND per round, per QP); with SOFTEFA_DB_TRAP=0 the doorbell watcher
 // notices them instead (docs/cabi.md, "Doorbells").
-// noCQTraps turns the completion traps off (docs/cabi.md, "Completion traps").
-const noCQTraps = "SOFTEFA_CQ_SPIN=0"
+// cqTraps turns the completion traps on (they are off by default: docs/cabi.md).
+const cqTraps = "SOFTEFA_CQ_SPIN=200us"
 
 func TestStackRawRing(t *testing.T) {
 	if testing.Short() {
@@ -186,13 +186,13 @@ func TestStackRawRing(t *testing.T) {
 		stores  int  // the doorbell stores each process reports
 		guarded bool // its CQ reads are guarded
 	}{
-		{"two processes", nil, []string{"SOFTEFA_DEBUG=1"}, 2, rounds, true},
-		{"one process", []string{"-l"}, []string{"SOFTEFA_DEBUG=1"}, 1, 2 * rounds, false},
-		{"two processes, CQ traps off", nil, []string{"SOFTEFA_DEBUG=1", noCQTraps}, 2, rounds, false},
+		{"two processes", nil, []string{"SOFTEFA_DEBUG=1", cqTraps}, 2, rounds, true},
+		{"one process", []string{"-l"}, []string{"SOFTEFA_DEBUG=1", cqTraps}, 1, 2 * rounds, false},
+		{"two processes, CQ traps off", nil, []string{"SOFTEFA_DEBUG=1"}, 2, rounds, false},
 		{"two processes, watcher", nil, []string{"SOFTEFA_DB_TRAP=0"}, 0, 0, false},
 		// A store to the read-only CQ buffer after a SEND: the program's own SIGSEGV handler
 		// gets it (it must not be taken for a read of a guarded ring and run again forever).
-		{"two processes, CQ store", []string{"-w"}, nil, 0, 0, false},
+		{"two processes, CQ store", []string{"-w"}, []string{cqTraps}, 0, 0, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := setupOrSkip(t)

@@ -71,7 +71,7 @@ func TestTrapDoorbells(t *testing.T) {
 // from the device itself, at once), and completion traps can be turned off (SOFTEFA_CQ_SPIN=0).
 func TestCQRing(t *testing.T) {
 	h := newHarness(t)
-	h.d.cqSpin = 200 * time.Microsecond // on, whatever SOFTEFA_CQ_SPIN says
+	h.d.cqSpin = 200 * time.Microsecond // on (SOFTEFA_CQ_SPIN=200us)
 	h.getContext()
 	pd := h.allocPD()
 	cq, cr := h.createCQ(64, 32, 0)
