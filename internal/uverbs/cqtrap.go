@@ -18,7 +18,7 @@ import (
 // defaultCQSpin is how long a guarded CQ read polls the network for the entry it reads; after
 // it, the program spins on the ring as before and the receive loop writes the entry. 0: completion
 // traps are off unless SOFTEFA_CQ_SPIN gives a budget (200us is what docs/cabi.md measured): on by
-// default they failed two of libfabric's EFA tests in their first whole run (docs/cabi.md,
+// default, each of their two whole runs of libfabric's EFA suite failed a test (docs/cabi.md,
 // "Completion traps").
 const defaultCQSpin = 0
 
