@@ -126,19 +126,17 @@ func TestPartReceivedSendEndsWithItsQP(t *testing.T) {
 			seg := func(off int, prev srd.Inbound) (srd.Inbound, efaio.Status, bool) {
 				f := wire.Data{Op: wire.OpSend, DstQPN: uint16(r.q.qpn), QKey: 9, Length: 30, Offset: uint32(off),
 					Payload: bytes.Repeat([]byte{byte('a' + off/10)}, 10)}
+				r.d.mu.Lock() // as the transport calls its host
+				defer r.d.mu.Unlock()
 				return h.Receive([16]byte{1}, &f, prev)
 			}
-			r.d.mu.Lock()
-			defer r.d.mu.Unlock()
 			in, _, done := seg(0, nil)
 			if done || in == nil {
 				t.Fatal("the first of three segments finished the message")
 			}
-			r.d.mu.Unlock()
 			if err := c.stop(r); err != nil {
 				t.Fatal(err)
 			}
-			r.d.mu.Lock()
 			if got := cq.written.Load(); got != 1 {
 				t.Fatalf("%d receive completions at the %s, want 1", got, c.name)
 			}

@@ -131,7 +131,7 @@ func (h *host) Receive(src [16]byte, f *wire.Data, prev srd.Inbound) (srd.Inboun
 	if f.Op == wire.OpWrite {
 		op = efaio.OpRDMAWrite
 	}
-	if prev == nil && f.Offset == 0 && len(f.Payload) == int(f.Length) {
+	if prev == nil && f.Whole() {
 		m := d.message(src, f, op, uapi.QPTypeDriver)
 		m.src[0], m.nsrc = f.Payload, 1
 		return nil, d.respond(&m), true

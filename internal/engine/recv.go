@@ -116,19 +116,7 @@ func (d *Device) unlist(in *inbound) {
 // them fail. Without this, segments arriving later were placed into the receive buffers (which
 // the application may have deregistered and unmapped since) and completed into the QP's CQ.
 func (d *Device) stopReceiving(q *QP, flushed bool) {
-	for i := 0; i < len(d.receiving); {
-		in := d.receiving[i]
-		if in.t != q {
-			i++
-			continue
-		}
-		if in.hasWR && flushed {
-			q.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: efaio.StatusFlushed})
-		}
-		in.hasWR = false
-		in.status = efaio.StatusRemoteBadDestQPN
-		d.unlist(in) // moves the last into i
-	}
+	d.endReceiving(func(in *inbound) bool { return in.t == q }, flushed, efaio.StatusFlushed, efaio.StatusRemoteBadDestQPN)
 }
 
 // stopReceivingInto ends the SENDs received in part into buffers of mr, which is being
@@ -136,16 +124,27 @@ func (d *Device) stopReceiving(q *QP, flushed bool) {
 // gone when they were taken, and their requests fail. (RDMA writes look their region up again
 // for every segment.)
 func (d *Device) stopReceivingInto(mr *MR) {
+	d.endReceiving(func(in *inbound) bool {
+		return in.m.op == efaio.OpSend && in.hasWR && in.t.pd == mr.pd && in.usesLKey(mr.lkey)
+	}, true, efaio.StatusLocalInvalidLKey, efaio.StatusRemoteBadStatus)
+}
+
+// endReceiving ends the messages received in part that match: the receive WR one took
+// completes with wrStatus if complete is set, its remaining segments place nothing, and its
+// request fails with status.
+func (d *Device) endReceiving(match func(*inbound) bool, complete bool, wrStatus, status efaio.Status) {
 	for i := 0; i < len(d.receiving); {
 		in := d.receiving[i]
-		if in.m.op != efaio.OpSend || !in.hasWR || in.t.pd != mr.pd || !in.usesLKey(mr.lkey) {
+		if !match(in) {
 			i++
 			continue
 		}
-		in.t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: efaio.StatusLocalInvalidLKey})
+		if in.hasWR && complete {
+			in.t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: wrStatus})
+		}
 		in.hasWR = false
-		in.status = efaio.StatusRemoteBadStatus
-		d.unlist(in)
+		in.status = status
+		d.unlist(in) // moves the last into i
 	}
 }
 

@@ -246,9 +246,11 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 			r.aborted[f.MsgID] = psn
 		}
 	}
-	for id, at := range r.aborted {
-		if psnLess(at, r.cum) {
-			delete(r.aborted, id) // every segment sent before the ABORT is in (this one handled)
+	if len(r.aborted) > 0 { // (rare: no map iteration per frame otherwise)
+		for id, at := range r.aborted {
+			if psnLess(at, r.cum) {
+				delete(r.aborted, id) // every segment sent before the ABORT is in (this one handled)
+			}
 		}
 	}
 	// Only now, with the frame handled, may an ACK cover it: a failed message's RESP must lie
@@ -268,8 +270,7 @@ func (t *Transport) onSegment(p *peer, f *wire.Data) {
 		if _, ok := p.rx.aborted[f.MsgID]; ok {
 			return // a segment that came after its message's ABORT: the sender let it go
 		}
-		whole := f.Offset == 0 && len(f.Payload) == int(f.Length)
-		if !whole && len(p.rx.in) >= maxInbound {
+		if !f.Whole() && len(p.rx.in) >= maxInbound {
 			t.counts.RxDrops.Add(1)
 			t.answer(p, f.MsgID, efaio.StatusRemoteBadStatus) // (the sender's request fails, not lost unseen)
 			return
@@ -335,7 +336,7 @@ func (t *Transport) onReadResp(p *peer, f *wire.Data, epoch uint16) {
 
 // onUD delivers a UD datagram: no stream, no answer.
 func (t *Transport) onUD(p *peer, f *wire.Data) {
-	if f.Op != wire.OpSend || f.Offset != 0 || len(f.Payload) != int(f.Length) {
+	if f.Op != wire.OpSend || !f.Whole() {
 		t.counts.BadPackets.Add(1)
 		return
 	}

@@ -125,6 +125,9 @@ type Data struct {
 	Payload []byte
 }
 
+// Whole reports whether the frame carries its whole message: offset 0 and every byte of it.
+func (d *Data) Whole() bool { return d.Offset == 0 && len(d.Payload) == int(d.Length) }
+
 // AppendData appends a DATA frame with d's fields and payload.
 func AppendData(b []byte, d *Data) []byte {
 	b = appendFrameHeader(b, TypeData, FrameHeaderSize+DataHeaderSize+len(d.Payload))
