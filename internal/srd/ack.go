@@ -64,7 +64,8 @@ func (t *Transport) sendAck(p *peer) {
 // ack is the acknowledgement of p's stream as it stands.
 func (p *peer) ack() wire.Ack {
 	r := &p.rx
-	a := wire.Ack{Cum: r.cum, Highest: r.highest, Path: r.ackPath, Horizon: p.tx.horizon()}
+	a := wire.Ack{Cum: r.cum, Highest: r.highest, Path: r.ackPath}
+	a.Horizon, a.HasHorizon = p.tx.horizon()
 	for i := range wire.SackWords * 64 {
 		if psn := r.cum + 1 + uint32(i); !psnLess(r.highest, psn) && r.seen != nil && r.seen.has(psn) {
 			a.Sack[i/64] |= 1 << (i % 64)
@@ -89,7 +90,7 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch uint16, now time.Duration)
 		t.counts.StalePackets.Add(1)
 		return
 	}
-	s.hzn, s.hznEpoch = a.Horizon, epoch
+	s.hzn, s.hasHzn, s.hznEpoch = a.Horizon, a.HasHorizon, epoch
 	tally := ackTally{rtt: -1}
 	ack := func(psn uint32) { t.ackSlot(p, s.slot(psn), now, &tally) }
 	for psn := s.una; psnLess(psn, a.Cum); psn++ {
@@ -218,7 +219,7 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 	if m.pending == 0 && m.sent == m.nseg && m.kind == kindRequest && m.owner != nil && !m.answered && !m.faulted &&
 		(m.hdr.Op == wire.OpSend || m.hdr.Op == wire.OpWrite) {
 		// Every segment is in: it succeeded unless a RESP below the peer's horizon says not.
-		m.waits, m.horizon, m.hEpoch = true, s.hzn, s.hznEpoch
+		m.waits, m.hasHzn, m.horizon, m.hEpoch = true, s.hasHzn, s.hzn, s.hznEpoch
 		s.waiting = append(s.waiting, m)
 	}
 	t.release(m)

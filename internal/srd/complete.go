@@ -37,7 +37,7 @@ func (t *Transport) cancel(m *Msg) {
 		}
 		s := &m.p.tx
 		s.unsent -= old - m.nseg
-		if psnLess(s.next, s.respEnd) {
+		if s.resp && psnLess(s.next, s.respEnd) {
 			s.recountRespEnd() // a RESP queued behind m takes an earlier PSN now
 		}
 	}
@@ -78,10 +78,10 @@ func (t *Transport) settle(p *peer) {
 	for i := 0; i < len(s.waiting); {
 		m := s.waiting[i]
 		switch {
-		case m.horizon == 0 || r.started && r.epoch == m.hEpoch && !psnLess(r.cum, m.horizon):
+		case !m.hasHzn || r.started && r.epoch == m.hEpoch && !psnLess(r.cum, m.horizon):
 			t.completeReq(m, efaio.StatusOK, false) // takes it out of waiting
 		case r.started && epochLess(m.hEpoch, r.epoch) && s.hznEpoch == r.epoch:
-			m.horizon, m.hEpoch = s.hzn, s.hznEpoch // looked at again with the new horizon
+			m.hasHzn, m.horizon, m.hEpoch = s.hasHzn, s.hzn, s.hznEpoch // looked at again with the new horizon
 		default:
 			i++
 		}

@@ -48,6 +48,7 @@ type Msg struct {
 	// peer's stream reaches horizon (in the peer's epoch hEpoch): then no RESP says it failed.
 	// A READ's data is counted in got for the peer's epoch hEpoch.
 	waits   bool
+	hasHzn  bool // false: the covering ACK named no horizon (no RESP in the peer's epoch)
 	horizon uint32
 	hEpoch  uint16
 }
@@ -89,6 +90,7 @@ type txStream struct {
 	waiting    []*Msg // requests acknowledged whole, waiting for the peer's horizon (settle)
 	unsent     uint32 // segments in queue not yet sent once: next+unsent is where the stream ends
 	respEnd    uint32 // the PSN after our latest RESP, queued or sent: our ACKs' horizon
+	resp       bool   // a RESP has been queued in this epoch: respEnd means something (it may be 0)
 	nextMsg    uint32
 	reoSteps   int           // the reordering allowance, in steps of a quarter of minRTT (reorderWindow)
 	reoClean   int           // loss episodes since the last loss that proved spurious
@@ -105,6 +107,7 @@ type txStream struct {
 	undoLeft               int
 	undo                   bool
 	hzn                    uint32 // the horizon of the newest ACK (wire.Ack.Horizon)
+	hasHzn                 bool   // whether it named one (wire.Ack.HasHorizon)
 	hznEpoch               uint16 // and the epoch of the peer's stream it is in
 }
 
@@ -114,7 +117,7 @@ func (s *txStream) queued(m *Msg) {
 	m.inQueue = true
 	s.unsent += m.nseg
 	if m.kind == kindResp {
-		s.respEnd = s.next + s.unsent
+		s.respEnd, s.resp = s.next+s.unsent, true
 	}
 }
 
@@ -123,12 +126,16 @@ func (s *txStream) queued(m *Msg) {
 // acknowledged everything (una), which lies past every RESP and which the peer has reached. The
 // PSN after a RESP long acknowledged would go stale: 2^31 PSNs later it reads as ahead of the
 // peer's cumulative point, and the peer's SENDs and WRITEs would wait for it forever (docs/wire.md,
-// "Completion").
-func (s *txStream) horizon() uint32 {
-	if s.respEnd == 0 || s.respEnd-s.una <= s.next+s.unsent-s.una {
-		return s.respEnd // none in this epoch, or not yet acknowledged: [una, end of the stream]
+// "Completion"). ok is false while no RESP has been queued in this epoch. Either PSN may be 0 (the
+// PSN space ended at a RESP): ok, not the value, says there is a horizon.
+func (s *txStream) horizon() (h uint32, ok bool) {
+	switch {
+	case !s.resp:
+		return 0, false
+	case s.respEnd-s.una <= s.next+s.unsent-s.una:
+		return s.respEnd, true // not yet acknowledged: in [una, end of the stream]
 	}
-	return s.una
+	return s.una, true
 }
 
 // init sets a new stream's estimates; its ring and request table come with its first message

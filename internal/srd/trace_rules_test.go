@@ -744,3 +744,53 @@ func TestTraceStreamMovingPastKeepsAnswers(t *testing.T) {
 		t.Fatalf("sent %+v, want the RESP for message 5 again in epoch 4", again)
 	}
 }
+
+// wire.md "ACK" (horizon) and "Completion": a RESP that takes the last PSN, 2^32-1, makes the
+// horizon PSN 0, which the ACK flags as such (a bare 0 means no RESP). The requester waits for
+// that RESP instead of taking its failed message for a success.
+func TestTraceRespAtTheLastPSN(t *testing.T) {
+	const last = ^uint32(0)
+	t.Run("responder", func(t *testing.T) {
+		r := newTrace(t, 2, nil)
+		r.meet()
+		// A first RESP (no receive posted), acknowledged; then the stream jumps to the last PSN.
+		r.peerData(wire.Data{Op: wire.OpSend, MsgID: 5, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)})
+		first := r.data()
+		r.ack(first[0].f.Data.PSN+1, nil, 0)
+		r.take(wire.TypeAck)
+		s := &r.tr.peers[config.GIDFromAddr(tracePeer)].tx
+		s.una, s.next = last, last
+		r.peerData(wire.Data{Op: wire.OpSend, MsgID: 6, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)})
+		resps := r.data()
+		if len(resps) != 1 || resps[0].f.Data.Op != wire.OpResp || resps[0].f.Data.PSN != last {
+			t.Fatalf("sent %+v, want a RESP at PSN %d", resps, last)
+		}
+		r.peerData(wire.Data{Op: wire.OpWrite, MsgID: 7, Length: 10, Payload: make([]byte, 10)})
+		acks := r.take(wire.TypeAck)
+		if len(acks) == 0 {
+			t.Fatal("the WRITE was not acknowledged")
+		}
+		if a := acks[len(acks)-1].f.Ack; a.Horizon != 0 || !a.HasHorizon {
+			t.Fatalf("ACK %+v, want horizon PSN 0, flagged as a horizon", a)
+		}
+	})
+	t.Run("requester", func(t *testing.T) {
+		r := newTrace(t, 2, nil)
+		r.post(1, efaio.OpSend, 100)
+		r.ack(1, nil, r.data()[0].h.Path)
+		r.wantCompletion(1, efaio.StatusOK)
+		r.recv(7)
+		r.peerData(wire.Data{Op: wire.OpSend, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)})
+		r.wantCompletion(7, efaio.StatusOK)
+		// The peer's stream jumps to its last PSN, where its next RESP will go.
+		rx := &r.tr.peers[config.GIDFromAddr(tracePeer)].rx
+		rx.cum, rx.highest, r.next = last, last-1, last
+		r.post(2, efaio.OpRDMAWrite, 100)
+		d := r.data()
+		r.horizonZero = true // the peer's RESP at PSN 2^32-1 will fail it
+		r.ack(d[0].f.Data.PSN+1, nil, d[0].h.Path)
+		r.noCompletion()
+		r.peerData(wire.Data{Op: wire.OpResp, MsgID: d[0].f.Data.MsgID, Status: uint8(efaio.StatusRemoteBadAddress)})
+		r.wantCompletion(2, efaio.StatusRemoteBadAddress)
+	})
+}

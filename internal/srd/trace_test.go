@@ -43,9 +43,11 @@ type trace struct {
 	inc     uint32 // the peer's incarnation
 	epoch   uint16 // the peer's stream epoch
 	next    uint32 // the peer's next PSN
-	horizon uint32 // what the peer's ACKs say as their horizon
-	devTx   uint16 // the transport's stream epoch, as its latest DATA said
-	cookie  uint64 // the transport's challenge, echoed in the peer's next datagram
+	horizon uint32 // what the peer's ACKs say as their horizon (0: none, unless horizonZero)
+	// horizonZero: the peer's ACKs name horizon 0 as PSN 0 (its RESP took PSN 2^32-1)
+	horizonZero bool
+	devTx       uint16 // the transport's stream epoch, as its latest DATA said
+	cookie      uint64 // the transport's challenge, echoed in the peer's next datagram
 
 	got    []traceFrame // frames the transport sent, in order, not yet taken by the test
 	dgrams int          // datagrams the transport sent
@@ -319,7 +321,7 @@ func (r *trace) meet() {
 // ack acknowledges the transport's stream: every PSN below cum, and the PSNs in sack beyond it, as
 // the peer's DATA on path path would be answered.
 func (r *trace) ack(cum uint32, sack []uint32, path uint8) {
-	a := wire.Ack{Cum: cum, Highest: cum - 1, Path: path, Horizon: r.horizon}
+	a := wire.Ack{Cum: cum, Highest: cum - 1, Path: path, Horizon: r.horizon, HasHorizon: r.horizon != 0 || r.horizonZero}
 	for _, p := range sack {
 		i := p - cum - 1
 		a.Sack[i/64] |= 1 << (i % 64)

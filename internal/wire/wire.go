@@ -151,16 +151,23 @@ func AppendData(b []byte, d *Data) []byte {
 // the path of the newest DATA frame the ACK answers, so that the sender credits that path.
 //
 // Horizon is the PSN after the latest RESP the acknowledger had put in its own packet stream (of
-// the datagram's tx epoch) when it wrote the ACK, sent or still queued; 0 if none. A message is
-// answered with a RESP only when it fails; one whose every segment an ACK covers has succeeded
-// unless a RESP for it lies below that ACK's Horizon.
+// the datagram's tx epoch) when it wrote the ACK, sent or still queued; HasHorizon is false (and
+// Horizon 0) if it has put none. A message is answered with a RESP only when it fails; one whose
+// every segment an ACK covers has succeeded unless a RESP for it lies below that ACK's Horizon.
+//
+// On the wire a horizon of 0 means none, unless the flag AckHorizonZero says it is PSN 0 (a RESP
+// ended the PSN space, at 2^32-1): docs/wire.md, "ACK".
 type Ack struct {
-	Cum     uint32
-	Highest uint32
-	Sack    [SackWords]uint64
-	Path    uint8
-	Horizon uint32
+	Cum        uint32
+	Highest    uint32
+	Sack       [SackWords]uint64
+	Path       uint8
+	Horizon    uint32
+	HasHorizon bool
 }
+
+// AckHorizonZero is the ACK flag (byte 41) saying that its horizon 0 is PSN 0, not "none".
+const AckHorizonZero = 1
 
 // AppendAck appends an ACK frame.
 func AppendAck(b []byte, a *Ack) []byte {
@@ -170,7 +177,11 @@ func AppendAck(b []byte, a *Ack) []byte {
 	for _, w := range a.Sack {
 		b = binary.BigEndian.AppendUint64(b, w)
 	}
-	b = append(b, a.Path, 0, 0, 0)
+	var flags uint8
+	if a.HasHorizon && a.Horizon == 0 {
+		flags = AckHorizonZero
+	}
+	b = append(b, a.Path, flags, 0, 0)
 	return binary.BigEndian.AppendUint32(b, a.Horizon)
 }
 
@@ -353,7 +364,7 @@ func parseFrame(b []byte, f *Frame) error {
 			return ErrFrame
 		}
 	case TypeAck:
-		if len(body) != AckSize || body[41] != 0 || body[42] != 0 || body[43] != 0 {
+		if len(body) != AckSize || body[41]&^AckHorizonZero != 0 || body[42] != 0 || body[43] != 0 {
 			return ErrFrame
 		}
 		a := &f.Ack
@@ -364,6 +375,10 @@ func parseFrame(b []byte, f *Frame) error {
 		}
 		a.Path = body[40]
 		a.Horizon = binary.BigEndian.Uint32(body[44:])
+		if body[41] != 0 && a.Horizon != 0 {
+			return ErrFrame // the flag speaks of a horizon 0 only
+		}
+		a.HasHorizon = a.Horizon != 0 || body[41] != 0
 	case TypeProbe, TypeProbeAck:
 		if len(body) != ProbeSize {
 			return ErrFrame

@@ -52,7 +52,7 @@ func TestImage(t *testing.T) {
 	h := Header{Path: 2, SrcPort: 4791, SrcInc: 0xdeadbeef, DstInc: 7, TxEpoch: 3, RxEpoch: 4}
 	d := Data{PSN: 16, MsgID: 5, Offset: 1412, Length: 4096, Op: OpWrite, Flags: FlagImm, SrcQPN: 2, DstQPN: 3,
 		QKey: 0x11111111, Imm: 0xcafebabe, RKey: 0x01020304, RAddr: 0x7f00001000, Payload: []byte{0xaa, 0xbb, 0xcc}}
-	a := Ack{Cum: 9, Highest: 12, Sack: [SackWords]uint64{5}, Path: 1, Horizon: 33}
+	a := Ack{Cum: 9, Highest: 12, Sack: [SackWords]uint64{5}, Path: 1, Horizon: 33, HasHorizon: true}
 	b := AppendHeader(nil, &h)
 	b = AppendData(b, &d)
 	b = AppendAck(b, &a)
@@ -132,6 +132,11 @@ func TestRejects(t *testing.T) {
 	var f Frame
 	if _, err := NextFrame(ack, &f); err != ErrFrame {
 		t.Fatalf("ack reserved byte: %v", err)
+	}
+	ack = append([]byte{}, image[20+51:]...)
+	ack[len(ack)-7] = AckHorizonZero // the flag, with horizon 33
+	if _, err := NextFrame(ack, &f); err != ErrFrame {
+		t.Fatalf("ack flag for horizon 0 with horizon 33: %v", err)
 	}
 	for _, b := range [][]byte{AppendProbe(nil, 7, false), AppendProbe(nil, 7, true), AppendReset(nil),
 		AppendChallenge(nil, 9), AppendCookie(nil, 9, []uint16{1, 2})} {
@@ -232,4 +237,19 @@ func FuzzParse(f *testing.F) {
 			frames = rest
 		}
 	})
+}
+
+// docs/wire.md "ACK": a horizon of 0 is "no RESP" on the wire unless the flag says it is PSN 0 (a
+// RESP at PSN 2^32-1); both decode as they were encoded.
+func TestAckHorizonZero(t *testing.T) {
+	for _, a := range []Ack{{Cum: 3}, {Cum: 3, HasHorizon: true}, {Cum: 3, Horizon: 7, HasHorizon: true}} {
+		b := AppendAck(nil, &a)
+		if flag := b[FrameHeaderSize+41]; (flag == AckHorizonZero) != (a.HasHorizon && a.Horizon == 0) {
+			t.Errorf("%+v: flags byte %d", a, flag)
+		}
+		var f Frame
+		if _, err := NextFrame(b, &f); err != nil || f.Ack != a {
+			t.Errorf("%+v decoded as %+v, %v", a, f.Ack, err)
+		}
+	}
 }

@@ -66,7 +66,7 @@ func TestDissector(t *testing.T) {
 		"Destination incarnation", "Tx stream epoch", "Rx stream epoch", "Checksum (CRC-32C)", "Cookie", "Frame type", "Frame flags", "Frame length",
 		"PSN", "Message id", "Offset", "Message length", "Operation", "Data flags", "Immediate", "Source QPN",
 		"Destination QPN", "Status", "QKey", "Immediate data", "RKey", "Remote address", "Payload",
-		"Cumulative PSN", "Highest PSN", "Selective bits", "Answered path", "Horizon PSN",
+		"Cumulative PSN", "Highest PSN", "Selective bits", "Answered path", "ACK flags", "Horizon PSN",
 		"Operation: SEND", "Operation: WRITE", "Operation: READ_REQ", "Operation: READ_RESP", "Operation: RESP",
 		"Frame type: DATA", "Frame type: ACK", "Frame type: CHALLENGE", "Frame type: COOKIE"}
 	missing := func(text string) []string {

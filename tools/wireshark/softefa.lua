@@ -55,6 +55,7 @@ local f = {
   highest   = ProtoField.uint32("softefa.ack.highest", "Highest PSN"),
   sack      = ProtoField.uint64("softefa.ack.sack", "Selective bits", base.HEX),
   ack_path  = ProtoField.uint8("softefa.ack.path", "Answered path"),
+  ack_flags = ProtoField.uint8("softefa.ack.flags", "ACK flags", base.HEX),
   horizon   = ProtoField.uint32("softefa.ack.horizon", "Horizon PSN"),
   nonce     = ProtoField.uint32("softefa.probe.nonce", "Probe nonce", base.HEX),
   cookie    = ProtoField.uint64("softefa.cookie", "Cookie", base.HEX),
@@ -95,6 +96,7 @@ local function dissect_frame(buf, tree, off)
     t:add(f.highest, buf(b + 4, 4))
     for i = 0, 3 do t:add(f.sack, buf(b + 8 + 8 * i, 8)) end
     t:add(f.ack_path, buf(b + 40, 1))
+    t:add(f.ack_flags, buf(b + 41, 1)) -- 1: the horizon 0 is PSN 0, not "none"
     t:add(f.horizon, buf(b + 44, 4))
     summary = "ACK cum=" .. buf(b, 4):uint()
   elseif (ftype == 3 or ftype == 4) and flen == 8 then
