@@ -7,6 +7,7 @@ import (
 
 	"github.com/softefa/softefa/efaio"
 	"github.com/softefa/softefa/internal/uapi"
+	"github.com/softefa/softefa/internal/wire"
 )
 
 // A C program's registered buffer may be unmapped or protected behind the device's back: every
@@ -133,5 +134,29 @@ func TestGatherAfterForeignDereg(t *testing.T) {
 	defer r.d.mu.Unlock()
 	if _, ok := (*host)(r.d).Gather(nil, [][]byte{src}, 0, 16); ok {
 		t.Error("a gather from a protected page succeeded")
+	}
+}
+
+// The region an RDMA read's data comes from stays named to the transport (Host.Read, Host.Live):
+// live while registered, not once deregistered, so that read data sent again after a dereg does
+// not read memory the application has reused.
+func TestReadRegionLiveUntilDereg(t *testing.T) {
+	r := newAccessRig(t)
+	h := (*host)(r.d)
+	f := wire.Data{Op: wire.OpReadReq, DstQPN: uint16(r.q.qpn), QKey: 9, Length: 64, RKey: r.a.rkey, RAddr: r.a.iova}
+	r.d.mu.Lock()
+	b, region, st := h.Read([16]byte{1}, &f)
+	live := h.Live(region)
+	r.d.mu.Unlock()
+	if st != efaio.StatusOK || len(b) != 64 || !live {
+		t.Fatalf("read: %d bytes, status %d, live %v; want 64, OK, live", len(b), st, live)
+	}
+	if err := r.d.DeregMR(r.a); err != nil {
+		t.Fatal(err)
+	}
+	r.d.mu.Lock()
+	defer r.d.mu.Unlock()
+	if h.Live(region) {
+		t.Error("the region is live after its dereg")
 	}
 }

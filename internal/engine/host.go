@@ -156,17 +156,24 @@ func (h *host) Receive(src [16]byte, f *wire.Data, prev srd.Inbound) (srd.Inboun
 	return nil, st, true
 }
 
-// Read checks an RDMA read request from src and returns the memory it reads.
-func (h *host) Read(src [16]byte, f *wire.Data) ([]byte, efaio.Status) {
+// Read checks an RDMA read request from src and returns the memory it reads, and its MR.
+func (h *host) Read(src [16]byte, f *wire.Data) ([]byte, any, efaio.Status) {
 	d := (*Device)(h)
 	m := d.message(src, f, efaio.OpRDMARead, uapi.QPTypeDriver)
 	var in inbound
 	if st := d.accept(&m, &in); st != efaio.StatusOK {
-		return nil, st
+		return nil, nil, st
 	}
+	mr := d.mrs.byRKey[m.rkey]
 	b, _ := d.remoteSpan(in.t.pd, m.rkey, m.raddr, m.length, uapi.AccessRemoteRead)
 	d.counts.RDMAReadRespBytes.Add(m.length)
-	return b, efaio.StatusOK
+	return b, mr, efaio.StatusOK
+}
+
+// Live reports whether the MR a read's data comes from (Read) is still registered.
+func (h *host) Live(region any) bool {
+	mr, ok := region.(*MR)
+	return ok && !mr.dead
 }
 
 // UD delivers a UD message from src.

@@ -293,14 +293,14 @@ func (t *Transport) onSegment(p *peer, f *wire.Data) {
 
 // onReadReq answers an RDMA read: the data as READ_RESP segments, or a RESP with the error.
 func (t *Transport) onReadReq(p *peer, f *wire.Data) {
-	src, st := t.host.Read(p.gid, f)
+	src, region, st := t.host.Read(p.gid, f)
 	if st != efaio.StatusOK {
 		t.answer(p, f.MsgID, st)
 		return
 	}
 	o := t.newMsg(p, kindReadResp)
 	o.hdr = wire.Data{MsgID: f.MsgID, Length: f.Length, Op: wire.OpReadResp, SrcQPN: f.DstQPN, DstQPN: f.SrcQPN}
-	o.src[0], o.nsrc, o.length, o.done = src, 1, uint64(len(src)), true
+	o.src[0], o.nsrc, o.region, o.length, o.done = src, 1, region, uint64(len(src)), true
 	t.enqueue(p, o)
 }
 

@@ -25,6 +25,7 @@ type Msg struct {
 	hdr     wire.Data // fields of every frame of the message; PSN, Offset and Payload per segment
 	src     [efaio.TxNumBufs][]byte
 	nsrc    int
+	region  any // read data: the region src lies in (Host.Live)
 	length  uint64
 	nseg    uint32
 	sent    uint32 // segments handed to the stream at least once
@@ -386,6 +387,9 @@ func (t *Transport) writeSeg(p *peer, psn uint32, e *sentPkt, path, ride int) in
 	start := len(b)
 	b = wire.AppendDataHeader(b, &hdr, n)
 	b, ok := t.host.Gather(b, m.src[:m.nsrc], off, n)
+	if ok && m.region != nil && !t.host.Live(m.region) {
+		ok = false // deregistered since Read: the bytes read may be the application's new ones
+	}
 	if !ok {
 		// The application's memory faulted under the segment: it goes as an ABORT (the peer
 		// drops what it has of the message), and so does the rest of the message.

@@ -1,6 +1,7 @@
 package srd
 
 import (
+	"bytes"
 	"net/netip"
 	"slices"
 	"testing"
@@ -793,4 +794,39 @@ func TestTraceRespAtTheLastPSN(t *testing.T) {
 		r.peerData(wire.Data{Op: wire.OpResp, MsgID: d[0].f.Data.MsgID, Status: uint8(efaio.StatusRemoteBadAddress)})
 		r.wantCompletion(2, efaio.StatusRemoteBadAddress)
 	})
+}
+
+// wire.md "Frames" (READ_RESP) and security.md: read data is read from the region when each
+// segment goes, the first time or again. Once the region is deregistered, a segment sent again
+// (its first copy lost) does not carry what the application has since written there: it goes as
+// an ABORT, and a RESP with REMOTE_BAD_ADDRESS fails the peer's read.
+func TestTraceReadDataAfterDereg(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	seg := r.tr.segSize()
+	r.host.mem = bytes.Repeat([]byte("old!"), seg)
+	r.peerData(wire.Data{Op: wire.OpReadReq, MsgID: 9, Length: uint32(3 * seg), SrcQPN: 3, DstQPN: 3})
+	first := r.data()
+	if len(first) == 0 || first[0].f.Data.Op != wire.OpReadResp {
+		t.Fatalf("sent %+v, want read data", first)
+	}
+	// Every segment is lost; the application deregisters the region and reuses its memory.
+	r.host.dereg = true
+	copy(r.host.mem, bytes.Repeat([]byte("new!"), seg))
+	r.advance(20 * time.Millisecond)
+	var resp bool
+	for _, f := range r.data() {
+		switch d := f.f.Data; {
+		case d.Op == wire.OpReadResp:
+			t.Fatalf("read data sent after the dereg: %q...", d.Payload[:min(8, len(d.Payload))])
+		case d.Op == wire.OpResp && d.MsgID == 9:
+			if efaio.Status(d.Status) != efaio.StatusRemoteBadAddress {
+				t.Fatalf("RESP status %d, want %d", d.Status, efaio.StatusRemoteBadAddress)
+			}
+			resp = true
+		}
+	}
+	if !resp {
+		t.Fatal("no RESP failed the read")
+	}
 }

@@ -75,6 +75,7 @@ type fakeHost struct {
 	recvs []uint16
 	done  []completion
 	mem   []byte
+	dereg bool // mem's region is deregistered (Live)
 }
 
 // fakeIn is a SEND arriving in segments at the fake host.
@@ -109,12 +110,14 @@ func (h *fakeHost) Receive(src [16]byte, f *wire.Data, prev Inbound) (Inbound, e
 	return nil, efaio.StatusOK, true
 }
 
-func (h *fakeHost) Read(src [16]byte, f *wire.Data) ([]byte, efaio.Status) {
+func (h *fakeHost) Read(src [16]byte, f *wire.Data) ([]byte, any, efaio.Status) {
 	if int(f.Length) > len(h.mem) {
-		return nil, efaio.StatusRemoteBadAddress
+		return nil, nil, efaio.StatusRemoteBadAddress
 	}
-	return h.mem[:f.Length], efaio.StatusOK
+	return h.mem[:f.Length], h, efaio.StatusOK
 }
+
+func (h *fakeHost) Live(region any) bool { return region == h && !h.dereg }
 
 func (h *fakeHost) UD(src [16]byte, f *wire.Data) {}
 

@@ -35,8 +35,13 @@ type Host interface {
 	// what to pass with the next one, or done and the message's status once it is whole or
 	// failed. A status other than OK goes back to the sender in a RESP.
 	Receive(src [16]byte, f *wire.Data, in Inbound) (next Inbound, st efaio.Status, done bool)
-	// Read checks an RDMA read request from src and returns the memory the answer is read from.
-	Read(src [16]byte, f *wire.Data) ([]byte, efaio.Status)
+	// Read checks an RDMA read request from src and returns the memory the answer is read from,
+	// and the region it lies in, which Live names again before each segment is read from it.
+	Read(src [16]byte, f *wire.Data) (b []byte, region any, st efaio.Status)
+	// Live reports whether a region Read returned is still registered: a segment of read data
+	// sent (or sent again) after its region is gone would read memory the application has
+	// reused, so the read fails instead.
+	Live(region any) bool
 	// UD delivers a UD message from src (which may not be validated: UD needs no state).
 	UD(src [16]byte, f *wire.Data)
 	// Done is the outcome of the request whose owner is owner. mayRetry: st is an RNR the
