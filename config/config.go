@@ -84,7 +84,8 @@ type Device struct {
 	// transfer is making progress. Default 5 s.
 	TransportTimeout time.Duration
 	// MaxPeers bounds the peer contexts a device keeps; default 65536. When they are all in use,
-	// a new validated peer takes the place of the one idle longest; peers with anything
+	// a new validated peer takes the place of those idle longest (MaxPeers/64 of them go at once,
+	// at least one); peers with anything
 	// outstanding are never given up for a newcomer.
 	MaxPeers int
 	// PeerIdleTimeout is how long a peer context with nothing outstanding is kept after its last

@@ -1,10 +1,14 @@
 package srd
 
-import "time"
+import (
+	"cmp"
+	"slices"
+	"time"
+)
 
 // Peer contexts are bounded (config.Device.MaxPeers) and expire (PeerIdleTimeout): a peer with
 // nothing outstanding either way is forgotten after its idle time, or sooner when a new peer
-// needs the room (the one idle longest goes); a peer with anything outstanding is never given up.
+// needs the room (those idle longest go, makeRoom); a peer with anything outstanding is never given up.
 // What a forgotten peer leaves is a memo, a few dozen bytes, so that the two devices go on with
 // their packet streams where they were when it comes back (docs/wire.md, "Forgotten peers"); the
 // memos are bounded by MaxPeers too.
@@ -72,20 +76,35 @@ func (t *Transport) recall(p *peer) {
 	}
 }
 
-// makeRoom forgets the peer idle longest, to make room for a new one; false if every peer has
-// something outstanding.
+// makeRoom forgets the peers idle longest, to make room for a new one; false if every peer has
+// something outstanding. One sweep forgets a sixty-fourth of the table (at least one peer), so
+// that newcomers to a full table cost one sweep per MaxPeers/64 of them, not a walk of the whole
+// table each.
 func (t *Transport) makeRoom() bool {
-	at := -1
-	for i, p := range t.peerList {
-		if p.idle() && (at < 0 || p.seen < t.peerList[at].seen) {
-			at = i
+	var idle []*peer
+	for _, p := range t.peerList {
+		if p.idle() {
+			idle = append(idle, p)
 		}
 	}
-	if at < 0 {
+	if len(idle) == 0 {
 		return false
 	}
-	t.forget(t.peerList[at])
-	t.peerList = append(t.peerList[:at], t.peerList[at+1:]...)
+	if n := max(1, t.cfg.MaxPeers/64); len(idle) > n {
+		slices.SortStableFunc(idle, func(a, b *peer) int { return cmp.Compare(a.seen, b.seen) })
+		idle = idle[:n]
+	}
+	for _, p := range idle {
+		t.forget(p)
+	}
+	keep := t.peerList[:0]
+	for _, p := range t.peerList {
+		if t.peers[p.gid] == p {
+			keep = append(keep, p)
+		}
+	}
+	clear(t.peerList[len(keep):])
+	t.peerList = keep
 	return true
 }
 
