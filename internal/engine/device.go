@@ -138,7 +138,9 @@ func NewDevice(cfg config.Device) (*Device, error) {
 	d.mrs.init(cfg.MaxMR, rng)
 	if d.link != nil {
 		d.gid = GIDFromAddr(d.link.LocalAddr())
-		if d.srd, err = srd.New(cfg, d.link, inc, rng, (*host)(d), &d.counts.Counters); err != nil {
+		tcfg := cfg
+		tcfg.Clock = d.clock // the transport stamps each packet it sends with a fresh reading
+		if d.srd, err = srd.New(tcfg, d.link, inc, rng, (*host)(d), &d.counts.Counters); err != nil {
 			return nil, err
 		}
 	}

@@ -258,7 +258,7 @@ func (t *Transport) sendUD(dst [16]byte, r *Request) efaio.Status {
 // against the congestion window.
 func (t *Transport) pump(p *peer) {
 	s := &p.tx
-	now := t.now
+	now := t.sendTime()
 	if len(s.retx) > 1 {
 		// Oldest first: the lowest hole holds the receiver's cumulative point, and the ACK's
 		// selective bits reach only 256 PSNs past it. Last in line behind a long list, at a

@@ -830,3 +830,34 @@ func TestTraceReadDataAfterDereg(t *testing.T) {
 		t.Fatal("no RESP failed the read")
 	}
 }
+
+// congestion.md loss rules: a packet is stamped with the time it is sent, not with the start of
+// the batch that sent it (read once per batch, that time can be tens of microseconds old by the
+// batch's end). Stamped with it, a packet sent late in one batch looked older than one sent just
+// after it in the next, and the acknowledgement of the second counted the first lost.
+func TestTracePacketsStampedWhenSent(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	send := func(wrid uint16) {
+		req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 100}
+		req.Src[0], req.NSrc = r.buf[:100], 1
+		if _, st := r.tr.Request(config.GIDFromAddr(tracePeer), &req, wrid); st != efaio.StatusOK {
+			t.Fatalf("request: status %d", st)
+		}
+		r.tr.Flush(r.q)
+	}
+	r.tr.Use(r.q, r.f.Now())            // a batch starts,
+	r.f.Advance(300 * time.Microsecond) // works for a while,
+	send(1)                             // and sends a packet at its end
+	r.f.Advance(10 * time.Microsecond)
+	r.tr.Use(r.q, r.f.Now()) // the next batch sends another on the same path
+	send(2)
+	r.collect()
+	d := r.data()
+	if len(d) != 2 || d[0].h.Path != d[1].h.Path {
+		t.Fatalf("sent %+v, want two packets on one path", d)
+	}
+	r.ack(d[0].f.Data.PSN, []uint32{d[1].f.Data.PSN}, d[1].h.Path) // the second overtook the first
+	if again := r.data(); len(again) != 0 {
+		t.Fatalf("sent %v again: a packet sent 10 µs before the one acknowledged counted lost", psns(again))
+	}
+}

@@ -152,6 +152,18 @@ func New(cfg config.Device, l link.Link, inc uint32, rng io.Reader, host Host, c
 	return t, nil
 }
 
+// sendTime is the time to stamp packets sent now with: the clock read afresh. t.now, read once
+// for a whole batch, can be tens of microseconds old by the end of it, and packets stamped with it
+// look sent earlier than they were: a packet framed late in one batch then seems to have waited
+// longer than one framed early in the next, and the loss rules (docs/congestion.md) counted
+// packets lost that were only reordered. The same time goes for the whole of one pump.
+func (t *Transport) sendTime() time.Duration {
+	if t.cfg.Clock == nil {
+		return t.now
+	}
+	return max(t.cfg.Clock(), t.now)
+}
+
 // Inc returns this device's incarnation.
 func (t *Transport) Inc() uint32 { return t.inc }
 
