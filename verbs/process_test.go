@@ -97,7 +97,10 @@ func TestTwoProcesses(t *testing.T) {
 	ready := next("READY")
 	fmt.Sscan(strings.Join(ready, " "), &port, &qpn, &rkey, &raddr)
 
-	dev := newDevice(t, func(c *config.Device) { c.Addr = loopback; c.TransportTimeout = time.Second })
+	// A transport timeout short enough for the last check (a killed peer) to come soon, and long
+	// enough that a server process starved of the processor for a while (CI runs beside other
+	// work) is not taken for dead: 1 s was not, once, on a loaded machine.
+	dev := newDevice(t, func(c *config.Device) { c.Addr = loopback; c.TransportTimeout = 3 * time.Second })
 	a := newEnd(t, openCtx(t, dev), loopOpts{size: 1 << 20, typ: verbs.QPTDriver,
 		cap: verbs.QPCap{MaxSendWR: 64, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	server := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(port))
