@@ -105,32 +105,65 @@ func TestInlineSendOutlivesItsSlot(t *testing.T) {
 }
 
 // FlushAcks sends at once the ACKs a busy poll left owed (for the application's answer to carry):
-// a process calls it as it exits, so that its peer's send completes instead of timing out. After
-// it returns nothing is owed, and the sender's send completes on what it sent.
+// a process calls it as it exits, so that its peer's send completes instead of timing out. Two
+// driven devices over UDP on loopback with a clock that stands still, so that nothing but
+// FlushAcks can send the owed ACK: no receive loop, no timer. b has sent to a first (an ACK to a
+// peer we talk to is what a busy poll leaves owed); a's SEND then completes on b's FlushAcks.
 func TestFlushAcksLeavesNoneOwed(t *testing.T) {
-	a, b := udpRig(t), udpRig(t)
-	ah, err := a.d.CreateAH(a.pd, b.d.GID())
-	if err != nil {
-		t.Fatal(err)
+	now := time.Second // (a send time of 0 reads as "never sent")
+	clock := func() time.Duration { return now }
+	driven := func() *accessRig {
+		l, err := link.ListenUDP(netip.MustParseAddrPort("127.0.0.1:0"), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return newAccessRigOn(t, config.Device{Addr: l.LocalAddr(), Link: l, Driven: true, Clock: clock})
 	}
-	efaio.RxDesc(b.q.rq.ring[:efaio.RxDescSize]).Encode(&efaio.RxDescFields{Addr: b.a.iova, ReqID: 7,
-		Length: 64, LKey: b.a.lkey, First: true, Last: true})
-	atomic.StoreUint32(b.q.rq.db, 1)
-	a.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 3, Length: 1, AHN: ah.ahn, QKey: 9,
-		DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase,
-		SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: 8, LKey: a.a.lkey, Addr: a.a.iova}}})
-	atomic.StoreUint32(a.q.sq.db, 1)
-	a.d.Ring(a.q)
-	for b.q.recvCQ.written.Load() == 0 {
-		b.d.PollNetwork() // lazy: what it takes leaves its ACK owed (unless the receive loop took it)
+	a, b := driven(), driven()
+	post := func(from, to *accessRig, reqID uint16) {
+		t.Helper()
+		ah, err := from.d.CreateAH(from.pd, to.d.GID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// (each queue gets one entry in this test: slot 0, doorbell 1)
+		efaio.RxDesc(to.q.rq.ring[:efaio.RxDescSize]).Encode(&efaio.RxDescFields{Addr: to.a.iova, ReqID: reqID,
+			Length: 64, LKey: to.a.lkey, First: true, Last: true})
+		atomic.StoreUint32(to.q.rq.db, 1)
+		from.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: reqID, Length: 1, AHN: ah.ahn, QKey: 9,
+			DestQPN: uint16(to.q.qpn), CompReq: true, Phase: from.q.sq.phase,
+			SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: 8, LKey: from.a.lkey, Addr: from.a.iova}}})
+		atomic.StoreUint32(from.q.sq.db, 1)
+	}
+	// b speaks first, and both drive until its SEND has completed.
+	post(b, a, 1)
+	for b.q.sendCQ.written.Load() == 0 {
+		a.d.Drive()
+		b.d.Drive()
+	}
+	// a's SEND reaches b through a busy poll's lazy input: the ACK stays owed.
+	post(a, b, 2)
+	a.d.Drive()
+	for b.q.recvCQ.written.Load() < 2 { // (one CQ for both queues: the first entry is b's SEND)
+		dr := b.d.drv
+		b.d.mu.Lock()
+		b.d.useTx(dr.q)
+		if n, _ := dr.poller.TryReceive(dr.rx.Pkts); n > 0 {
+			b.d.srd.Input(dr.rx, n, true)
+		}
+		b.d.mu.Unlock()
+		b.d.sendTx(dr.q)
+	}
+	if !b.d.srd.AcksOwed() {
+		t.Fatal("no ACK owed after a lazy input from a peer b talks to: the test would prove nothing")
 	}
 	b.d.FlushAcks()
 	if b.d.srd.AcksOwed() {
 		t.Fatal("an ACK is still owed after FlushAcks")
 	}
-	a.d.AwaitCQ(a.q.sendCQ, 0, time.Hour)
-	if got := a.q.sendCQ.written.Load(); got != 1 {
-		t.Fatalf("the sender's CQ holds %d entries, want 1", got)
+	for a.q.sendCQ.written.Load() < 2 {
+		a.d.Drive() // only b's flushed ACK can complete it: the clock stands still
 	}
 	b.d.Close()
 	b.d.FlushAcks() // a closed device: nothing to send, and no panic
