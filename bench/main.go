@@ -97,7 +97,7 @@ func run(args []string) error {
 	workloads := fs.String("workloads", "", "comma-separated workloads to run (default: all)")
 	fs.BoolVar(&showCounters, "counters", false, "print softefa's device counters after each of its stream runs")
 	modeList := fs.String("modes", oneProc+","+twoProc, "comma-separated modes: "+oneProc+" (both ends in this process), "+
-		twoProc+" (the server end in a process of its own)")
+		twoProc+" (the server end in a process of its own), "+twoProcOne+" (2proc with GOMAXPROCS=1 in both processes)")
 	fs.IntVar(&o.hogs, "hogs", runtime.NumCPU(), "CPU hogs (spinning processes) beside the loaded workloads")
 	peers := fs.String("peers", "1000,10000", "peer counts of the many-peers workload (--quick: 50,200)")
 	if err := fs.Parse(args); err != nil {
@@ -112,7 +112,7 @@ func run(args []string) error {
 	for _, m := range strings.Split(*modeList, ",") {
 		i := slices.IndexFunc(modes, func(md mode) bool { return md.name == m })
 		if i < 0 {
-			return fmt.Errorf("--modes: no mode %q (%s, %s)", m, oneProc, twoProc)
+			return fmt.Errorf("--modes: no mode %q (%s, %s, %s)", m, oneProc, twoProc, twoProcOne)
 		}
 		o.modes = append(o.modes, modes[i])
 	}

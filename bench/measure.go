@@ -188,6 +188,7 @@ func measureWorkload(o *options, wl workload, ts []transport, smp samples) []fig
 
 // streamRun starts a stream server for t in mode md and runs the client against it.
 func streamRun(md mode, t transport, size int, d time.Duration, via router) (streamResult, error) {
+	defer md.useProcs()()
 	srv, err := md.spawn(job{transport: t.name(), kind: kindStream, size: size})
 	if err != nil {
 		return streamResult{}, err
@@ -198,6 +199,7 @@ func streamRun(md mode, t transport, size int, d time.Duration, via router) (str
 
 // pingRun starts a ping-pong server for t in mode md and runs the client against it.
 func pingRun(md mode, t transport, size, n int, via router) (pingResult, error) {
+	defer md.useProcs()()
 	srv, err := md.spawn(job{transport: t.name(), kind: kindPingpong, size: size})
 	if err != nil {
 		return pingResult{}, err

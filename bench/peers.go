@@ -322,7 +322,7 @@ type peersResult struct {
 }
 
 func peersRun(o *options, n int) (res peersResult, err error) {
-	c, err := startChild(job{transport: "softefa", kind: kindPeers, size: peersMsg})
+	c, err := startChild(job{transport: "softefa", kind: kindPeers, size: peersMsg}, 0)
 	if err != nil {
 		return res, err
 	}

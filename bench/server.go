@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,11 +26,13 @@ import (
 type mode struct {
 	name  string
 	spawn func(j job) (server, error)
+	procs int // GOMAXPROCS of both processes during a run (0: Go's own choice)
 }
 
 const (
-	oneProc = "1proc"
-	twoProc = "2proc"
+	oneProc    = "1proc"
+	twoProc    = "2proc"
+	twoProcOne = "2proc-1p" // 2proc with GOMAXPROCS=1 in both processes, for every transport
 )
 
 var modes = []mode{
@@ -39,8 +42,18 @@ var modes = []mode{
 			return nil, err
 		}
 		return t.serve(j)
-	}},
-	{twoProc, func(j job) (server, error) { return startChild(j) }},
+	}, 0},
+	{twoProc, func(j job) (server, error) { return startChild(j, 0) }, 0},
+	{twoProcOne, func(j job) (server, error) { return startChild(j, 1) }, 1},
+}
+
+// useProcs sets this process's GOMAXPROCS for a run in md and returns what puts it back.
+func (md mode) useProcs() func() {
+	if md.procs == 0 {
+		return func() {}
+	}
+	prev := runtime.GOMAXPROCS(md.procs)
+	return func() { runtime.GOMAXPROCS(prev) }
 }
 
 // job is what one server end serves.
@@ -195,8 +208,9 @@ type child struct {
 // ioTimeout, so a child that takes longer is stuck, and is killed.
 const childTimeout = 3 * ioTimeout
 
-// startChild runs the bench binary with --serve for j and reads its hello.
-func startChild(j job) (*child, error) {
+// startChild runs the bench binary with --serve for j (with GOMAXPROCS procs, unless 0) and
+// reads its hello.
+func startChild(j job, procs int) (*child, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -207,6 +221,9 @@ func startChild(j job) (*child, error) {
 	}
 	cmd := exec.Command(self, args...)
 	cmd.Stderr = os.Stderr
+	if procs > 0 {
+		cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", procs))
+	}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -274,5 +275,25 @@ func TestPerfKeyMismatch(t *testing.T) {
 		if err := within(t, func() error { return <-serr }); err == nil {
 			t.Errorf("server key %v: server: no error", serverKey)
 		}
+	}
+}
+
+// --procs: a server or client process runs on one processor unless told otherwise; --loopback
+// and a GOMAXPROCS variable keep Go's choice; an explicit flag wins; negative counts are refused.
+func TestPerfProcs(t *testing.T) {
+	for _, c := range []struct {
+		flag          int
+		loopback, env bool
+		want          int
+	}{
+		{-1, false, false, 1}, {-1, true, false, 0}, {-1, false, true, 0},
+		{0, false, false, 0}, {2, true, true, 2},
+	} {
+		if got := perfProcs(c.flag, c.loopback, c.env); got != c.want {
+			t.Errorf("perfProcs(%d, loopback %v, env %v) = %d, want %d", c.flag, c.loopback, c.env, got, c.want)
+		}
+	}
+	if _, err := parsePerf([]string{"send_lat", "--loopback", "--procs", "-2"}, io.Discard); err == nil {
+		t.Error("--procs -2 accepted")
 	}
 }

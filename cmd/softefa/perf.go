@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -36,6 +37,7 @@ const (
 
 type perfOpts struct {
 	cpuprofile string
+	procs      int
 	test       string
 	server     bool
 	loopback   bool
@@ -109,6 +111,9 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up when a completion, or the exchange before or after the test, takes longer")
 	fs.StringVar(&o.keyFile, "key-file", "", "encrypt with the 32-byte key in this file (or set SOFTEFA_KEY to 64 hex digits)")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of this process (Go pprof) to this file")
+	fs.IntVar(&o.procs, "procs", -1, "GOMAXPROCS for this process; default 1 with --server or --connect (the process busy-polls\n"+
+		"one device: a second thread per process only competes for the cores; docs/performance.md)\n"+
+		"unless the GOMAXPROCS variable is set, and Go's own choice with --loopback; 0: Go's own choice")
 	rest := args[1:]
 	if isHelp(args[0]) {
 		rest = []string{"-h"}
@@ -131,6 +136,9 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 	}
 	if err := checkMode(set, o.server, o.loopback, o.connect); err != nil {
 		return nil, err
+	}
+	if o.procs < -1 {
+		return nil, fmt.Errorf("--procs %d: 0 (Go's own choice) or more", o.procs)
 	}
 	switch {
 	case o.size < 1 || o.size > maxRDMASize:
@@ -191,6 +199,10 @@ func runPerf(args []string) error {
 	if err != nil {
 		return err
 	}
+	if n := perfProcs(o.procs, o.loopback, os.Getenv("GOMAXPROCS") != ""); n > 0 {
+		runtime.GOMAXPROCS(n) // (here, not in perf: the tests run perf in their own process)
+		fmt.Fprintf(os.Stderr, "softefa perf: GOMAXPROCS %d (--procs)\n", n)
+	}
 	return perf(o)
 }
 
@@ -239,6 +251,22 @@ func perf(o *perfOpts) error {
 		return perfServe(o, ln, true)
 	}
 	return perfClient(o)
+}
+
+// perfProcs is the GOMAXPROCS perf sets (--procs), 0 for none: flag as given (0: none), or by
+// default 1 for a server or client process, unless the environment sets GOMAXPROCS or both ends
+// run in this process (--loopback), which then keep Go's own choice. A process that busy-polls
+// one device has one thread of work to do at a time; with more, the device's receive loop runs
+// beside the polling thread, and two such processes on two cores had four threads wanting two
+// (docs/performance.md, "Threads per process").
+func perfProcs(flag int, loopback, env bool) int {
+	switch {
+	case flag >= 0:
+		return flag
+	case loopback || env:
+		return 0
+	}
+	return 1
 }
 
 // dialExchange connects to a server's exchange port within timeout.
