@@ -29,6 +29,9 @@ func cqSpinBudget() time.Duration {
 	return defaultCQSpin
 }
 
+// CQTraps reports whether completion traps are on (SOFTEFA_CQ_SPIN gives a budget).
+func (d *Device) CQTraps() bool { return d.cqSpin > 0 }
+
 // CQRing reports which CQ's ring the mmap key names: its handle, or false when the key is not a
 // CQ's ring or completion traps are off. The shim guards its mappings of that ring after a
 // trapped doorbell store (RingTrapped).
