@@ -85,7 +85,7 @@ type Device struct {
 	TransportTimeout time.Duration
 	// MaxPeers bounds the peer contexts a device keeps; default 65536. When they are all in use,
 	// a new validated peer takes the place of those idle longest (MaxPeers/64 of them go at once,
-	// at least one); peers with anything
+	// at most half the idle ones, at least one); peers with anything
 	// outstanding are never given up for a newcomer.
 	MaxPeers int
 	// PeerIdleTimeout is how long a peer context with nothing outstanding is kept after its last

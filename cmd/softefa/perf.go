@@ -199,9 +199,10 @@ func runPerf(args []string) error {
 	if err != nil {
 		return err
 	}
-	if n := perfProcs(o.procs, o.loopback, os.Getenv("GOMAXPROCS") != ""); n > 0 {
+	_, env := os.LookupEnv("GOMAXPROCS")
+	if n := perfProcs(o.procs, o.loopback, env); n > 0 {
 		runtime.GOMAXPROCS(n) // (here, not in perf: the tests run perf in their own process)
-		fmt.Fprintf(os.Stderr, "softefa perf: GOMAXPROCS %d (--procs)\n", n)
+		fmt.Fprintf(os.Stderr, "softefa perf: GOMAXPROCS %d (--procs; 0 leaves Go's choice)\n", n)
 	}
 	return perf(o)
 }

@@ -136,9 +136,18 @@ func TestFlushAcksLeavesNoneOwed(t *testing.T) {
 			SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: 8, LKey: from.a.lkey, Addr: from.a.iova}}})
 		atomic.StoreUint32(from.q.sq.db, 1)
 	}
+	// Loopback UDP loses nothing, but a datagram lost all the same would leave a loop below
+	// spinning with a clock that stands still: the deadline turns that into a failure.
+	deadline := time.Now().Add(time.Minute)
+	waiting := func(what string) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s after a minute", what)
+		}
+	}
 	// b speaks first, and both drive until its SEND has completed.
 	post(b, a, 1)
 	for b.q.sendCQ.written.Load() == 0 {
+		waiting("completion of b's SEND")
 		a.d.Drive()
 		b.d.Drive()
 	}
@@ -146,6 +155,7 @@ func TestFlushAcksLeavesNoneOwed(t *testing.T) {
 	post(a, b, 2)
 	a.d.Drive()
 	for b.q.recvCQ.written.Load() < 2 { // (one CQ for both queues: the first entry is b's SEND)
+		waiting("receive of a's SEND at b")
 		dr := b.d.drv
 		b.d.mu.Lock()
 		b.d.useTx(dr.q)
@@ -163,6 +173,7 @@ func TestFlushAcksLeavesNoneOwed(t *testing.T) {
 		t.Fatal("an ACK is still owed after FlushAcks")
 	}
 	for a.q.sendCQ.written.Load() < 2 {
+		waiting("completion of a's SEND")
 		a.d.Drive() // only b's flushed ACK can complete it: the clock stands still
 	}
 	b.d.Close()

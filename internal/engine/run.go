@@ -120,6 +120,10 @@ func (d *Device) Drive() (worked bool) {
 		if n == 0 || err != nil {
 			break
 		}
+		// The clock again for each batch, as the receive loop reads it: packets are stamped
+		// when sent (srd: Transport.sendTime), and an ACK of one sent in this loop must not be
+		// timed against a reading from before it (a negative RTT).
+		d.useTx(dr.q)
 		d.srd.Input(dr.rx, n, false)
 		worked = true
 	}

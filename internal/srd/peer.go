@@ -69,7 +69,7 @@ func (t *Transport) peerFor(gid [16]byte) *peer {
 	if p := t.peers[gid]; p != nil {
 		return p
 	}
-	if len(t.peers) >= t.cfg.MaxPeers && !t.makeRoom() {
+	if len(t.peers) >= t.cfg.MaxPeers && !t.makeRoom(gid) {
 		return nil
 	}
 	p := &peer{gid: gid, addr: config.AddrFromGID(gid, t.link.LocalAddr().Port()), paths: make([]pathState, t.link.Paths()),

@@ -31,11 +31,14 @@ func (p *peer) idle() bool {
 }
 
 // forget drops idle peer p's context, keeping its memo. The caller takes p out of peerList.
-func (t *Transport) forget(p *peer) {
+// keep is a peer whose memo must stay (the newcomer being made room for, about to recall it).
+func (t *Transport) forget(p *peer, keep [16]byte) {
 	if len(t.memos) >= t.cfg.MaxPeers {
 		for k := range t.memos { // full: any one goes (the map's order is as good as any)
-			delete(t.memos, k)
-			break
+			if k != keep {
+				delete(t.memos, k)
+				break
+			}
 		}
 	}
 	var salt uint32
@@ -76,11 +79,12 @@ func (t *Transport) recall(p *peer) {
 	}
 }
 
-// makeRoom forgets the peers idle longest, to make room for a new one; false if every peer has
-// something outstanding. One sweep forgets a sixty-fourth of the table (at least one peer), so
-// that newcomers to a full table cost one sweep per MaxPeers/64 of them, not a walk of the whole
-// table each.
-func (t *Transport) makeRoom() bool {
+// makeRoom forgets the peers idle longest, to make room for newcomer; false if every peer has
+// something outstanding. One sweep forgets a sixty-fourth of the table, but no more than half
+// the idle peers (at least one), so that newcomers to a full table cost one sweep per
+// MaxPeers/64 of them, not a walk of the whole table each, while a table of busy peers with a few
+// idle ones does not lose them all to one newcomer.
+func (t *Transport) makeRoom(newcomer [16]byte) bool {
 	var idle []*peer
 	for _, p := range t.peerList {
 		if p.idle() {
@@ -90,12 +94,12 @@ func (t *Transport) makeRoom() bool {
 	if len(idle) == 0 {
 		return false
 	}
-	if n := max(1, t.cfg.MaxPeers/64); len(idle) > n {
+	if n := max(1, min(t.cfg.MaxPeers/64, len(idle)/2)); len(idle) > n {
 		slices.SortStableFunc(idle, func(a, b *peer) int { return cmp.Compare(a.seen, b.seen) })
 		idle = idle[:n]
 	}
 	for _, p := range idle {
-		t.forget(p)
+		t.forget(p, newcomer)
 	}
 	keep := t.peerList[:0]
 	for _, p := range t.peerList {
@@ -126,7 +130,7 @@ func (t *Transport) expirePeers(now time.Duration) {
 			t.abortInbound(p)
 		}
 		if now-p.seen > t.cfg.PeerIdleTimeout && p.idle() {
-			t.forget(p)
+			t.forget(p, [16]byte{})
 			continue
 		}
 		keep = append(keep, p)

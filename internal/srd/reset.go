@@ -56,9 +56,9 @@ func (t *Transport) resetTx(p *peer, st efaio.Status, why int) {
 			case why == resetRestart || e.acked:
 			case m.kind == kindResp:
 				answers = append(answers, m.hdr)
-			case m.kind == kindReadResp && !m.again:
+			case m.kind == kindReadResp && !m.again && !m.faulted: // (faulted: its RESP is among answers)
 				m.again = true // once, whatever number of its segments are out
-				reads = append(reads, readAgain{m.hdr, m.src[0], m.length})
+				reads = append(reads, readAgain{m.hdr, m.src[0], m.region, m.length})
 			}
 			e.msg.pending = 0
 			e.msg.done = true
@@ -72,8 +72,8 @@ func (t *Transport) resetTx(p *peer, st efaio.Status, why int) {
 		case why == resetRestart:
 		case m.kind == kindResp:
 			answers = append(answers, m.hdr)
-		case m.kind == kindReadResp && !m.again:
-			reads = append(reads, readAgain{m.hdr, m.src[0], m.length})
+		case m.kind == kindReadResp && !m.again && !m.faulted:
+			reads = append(reads, readAgain{m.hdr, m.src[0], m.region, m.length})
 		}
 		m.done, m.sent, m.pending, m.inQueue = true, m.nseg, 0, false
 		t.release(m)
@@ -99,7 +99,7 @@ func (t *Transport) resetTx(p *peer, st efaio.Status, why int) {
 		o := t.newMsg(p, kindReadResp)
 		o.hdr, o.done = r.hdr, true
 		o.hdr.PSN, o.hdr.Offset = 0, 0
-		o.src[0], o.nsrc, o.length = r.src, 1, r.length
+		o.src[0], o.nsrc, o.region, o.length = r.src, 1, r.region, r.length
 		t.queue(p, o)
 	}
 	if len(answers)+len(reads) > 0 {
@@ -114,6 +114,7 @@ func (t *Transport) resetTx(p *peer, st efaio.Status, why int) {
 type readAgain struct {
 	hdr    wire.Data
 	src    []byte
+	region any // Host.Live asks again before each segment of the new epoch
 	length uint64
 }
 

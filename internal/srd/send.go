@@ -387,7 +387,7 @@ func (t *Transport) writeSeg(p *peer, psn uint32, e *sentPkt, path, ride int) in
 	start := len(b)
 	b = wire.AppendDataHeader(b, &hdr, n)
 	b, ok := t.host.Gather(b, m.src[:m.nsrc], off, n)
-	if ok && m.region != nil && !t.host.Live(m.region) {
+	if ok && n > 0 && m.region != nil && !t.host.Live(m.region) {
 		ok = false // deregistered since Read: the bytes read may be the application's new ones
 	}
 	if !ok {

@@ -49,3 +49,26 @@ func BenchmarkNewPeerFullTable(b *testing.B) {
 		b.Fatalf("%d peers, %d listed, MaxPeers %d", len(r.tr.peers), len(r.tr.peerList), max)
 	}
 }
+
+// wire.md "Forgotten peers": a peer that comes back to a full table finds its memo, even when
+// making room for it forgets another peer into a full memo table (which then lets one memo go,
+// any but the newcomer's). The map's order picks the memo that goes, so the case runs 40 times.
+func TestComebackKeepsItsMemo(t *testing.T) {
+	gid := func(i byte) [16]byte {
+		return config.GIDFromAddr(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 9, 0, i}), 4791))
+	}
+	n, x, a, b := gid(1), gid(2), gid(3), gid(4)
+	for range 40 {
+		r := newTrace(t, 2, func(c *config.Device) { c.MaxPeers, c.PeerIdleTimeout = 2, -1 })
+		r.tr.peerFor(n).tx.epoch = 7 // what its memo will keep
+		r.tr.peerFor(x)
+		r.tr.peerFor(a) // n goes (listed first), to a memo
+		r.tr.peerFor(b) // x goes: the memo table is full
+		if len(r.tr.memos) != 2 || r.tr.memos[n].txEpoch != 7 {
+			t.Fatalf("memos %v, want n's (epoch 7) and x's", r.tr.memos)
+		}
+		if p := r.tr.peerFor(n); p.tx.epoch != 8 { // a goes, to a memo: one of n's and x's must go
+			t.Fatalf("n came back at epoch %d, want 8: its memo was dropped to make room for another", p.tx.epoch)
+		}
+	}
+}

@@ -797,37 +797,60 @@ func TestTraceRespAtTheLastPSN(t *testing.T) {
 }
 
 // wire.md "Frames" (READ_RESP) and security.md: read data is read from the region when each
-// segment goes, the first time or again. Once the region is deregistered, a segment sent again
-// (its first copy lost) does not carry what the application has since written there: it goes as
-// an ABORT, and a RESP with REMOTE_BAD_ADDRESS fails the peer's read.
+// segment goes, the first time or again, in the stream's epoch or a later one. Once the region is
+// deregistered, a segment sent again (its first copy lost) does not carry what the application
+// has since written there: it goes as an ABORT, and one RESP with REMOTE_BAD_ADDRESS fails the
+// peer's read. A stream reset (transport timeout) before or after the dereg changes nothing.
 func TestTraceReadDataAfterDereg(t *testing.T) {
-	r := newTrace(t, 2, nil)
-	r.meet()
-	seg := r.tr.segSize()
-	r.host.mem = bytes.Repeat([]byte("old!"), seg)
-	r.peerData(wire.Data{Op: wire.OpReadReq, MsgID: 9, Length: uint32(3 * seg), SrcQPN: 3, DstQPN: 3})
-	first := r.data()
-	if len(first) == 0 || first[0].f.Data.Op != wire.OpReadResp {
-		t.Fatalf("sent %+v, want read data", first)
-	}
-	// Every segment is lost; the application deregisters the region and reuses its memory.
-	r.host.dereg = true
-	copy(r.host.mem, bytes.Repeat([]byte("new!"), seg))
-	r.advance(20 * time.Millisecond)
-	var resp bool
-	for _, f := range r.data() {
-		switch d := f.f.Data; {
-		case d.Op == wire.OpReadResp:
-			t.Fatalf("read data sent after the dereg: %q...", d.Payload[:min(8, len(d.Payload))])
-		case d.Op == wire.OpResp && d.MsgID == 9:
-			if efaio.Status(d.Status) != efaio.StatusRemoteBadAddress {
-				t.Fatalf("RESP status %d, want %d", d.Status, efaio.StatusRemoteBadAddress)
+	for _, c := range []struct {
+		name              string
+		resetBefore, wait time.Duration // the stream times out before the dereg; how long after it to watch
+	}{
+		{"lost", 0, 900 * time.Millisecond},
+		{"reset then dereg", 1100 * time.Millisecond, 200 * time.Millisecond},
+		{"dereg then reset", 0, 1300 * time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newTrace(t, 2, nil)
+			r.meet()
+			seg := r.tr.segSize()
+			r.host.mem = bytes.Repeat([]byte("old!"), seg)
+			r.peerData(wire.Data{Op: wire.OpReadReq, MsgID: 9, Length: uint32(3 * seg), SrcQPN: 3, DstQPN: 3})
+			if first := r.data(); len(first) == 0 || first[0].f.Data.Op != wire.OpReadResp {
+				t.Fatalf("sent %+v, want read data", first)
 			}
-			resp = true
-		}
-	}
-	if !resp {
-		t.Fatal("no RESP failed the read")
+			// Every segment is lost (the peer never answers); the application deregisters the
+			// region and reuses its memory.
+			r.advance(c.resetBefore)
+			r.data()
+			r.host.dereg = true
+			copy(r.host.mem, bytes.Repeat([]byte("new!"), seg))
+			r.advance(c.wait)
+			resps := map[[2]uint32]bool{} // (epoch, PSN) of each RESP for the read
+			for _, f := range r.data() {
+				switch d := f.f.Data; {
+				case d.Op == wire.OpReadResp && len(d.Payload) > 0:
+					t.Fatalf("read data sent after the dereg (epoch %d, PSN %d): %q...", f.h.TxEpoch, d.PSN, d.Payload[:min(8, len(d.Payload))])
+				case d.Op == wire.OpResp && d.MsgID == 9:
+					if efaio.Status(d.Status) != efaio.StatusRemoteBadAddress {
+						t.Fatalf("RESP status %d, want %d", d.Status, efaio.StatusRemoteBadAddress)
+					}
+					resps[[2]uint32{uint32(f.h.TxEpoch), d.PSN}] = true
+				}
+			}
+			perEpoch := map[uint32]int{}
+			for k := range resps {
+				perEpoch[k[0]]++
+			}
+			if len(resps) == 0 {
+				t.Fatal("no RESP failed the read")
+			}
+			for e, n := range perEpoch {
+				if n != 1 {
+					t.Errorf("%d RESPs for the read in epoch %d (%v), want one (sent again as often as need be)", n, e, resps)
+				}
+			}
+		})
 	}
 }
 
