@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -567,8 +566,8 @@ type result struct {
 	iters   int
 	errors  int
 	elapsed time.Duration
-	peak    float64         // bytes/s over the best window
-	lat     []time.Duration // one per iteration (latency tests)
+	peak    float64   // bytes/s over the best window
+	lat     latencies // (latency tests)
 }
 
 func (e *endpoint) runClient(o *perfOpts, sh *hello) (*result, error) {
@@ -583,9 +582,8 @@ func (e *endpoint) bandwidth(o *perfOpts, sh *hello) (*result, error) {
 	res := &result{test: o.test, size: o.size}
 	outstanding := make([]int, len(e.qps))
 	var posted int
-	window := max(o.iters/20, o.txDepth)
-	var times []time.Time
 	start := time.Now()
+	peak := newPeakMeter(max(o.iters/20, o.txDepth), start)
 	lastProgress := start
 	more := func() bool {
 		if o.duration > 0 {
@@ -623,7 +621,7 @@ func (e *endpoint) bandwidth(o *perfOpts, sh *hello) (*result, error) {
 				continue
 			}
 			res.iters++
-			times = append(times, now)
+			peak.add(now)
 		}
 		if err != nil {
 			res.elapsed = time.Since(start)
@@ -639,23 +637,8 @@ func (e *endpoint) bandwidth(o *perfOpts, sh *hello) (*result, error) {
 	if res.elapsed > time.Second {
 		fmt.Fprintln(os.Stderr)
 	}
-	res.peak = peakRate(times, start, window, o.size)
+	res.peak = peak.rate(o.size)
 	return res, nil
-}
-
-// peakRate is the best rate over any window of completions.
-func peakRate(times []time.Time, start time.Time, window, size int) float64 {
-	best := 0.0
-	for i := window; i < len(times); i += max(window/4, 1) {
-		d := times[i].Sub(times[i-window]).Seconds()
-		if d > 0 {
-			best = max(best, float64(window*size)/d)
-		}
-	}
-	if best == 0 && len(times) > 0 {
-		best = float64(len(times)*size) / times[len(times)-1].Sub(start).Seconds()
-	}
-	return best
 }
 
 // latency runs -n round trips one at a time: SEND ping-pong, RDMA write-with-immediate
@@ -720,7 +703,7 @@ func (e *endpoint) latency(o *perfOpts, sh *hello) (*result, error) {
 		if pong {
 			d /= 2
 		}
-		res.lat = append(res.lat, d)
+		res.lat.add(d)
 		res.iters++
 	}
 	res.elapsed = time.Since(start)
@@ -748,7 +731,7 @@ func (r *result) print(o *perfOpts) {
 		fmt.Fprintln(w, line)
 		return
 	}
-	s := summarize(r.lat)
+	s := r.lat.summary()
 	if o.json {
 		_ = json.NewEncoder(w).Encode(map[string]any{
 			"test": r.test, "size": r.size, "iterations": r.iters, "errors": r.errors,
@@ -764,30 +747,6 @@ func (r *result) print(o *perfOpts) {
 	fmt.Fprintf(w, " %-7d %-12d %-12.2f %-12.2f %-16.2f %-12.2f %-14.2f %-22.2f %.2f\n", r.size, r.iters, s.min, s.max,
 		s.p50, s.avg, s.stdev, s.p99, s.p999)
 	fmt.Fprintln(w, line)
-}
-
-type latSummary struct{ min, max, p50, p99, p999, avg, stdev float64 }
-
-// summarize gives latency figures in microseconds.
-func summarize(d []time.Duration) latSummary {
-	if len(d) == 0 {
-		return latSummary{}
-	}
-	us := make([]float64, len(d))
-	var sum float64
-	for i, x := range d {
-		us[i] = float64(x.Nanoseconds()) / 1e3
-		sum += us[i]
-	}
-	slices.Sort(us)
-	avg := sum / float64(len(us))
-	var v float64
-	for _, x := range us {
-		v += (x - avg) * (x - avg)
-	}
-	q := func(p float64) float64 { return us[min(int(math.Ceil(p*float64(len(us))))-1, len(us)-1)] }
-	return latSummary{min: us[0], max: us[len(us)-1], p50: q(0.5), p99: q(0.99), p999: q(0.999), avg: avg,
-		stdev: math.Sqrt(v / float64(len(us)))}
 }
 
 func parseAddr(s string) (netip.AddrPort, error) {

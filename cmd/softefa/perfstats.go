@@ -1,0 +1,102 @@
+package main
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+)
+
+// What perf reports is kept in memory that does not grow with the run: a bandwidth test of an
+// hour (-D 3600) holds what one of a second does.
+
+// peakMeter finds the best rate over any window of completions: every window/4 completions it
+// times the last window of them. It keeps only the last window+1 completion times.
+type peakMeter struct {
+	window, step int
+	ring         []time.Time // completion i is at ring[i%len(ring)]
+	n            int         // completions so far
+	start, last  time.Time
+	best         float64 // completions per second
+}
+
+func newPeakMeter(window int, start time.Time) *peakMeter {
+	window = max(window, 1)
+	return &peakMeter{window: window, step: max(window/4, 1), ring: make([]time.Time, window+1), start: start}
+}
+
+// add counts one completion at t.
+func (m *peakMeter) add(t time.Time) {
+	m.ring[m.n%len(m.ring)] = t
+	if m.n >= m.window && (m.n-m.window)%m.step == 0 {
+		if d := t.Sub(m.ring[(m.n-m.window)%len(m.ring)]).Seconds(); d > 0 {
+			m.best = max(m.best, float64(m.window)/d)
+		}
+	}
+	m.n++
+	m.last = t
+}
+
+// rate is the best rate in bytes a second for completions of size bytes; with fewer completions
+// than a window, the rate of all of them.
+func (m *peakMeter) rate(size int) float64 {
+	if m.best == 0 && m.n > 0 {
+		if d := m.last.Sub(m.start).Seconds(); d > 0 {
+			return float64(m.n*size) / d
+		}
+	}
+	return m.best * float64(size)
+}
+
+// maxLatSamples bounds the latencies kept for the percentiles (8 MiB).
+const maxLatSamples = 1 << 20
+
+// latencies keeps a latency test's figures: the count, least, greatest, mean and deviation
+// exactly, and for the percentiles every sample up to maxLatSamples, then a uniform random
+// sample of that many of all of them (reservoir sampling).
+type latencies struct {
+	n        int
+	min, max time.Duration
+	mean, m2 float64 // in µs (Welford's running mean and sum of squared deviations)
+	keep     []time.Duration
+	rng      *rand.Rand
+}
+
+// add records one latency.
+func (l *latencies) add(d time.Duration) {
+	l.n++
+	if l.n == 1 || d < l.min {
+		l.min = d
+	}
+	l.max = max(l.max, d)
+	us := float64(d.Nanoseconds()) / 1e3
+	delta := us - l.mean
+	l.mean += delta / float64(l.n)
+	l.m2 += delta * (us - l.mean)
+	switch {
+	case len(l.keep) < maxLatSamples:
+		l.keep = append(l.keep, d)
+	default:
+		if l.rng == nil {
+			l.rng = rand.New(rand.NewPCG(1, 2))
+		}
+		if i := l.rng.IntN(l.n); i < len(l.keep) {
+			l.keep[i] = d
+		}
+	}
+}
+
+type latSummary struct{ min, max, p50, p99, p999, avg, stdev float64 }
+
+// summary gives the figures in microseconds.
+func (l *latencies) summary() latSummary {
+	if l.n == 0 {
+		return latSummary{}
+	}
+	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+	s := slices.Clone(l.keep)
+	slices.Sort(s)
+	q := func(p float64) float64 { return us(s[min(int(math.Ceil(p*float64(len(s))))-1, len(s)-1)]) }
+	return latSummary{min: us(l.min), max: us(l.max), p50: q(0.5), p99: q(0.99), p999: q(0.999), avg: l.mean,
+		stdev: math.Sqrt(l.m2 / float64(l.n))}
+}
