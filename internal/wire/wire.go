@@ -360,6 +360,7 @@ func parseFrame(b []byte, f *Frame) error {
 		switch {
 		case d.Op > OpAbort, d.Flags&^(FlagImm|FlagUD) != 0, body[23] != 0,
 			noPayload && len(d.Payload) != 0,
+			d.Op == OpResp && d.Status == 0, // a RESP carries a failure: 0 would complete the request as a success
 			!noPayload && uint64(d.Offset)+uint64(len(d.Payload)) > uint64(d.Length):
 			return ErrFrame
 		}

@@ -127,6 +127,13 @@ func TestRejects(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
+	// A RESP answers a failure: one of status 0 would complete its request as a success.
+	if _, err := NextFrame(AppendData(nil, &Data{MsgID: 3, Op: OpResp, Status: 0}), new(Frame)); err != ErrFrame {
+		t.Errorf("RESP of status 0: %v", err)
+	}
+	if _, err := NextFrame(AppendData(nil, &Data{MsgID: 3, Op: OpResp, Status: 7}), new(Frame)); err != nil {
+		t.Errorf("RESP of status 7: %v", err)
+	}
 	ack := append([]byte{}, image[20+51:]...)
 	ack[len(ack)-5] = 1 // the last reserved byte, before the horizon
 	var f Frame
