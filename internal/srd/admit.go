@@ -81,15 +81,19 @@ func (p *peer) trusts(port, gidPort uint16) bool {
 func (t *Transport) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Header, frames []byte, n int, otherRun bool) *peer {
 	addr := config.AddrFromGID(gid, t.link.LocalAddr().Port())
 	f := &t.strangerFrame
-	var stateful bool
+	var stateful, cookieTried bool
 	for rest := frames; len(rest) > 0; {
 		var err error
 		if rest, err = wire.NextFrame(rest, f); err != nil {
 			t.counts.BadPackets.Add(1)
 			return nil
 		}
+		// Only a datagram's first COOKIE is checked: each check costs two hashes, and a
+		// datagram packed with cookies would cost hundreds.
+		firstCookie := f.Type == wire.TypeCookie && !cookieTried
+		cookieTried = cookieTried || f.Type == wire.TypeCookie
 		switch {
-		case f.Type == wire.TypeCookie && f.Ports.Has(src.Port()) && t.cookieOK(addr, f.Cookie):
+		case firstCookie && f.Ports.Has(src.Port()) && t.cookieOK(addr, f.Cookie):
 			if p == nil {
 				if p = t.peerFor(gid); p == nil {
 					t.counts.RxDrops.Add(1) // MaxPeers, none idle to give way

@@ -143,7 +143,7 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		t.resetTx(p, efaio.StatusRemoteAbort, resetBehind)
 	}
 	f := &t.frame // (not on the stack: the host's methods take pointers into it)
-	answered, challenged := false, false
+	answered, challenged, probed := false, false, false
 	for len(frames) > 0 {
 		if frames, err = wire.NextFrame(frames, f); err != nil {
 			t.counts.BadPackets.Add(1)
@@ -159,7 +159,13 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 				t.onAck(p, &f.Ack, h.TxEpoch, now)
 			}
 		case wire.TypeProbe:
-			t.commit(wire.AppendProbe(t.room(p, t.controlPath(p), wire.FrameHeaderSize+wire.ProbeSize), f.Nonce, true))
+			// One PROBE a datagram is answered (a sender probes each path in a datagram of its
+			// own): a datagram full of them would otherwise send as many PROBE_ACKs, each in a
+			// datagram of its own, to the peer whose endpoint the header names.
+			if !probed {
+				probed = true
+				t.commit(wire.AppendProbe(t.room(p, t.controlPath(p), wire.FrameHeaderSize+wire.ProbeSize), f.Nonce, true))
+			}
 		case wire.TypeProbeAck:
 			for i := range p.paths {
 				if ps := &p.paths[i]; ps.failed && ps.probeSent && ps.nonce == f.Nonce {

@@ -884,3 +884,48 @@ func TestTracePacketsStampedWhenSent(t *testing.T) {
 		t.Fatalf("sent %v again: a packet sent 10 µs before the one acknowledged counted lost", psns(again))
 	}
 }
+
+// wire.md "PROBE": a datagram packed with PROBEs gets one PROBE_ACK, not one datagram per PROBE
+// sent to the endpoint its header names.
+func TestTraceOneProbeAnsweredADatagram(t *testing.T) {
+	r := newTrace(t, 4, nil)
+	r.meet()
+	r.send(0, func(b []byte) []byte {
+		for i := range 50 {
+			b = wire.AppendProbe(b, uint32(100+i), false)
+		}
+		return b
+	})
+	if acks := r.take(wire.TypeProbeAck); len(acks) != 1 || acks[0].f.Nonce != 100 {
+		t.Fatalf("%d PROBE_ACKs, want one, of nonce 100", len(acks))
+	}
+}
+
+// wire.md "Address validation": only a datagram's first COOKIE is checked (each check costs two
+// hashes): a valid cookie behind an invalid one admits nothing, and gets a CHALLENGE.
+func TestTraceFirstCookieOnly(t *testing.T) {
+	r := newTrace(t, 1, nil)
+	r.send(0, func(b []byte) []byte { return wire.AppendAck(b, &wire.Ack{}) })
+	good := r.cookie
+	if good == 0 {
+		t.Fatal("no challenge to a peer never met")
+	}
+	r.take(wire.TypeChallenge)
+	r.cookie = 0
+	r.send(0, func(b []byte) []byte {
+		b = wire.AppendCookie(b, good^2, []uint16{tracePeer.Port()})
+		b = wire.AppendCookie(b, good, []uint16{tracePeer.Port()})
+		return wire.AppendAck(b, &wire.Ack{})
+	})
+	if len(r.tr.peers) != 0 || len(r.take(wire.TypeChallenge)) != 1 {
+		t.Fatalf("%d peers after a datagram whose first cookie is wrong, want 0 and a challenge", len(r.tr.peers))
+	}
+	r.send(0, func(b []byte) []byte {
+		b = wire.AppendCookie(b, good, []uint16{tracePeer.Port()})
+		b = wire.AppendCookie(b, good^2, []uint16{tracePeer.Port()})
+		return wire.AppendAck(b, &wire.Ack{})
+	})
+	if len(r.tr.peers) != 1 {
+		t.Fatalf("%d peers after a datagram whose first cookie is right, want 1", len(r.tr.peers))
+	}
+}
