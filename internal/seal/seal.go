@@ -6,9 +6,9 @@
 // with the first 13 bytes, the sender's IP address and the receiver's GID as additional data:
 // a sealed datagram authenticates only from the address that sent it and only at the device it
 // was sent to, so it cannot be replayed from anywhere else. The nonce is 4 random bytes drawn at
-// start and an 8-byte counter that starts at a random value and goes up by one per datagram, so
-// that no nonce repeats under one key within a run, and runs collide only with negligible
-// probability. A receiver keeps a Replay per sender: the latest salt with a window of Window
+// start (never 0) and an 8-byte counter that starts at a random value below 2^62 (so that it
+// never wraps) and goes up by one per datagram, so that no nonce repeats under one key within a
+// run, and runs collide only with negligible probability. A receiver keeps a Replay per sender: the latest salt with a window of Window
 // counters below the highest, and the salts the sender used before. The package neither
 // allocates per datagram nor keeps a reference to the buffers it is given.
 package seal
@@ -70,8 +70,10 @@ func New(key []byte, rng io.Reader) (*Sealer, error) {
 	}
 	var r [12]byte
 	_, _ = io.ReadFull(rng, r[:])
-	s := &Sealer{aead: aead, salt: binary.BigEndian.Uint32(r[:4])}
-	s.ctr.Store(binary.BigEndian.Uint64(r[4:]))
+	// The salt is never 0, which a Replay takes for "none known"; the counter starts below 2^62,
+	// so that it never wraps (a receiver compares counters as plain integers).
+	s := &Sealer{aead: aead, salt: max(binary.BigEndian.Uint32(r[:4]), 1)}
+	s.ctr.Store(binary.BigEndian.Uint64(r[4:]) >> 2)
 	return s, nil
 }
 

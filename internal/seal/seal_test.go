@@ -72,3 +72,27 @@ func TestSealBindsAddresses(t *testing.T) {
 type zeroReader struct{}
 
 func (zeroReader) Read(b []byte) (int, error) { clear(b); return len(b), nil }
+
+// A Sealer's salt is never 0 (a Replay's "none known") and its counter starts below 2^62, so
+// that it never wraps, whatever the random source gives.
+func TestSealerStartsSafe(t *testing.T) {
+	key := make([]byte, 32)
+	for _, fill := range []byte{0x00, 0xff} {
+		s, err := New(key, constReader(fill))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.salt == 0 || s.ctr.Load() >= 1<<62 {
+			t.Errorf("random bytes %#x: salt %#x, first counter %#x", fill, s.salt, s.ctr.Load())
+		}
+	}
+}
+
+type constReader byte
+
+func (c constReader) Read(b []byte) (int, error) {
+	for i := range b {
+		b[i] = byte(c)
+	}
+	return len(b), nil
+}
