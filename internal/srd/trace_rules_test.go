@@ -929,3 +929,36 @@ func TestTraceFirstCookieOnly(t *testing.T) {
 		t.Fatalf("%d peers after a datagram whose first cookie is right, want 1", len(r.tr.peers))
 	}
 }
+
+// security.md "Bounded state": a peer that sends READ_REQs and never acknowledges the read data
+// cannot grow the responder's queue without bound: past maxBacklog messages not yet sent, its
+// requests are refused unacknowledged (it sends them again once the stream drains).
+func TestTraceRequestsWaitForTheBacklog(t *testing.T) {
+	r := newTrace(t, 1, nil)
+	r.meet()
+	r.host.mem = make([]byte, 8)
+	drops := r.tr.counts.RxDrops.Load()
+	const reqs = maxBacklog + 2000
+	for sent := 0; sent < reqs; {
+		r.send(0, func(b []byte) []byte {
+			for range 100 {
+				d := wire.Data{Op: wire.OpReadReq, PSN: r.next, MsgID: r.next, Length: 8, SrcQPN: 3, DstQPN: 3}
+				r.next++
+				b = wire.AppendData(b, &d)
+			}
+			return b
+		})
+		sent += 100
+		r.data()
+	}
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	if q := len(p.tx.queue); q > maxBacklog {
+		t.Fatalf("%d messages queued for a peer that never acknowledges, want at most %d", q, maxBacklog)
+	}
+	if got := r.tr.counts.RxDrops.Load() - drops; got == 0 {
+		t.Fatal("no request refused past the backlog")
+	}
+	if psnLess(p.rx.cum, maxBacklog) {
+		t.Fatalf("cumulative point %d: requests below the backlog were refused", p.rx.cum)
+	}
+}
