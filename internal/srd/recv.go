@@ -117,10 +117,17 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 	// A sealed datagram of another run than the peer's current one (another salt) is taken only
 	// with a fresh cookie, as from a stranger: it may be a capture of an earlier run, and taken,
 	// it would pass for the peer's restart and make its salt the current one (docs/security.md).
-	if otherRun := p != nil && n != nil && p.replay.OtherRun(n.salt); p == nil || !p.trusts(from.Port(), h.SrcPort) || otherRun {
+	// A port the peer listed is its own only for the life that listed it: a new life (another
+	// source incarnation) lists its ports anew, from any port but its endpoint, so that a process
+	// that binds a port the peer's earlier life listed cannot pass for its restart.
+	otherRun := p != nil && n != nil && p.replay.OtherRun(n.salt)
+	newLife := p != nil && p.inc != 0 && h.SrcInc != p.inc && from.Port() != h.SrcPort
+	admitted := false
+	if p == nil || !p.trusts(from.Port(), h.SrcPort) || otherRun || newLife {
 		if p = t.admit(p, gid, from, &h, frames, pk.N, otherRun); p == nil {
 			return
 		}
+		admitted = true
 	}
 	if n != nil && !p.replay.Fresh(n.salt, n.ctr) {
 		t.counts.Replays.Add(1)
@@ -136,7 +143,11 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		return
 	}
 	if p.inc != 0 && h.SrcInc != p.inc {
+		ports := p.ports
 		t.resetPeer(p, efaio.StatusRemoteAbort, h.SrcInc) // the peer restarted
+		if admitted {
+			p.ports = ports // listed by the new life's cookie in this datagram
+		}
 	}
 	p.inc, p.heard, p.seen = h.SrcInc, true, now
 	if epochLess(p.tx.epoch, h.RxEpoch) {

@@ -962,3 +962,42 @@ func TestTraceRequestsWaitForTheBacklog(t *testing.T) {
 		t.Fatalf("cumulative point %d: requests below the backlog were refused", p.rx.cum)
 	}
 }
+
+// security.md "Source binding": a port the peer listed is trusted for the life that listed it. A
+// process that binds it after the peer exits and sends as the peer's next life (another source
+// incarnation) is challenged: nothing is delivered and the peer's state stays; the real next
+// life, from its endpoint, is taken.
+func TestTraceListedPortIsForOneLife(t *testing.T) {
+	r := newTrace(t, 1, nil)
+	r.send(0, func(b []byte) []byte { return wire.AppendAck(b, &wire.Ack{}) })
+	cookie := r.cookie
+	r.cookie = 0
+	r.take(wire.TypeChallenge)
+	listed := netip.AddrPortFrom(tracePeer.Addr(), 40000)
+	r.send(0, func(b []byte) []byte {
+		b = wire.AppendCookie(b, cookie, []uint16{tracePeer.Port(), listed.Port()})
+		return wire.AppendAck(b, &wire.Ack{})
+	})
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	if p == nil || !slices.Contains(p.ports, listed.Port()) {
+		t.Fatal("the cookie's ports are not trusted")
+	}
+	r.recv(5)
+	sendAs := func(from netip.AddrPort, inc uint32) {
+		h := wire.Header{SrcPort: tracePeer.Port(), SrcInc: inc, DstInc: r.tr.inc}
+		b := wire.AppendHeader(nil, &h)
+		b = wire.AppendData(b, &wire.Data{Op: wire.OpSend, Length: 4, DstQPN: 9, QKey: 0x77, Payload: []byte("evil")})
+		wire.PutChecksum(b)
+		r.f.Inject(from, traceDev, b)
+		r.drive()
+	}
+	sendAs(listed, 0xbad)
+	if cs := r.completions(); len(cs) != 0 || p.inc != r.inc || len(r.take(wire.TypeChallenge)) != 1 {
+		t.Fatalf("from a listed port as a new life: completions %+v, peer incarnation %#x (want %#x), want a challenge only",
+			cs, p.inc, r.inc)
+	}
+	sendAs(tracePeer, 0x600d)
+	if cs := r.completions(); len(cs) != 1 || p.inc != 0x600d {
+		t.Fatalf("the new life from its endpoint: completions %+v, peer incarnation %#x", cs, p.inc)
+	}
+}
