@@ -123,9 +123,10 @@ func (r *Replay) bit(c uint64) (*uint64, uint64) {
 	return &r.win[i/64], 1 << (i % 64)
 }
 
-// OtherRun reports whether salt is not the salt of the sender's run that r knows as current
-// (false before r knows any).
-func (r *Replay) OtherRun(salt uint32) bool { return r.salt != 0 && salt != r.salt }
+// OtherRun reports whether salt is not the salt of the sender's run that r knows as current,
+// or r knows none: the first datagram of a run may be a capture of an earlier one, and a
+// receiver takes it only with proof that it is new (a fresh cookie).
+func (r *Replay) OtherRun(salt uint32) bool { return salt != r.salt }
 
 // Fresh reports whether (salt, ctr) has not been seen from this sender, and records it.
 func (r *Replay) Fresh(salt uint32, ctr uint64) bool {
@@ -139,9 +140,12 @@ func (r *Replay) Fresh(salt uint32, ctr uint64) bool {
 			copy(r.old[1:], r.old[:])
 			r.old[0] = r.salt
 		}
-		r.salt, r.top, r.win = salt, ctr, [Window / 64]uint64{}
-		w, b := r.bit(ctr)
-		*w |= b
+		// Every counter up to the first one taken counts as seen: what the run sent before it
+		// cannot be told from a replay.
+		r.salt, r.top = salt, ctr
+		for i := range r.win {
+			r.win[i] = ^uint64(0)
+		}
 		return true
 	}
 	switch {

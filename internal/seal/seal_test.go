@@ -11,6 +11,9 @@ import (
 // and nothing older; a new salt starts afresh, an earlier one is a replay.
 func TestReplayWindow(t *testing.T) {
 	var r Replay
+	if !r.OtherRun(7) {
+		t.Fatal("a window that knows no run takes a salt as its current run's")
+	}
 	want := func(salt uint32, ctr uint64, fresh bool) {
 		t.Helper()
 		if got := r.Fresh(salt, ctr); got != fresh {
@@ -40,6 +43,8 @@ func TestReplayWindow(t *testing.T) {
 	want(7, 6000, true)  // passed over, never seen
 	want(8, 3, true)     // a new salt (the peer restarted)
 	want(8, 3, false)
+	want(8, 2, false) // sent before the first datagram taken of the run: not told from a replay
+	want(8, 4, true)
 	want(7, 7000, false) // the old salt again: a replay
 }
 
