@@ -47,9 +47,9 @@ type Device struct {
 	// CPU, up to the device's limit.
 	CompVectors int
 
-	MaxLLQSize      int // SQ ring bytes; default 256 KiB
+	MaxLLQSize      int // SQ ring bytes (≤ 2 MiB: 32768 WQEs); default 256 KiB
 	MaxSQWR         int // default 4096
-	MaxRQWR         int // RX descriptors per RQ; default 8192
+	MaxRQWR         int // RX descriptors per RQ (≤ 32768); default 8192
 	MaxSQSGE        int // default 2 (EFA_IO_TX_DESC_NUM_BUFS)
 	MaxRQSGE        int // default 2, at most MaxRQSGELimit
 	MaxSGERD        int // local SGEs in an RDMA op; default 1
@@ -267,6 +267,9 @@ func (c *Device) check() error {
 		return fmt.Errorf("config: MTU %d outside [64, 65536]: %w", c.MTU, syscall.EINVAL)
 	case c.MaxCQE > 1<<15:
 		return fmt.Errorf("config: MaxCQE %d over 32768 (CQ doorbells count 16 bits): %w", c.MaxCQE, syscall.EINVAL)
+	case c.MaxRQWR > 1<<15 || c.MaxLLQSize > 64<<15:
+		return fmt.Errorf("config: MaxRQWR %d or MaxLLQSize %d over 32768 entries (ring counters count 16 bits): %w",
+			c.MaxRQWR, c.MaxLLQSize, syscall.EINVAL)
 	case c.CompVectors < 1:
 		return fmt.Errorf("config: %d completion vectors: %w", c.CompVectors, syscall.EINVAL)
 	case c.MaxRQSGE > MaxRQSGELimit:

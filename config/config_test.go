@@ -35,14 +35,17 @@ func TestFillNone(t *testing.T) {
 	}
 }
 
-// Negative values are EINVAL where None is not offered, and CapsNone does not mix with caps.
-func TestFillRefusesNegative(t *testing.T) {
+// Negative values are EINVAL where None is not offered, CapsNone does not mix with caps, and rings
+// stop at 32768 entries.
+func TestFillRefusesOutOfRange(t *testing.T) {
 	for _, c := range []Device{
 		{InlineBufSize: -2},
 		{MinSQWR: -7},
 		{PollMin: -time.Millisecond},
 		{PollMax: -1},
 		{Caps: CapsNone | 1},
+		{MaxRQWR: 1 << 16}, // ring counters are 16 bits: a ring of 65536 could not tell full from empty
+		{MaxLLQSize: 128 << 16},
 	} {
 		if err := c.Fill(); !errors.Is(err, syscall.EINVAL) {
 			t.Errorf("Fill(%+v) = %v, want EINVAL", c, err)
