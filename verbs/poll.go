@@ -57,17 +57,15 @@ func (cq *CQ) poll(wc []WC) (int, error) {
 		cq.fill(&wc[n])
 		n++
 	}
-	if n > 0 || err != nil && err != errEmpty {
-		cq.ringConsumed()
-	}
 	if n == 0 && err != nil && err != errEmpty {
 		return 0, err
 	}
 	return n, nil
 }
 
-// next consumes the entry at the consumer index into cq.cur, cq.curUD and cq.wrid. Called with
-// the CQ lock held.
+// next consumes the entry at the consumer index into cq.cur, cq.curUD and cq.wrid, and reports
+// the new consumer count in the doorbell at once: a long StartPoll session or batch Poll does not
+// make the device find the ring full. Called with the CQ lock held.
 func (cq *CQ) next() error {
 	slot := cq.ring[int(uint32(cq.cc)&cq.mask)*efaio.CQESize:][:efaio.CQESize]
 	hdr := atomic.LoadUint32((*uint32)(unsafe.Pointer(&slot[0])))
@@ -78,17 +76,30 @@ func (cq *CQ) next() error {
 	if uint32(cq.cc)&cq.mask == 0 {
 		cq.phase ^= 1
 	}
+	err := cq.take(slot, hdr)
+	cq.ringConsumed() // after take: till then the device stays within a ring of the entry (before)
+	return err
+}
+
+// take decodes the entry just consumed, hdr being its header word, and settles it in its QP's
+// books.
+func (cq *CQ) take(slot []byte, hdr uint32) error {
 	c := &cq.cur
 	if err := efaio.CQE(slot).Decode(hdr, c); err != nil {
 		return cq.invalid("malformed CQE: %v", err)
 	}
-	var q qpRef
-	if g, ok := cq.graveFor(c.QPN, cq.cc-1); ok {
-		q = g // an entry of a destroyed QP, written before it went
-	} else if qp := cq.ctx.qps[c.QPN].Load(); qp != nil {
-		q = qp.ref()
-	} else {
-		return cq.invalid("CQE for unknown QP %d", c.QPN)
+	// The live books are read before the graves: a destroy or a reset buries the books it
+	// replaces before it replaces them, so an entry that misses the graves has the books read.
+	var live *qpRef
+	if qp := cq.ctx.qps[c.QPN].Load(); qp != nil {
+		live = qp.books.Load()
+	}
+	q, ok := cq.graveFor(c.QPN, cq.cc-1) // an entry written before its QP went or was reset
+	if !ok {
+		if live == nil {
+			return cq.invalid("CQE for unknown QP %d", c.QPN)
+		}
+		q = *live
 	}
 	cq.curUD = q.ud
 	switch {
@@ -121,28 +132,27 @@ type qpRef struct {
 	ud      bool
 }
 
-func (qp *QP) ref() qpRef {
-	return qpRef{sq: &qp.sq.wq, rq: &qp.rq.wq, reqID64: qp.sq.reqID64, ud: qp.typ == QPTUD}
-}
-
-// grave is a destroyed QP's request-id books, kept by each of its CQs until the consumer has
-// passed fence, the CQ's producer count when the QP went: the entries before it that name the QP
-// (its flush completions) are its own, the entries after it belong to whichever QP has the number
-// since. Nothing else of the QP is kept, and the grave goes once the consumer passes the fence.
+// grave is the request-id books of a destroyed QP, or of a QP's life before a move to RESET,
+// kept by each of its CQs until the consumer has passed fence, the CQ's producer count when the
+// QP went or was reset: the entries before it that name the QP (its flush completions, or those
+// of WRs posted before the reset) are its own, the entries after it belong to whichever QP, or
+// life of the QP, has the number since. Nothing else of the QP is kept, and the grave goes once
+// the consumer passes the fence.
 type grave struct {
 	qpRef
 	qpn   uint16
 	fence uint16
 }
 
-// bury keeps qp's books for the entries it left in cq below fence; nothing if there are none.
+// bury keeps qp's current books for the entries it left in cq below fence; nothing if there are
+// none.
 func (cq *CQ) bury(qp *QP, fence uint16) {
 	cq.graveMu.Lock()
 	defer cq.graveMu.Unlock()
-	if int16(fence-uint16(atomic.LoadUint32(cq.db))) <= 0 {
+	if !cq.before(uint16(atomic.LoadUint32(cq.db)), fence) {
 		return // the consumer has every entry the QP left
 	}
-	cq.graves = append(cq.graves, grave{qpRef: qp.ref(), qpn: uint16(qp.qpn), fence: fence})
+	cq.graves = append(cq.graves, grave{qpRef: *qp.books.Load(), qpn: uint16(qp.qpn), fence: fence})
 	cq.nGraves.Store(int32(len(cq.graves)))
 }
 
@@ -158,7 +168,7 @@ func (cq *CQ) graveFor(qpn uint16, pos uint16) (qpRef, bool) {
 	ok := false
 	keep := cq.graves[:0]
 	for _, g := range cq.graves { // in the order the QPs went: the oldest match first
-		if int16(g.fence-pos) <= 0 {
+		if !cq.before(pos, g.fence) {
 			continue // passed: every entry it left is consumed
 		}
 		keep = append(keep, g)
@@ -172,12 +182,45 @@ func (cq *CQ) graveFor(qpn uint16, pos uint16) (qpRef, bool) {
 	return found, ok
 }
 
+// produced returns the device's producer count, read from the ring: the first position, from the
+// consumer's on, whose slot the device has not written yet. Every entry written before the call
+// lies below it.
+func (cq *CQ) produced() uint16 {
+	p := uint16(atomic.LoadUint32(cq.db))
+	for {
+		for cq.holds(p) {
+			p++
+		}
+		// Not written yet, unless the consumer has passed p and the slot holds the next lap.
+		c := uint16(atomic.LoadUint32(cq.db))
+		if int(p-c) <= cq.depth {
+			return p
+		}
+		p = c
+	}
+}
+
+// holds reports whether the slot of position p holds the entry of that position.
+func (cq *CQ) holds(p uint16) bool {
+	hdr := atomic.LoadUint32((*uint32)(unsafe.Pointer(&cq.ring[int(uint32(p)&cq.mask)*efaio.CQESize])))
+	return efaio.PhaseOf(hdr) == 1^uint8(uint32(p)/uint32(cq.depth)&1) // phase 1 on the first lap
+}
+
+// before reports whether position pos comes before fence. A fence is never more than a ring
+// ahead of the positions it is compared with, nor a ring behind, and a ring is at most 2^15
+// entries: fence-pos is 1..depth when pos is before it, and 0 or above depth when not.
+func (cq *CQ) before(pos, fence uint16) bool {
+	d := fence - pos
+	return d != 0 && int(d) <= cq.depth
+}
+
 func (cq *CQ) invalid(format string, args ...any) error {
 	cq.bad.Add(1)
 	return fmt.Errorf("verbs: "+format+": %w", append(args, syscall.EINVAL)...)
 }
 
-// ringConsumed tells the device how many entries have been consumed (the CQ doorbell, arm clear).
+// ringConsumed tells the device how many entries have been consumed (the CQ doorbell: the
+// consumer count and cmd_sn, arm clear).
 func (cq *CQ) ringConsumed() {
 	atomic.StoreUint32(cq.db, efaio.CQDoorbell(cq.cc, uint8(cq.cmdSN.Load()), false))
 }
@@ -276,7 +319,6 @@ func (cq *CQ) StartPoll(attr PollCQAttr) error {
 		return syscall.ENOENT
 	}
 	if err != nil {
-		cq.ringConsumed()
 		cq.unlock()
 	}
 	return err
@@ -291,12 +333,9 @@ func (cq *CQ) NextPoll() error {
 	return err
 }
 
-// EndPoll ends an extended poll (ibv_end_poll): it tells the device what was consumed and
-// releases the CQ lock.
-func (cq *CQ) EndPoll() {
-	cq.ringConsumed()
-	cq.unlock()
-}
+// EndPoll ends an extended poll (ibv_end_poll): it releases the CQ lock. The device has been
+// told of each entry as StartPoll and NextPoll consumed it.
+func (cq *CQ) EndPoll() { cq.unlock() }
 
 // WRID returns the current completion's work request id (ibv_cq_ex.wr_id).
 func (cq *CQ) WRID() uint64 { return cq.wrid }

@@ -66,14 +66,16 @@ type QP struct {
 	userCtx  any
 	state    atomic.Int32 // recorded after each successful modify, as libefa's qp->state
 
-	sq sendQ
-	rq recvQ
-	ex *QPEx
+	sq    sendQ
+	rq    recvQ
+	books atomic.Pointer[qpRef] // the queues' current books, for polling
+	ex    *QPEx
 }
 
 // wq is the request-id bookkeeping of one work queue: libefa's wrid array and LIFO pool of free
 // indices. A device request id is index | generation<<log2(entries), so that a completion for a
-// QP that held this number before is recognised and dropped.
+// QP that held this number before is recognised and dropped. A queue has new books after each
+// move to RESET (QP.renew); the old ones stay with the completions they are owed.
 type wq struct {
 	wrid       []uint64
 	poolMu     sync.Mutex // guards pool, used and out: posting takes indices, polling returns them
@@ -101,6 +103,9 @@ func (w *wq) init(cnt uint32, gen uint16) {
 }
 
 func (w *wq) full() bool { return w.posted-w.completed.Load() >= w.cnt }
+
+// busy reports whether WRs are posted and not yet polled. Called with the queue's lock held.
+func (w *wq) busy() bool { return w.posted != w.completed.Load() }
 
 func (w *wq) get() uint16 {
 	w.poolMu.Lock()
@@ -154,8 +159,8 @@ func (w *wq) reset() {
 }
 
 type sendQ struct {
-	wq
-	mu       sync.Mutex // guards everything below and wq.posted
+	*wq                 // replaced by a move to RESET
+	mu       sync.Mutex // guards wq (the pointer and wq.posted) and everything below
 	ring     []byte
 	esz      int
 	mask     uint32
@@ -169,8 +174,8 @@ type sendQ struct {
 }
 
 type recvQ struct {
-	wq
-	mu     sync.Mutex // guards everything below and wq.posted
+	*wq               // replaced by a move to RESET
+	mu     sync.Mutex // guards wq (the pointer and wq.posted) and everything below
 	ring   []byte
 	mask   uint32 // descriptors - 1
 	db     *uint32
@@ -281,10 +286,9 @@ func (c *Context) createQP(attr *QPInitAttrEx, drv *provider.QPAttr) (*QP, error
 	qp.e, qp.qpn = e, e.QPN()
 	qp.sq = sendQ{ring: e.SQRing(), esz: wqeSize, mask: sqCnt - 1, db: e.SQDoorbell(), maxBatch: max(maxBatch, 1),
 		reqID64: cfg.RequestID64}
-	qp.sq.init(sqCnt, e.Gen())
 	qp.sq.sess.idx = make([]uint16, 0, sqCnt)
 	qp.rq = recvQ{ring: e.RQRing(), mask: rqDesc - 1, db: e.RQDoorbell(), maxSGE: int(recvSGE)}
-	qp.rq.init(rqCnt, e.Gen())
+	qp.newBooks(sqCnt, rqCnt)
 	if qp.sendOps != 0 {
 		qp.ex = &QPEx{qp: qp}
 	}
@@ -392,8 +396,9 @@ type QPAttr struct {
 // Modify changes the QP's state and attributes (ibv_modify_qp) under EFA's state table for SRD
 // QPs and IB's for UD QPs: EOPNOTSUPP for attributes EFA lacks, a port other than 1 or a pkey
 // index other than 0; EINVAL for a transition or attribute set the table refuses. Moving to
-// RESET empties both queues without completions; moving to ERR completes every outstanding WR
-// with WCWRFlushErr.
+// RESET empties both queues without completions (those already in a CQ are polled with their
+// own wr_ids, as WRs of the QP's life before the reset); moving to ERR completes every
+// outstanding WR with WCWRFlushErr.
 func (qp *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
 	a := engine.QPAttr{
 		State: int(attr.QPState), CurState: int(attr.CurQPState), EnSQDAsyncNotify: attr.EnSQDAsyncNotify,
@@ -413,11 +418,36 @@ func (qp *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
 	qp.state.Store(int32(attr.QPState))
 	if attr.QPState == QPSReset {
 		qp.sq.pc, qp.sq.rung = 0, 0
-		qp.sq.wq.reset()
 		qp.rq.pc = 0
-		qp.rq.wq.reset()
+		qp.renew()
 	}
 	return nil
+}
+
+// renew empties the request-id books after a move to RESET, with both queue locks held. WRs
+// posted and not yet polled may have completions in the CQs, which the device wrote before the
+// reset (it writes none after): then the old books are buried in the CQs, fenced at what the
+// device has written, and the queues get new ones. Those entries then complete their own WRs and
+// count against the old books, not against WRs posted after the reset, which may have the same
+// request id (the same index of a 16-bit id, any 64-bit wr_id).
+func (qp *QP) renew() {
+	if !qp.sq.busy() && !qp.rq.busy() {
+		qp.sq.reset()
+		qp.rq.reset()
+		return
+	}
+	qp.sendCQ.bury(qp, qp.sendCQ.produced())
+	qp.recvCQ.bury(qp, qp.recvCQ.produced())
+	qp.newBooks(qp.sq.cnt, qp.rq.cnt) // after the graves: polling reads the books before them (CQ.next)
+}
+
+// newBooks gives the queues empty request-id books for sq and rq WRs and publishes them for
+// polling.
+func (qp *QP) newBooks(sq, rq uint32) {
+	qp.sq.wq, qp.rq.wq = new(wq), new(wq)
+	qp.sq.init(sq, qp.e.Gen())
+	qp.rq.init(rq, qp.e.Gen())
+	qp.books.Store(&qpRef{sq: qp.sq.wq, rq: qp.rq.wq, reqID64: qp.sq.reqID64, ud: qp.typ == QPTUD})
 }
 
 // queryMask is what efa_query_qp answers; anything else is EOPNOTSUPP.

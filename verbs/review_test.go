@@ -1,7 +1,9 @@
 package verbs_test
 
 import (
+	"context"
 	"runtime"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -158,5 +160,137 @@ func TestQueueCountersWrap(t *testing.T) {
 	}
 	if a.cq.BadCompletions()+b.cq.BadCompletions() != 0 {
 		t.Fatalf("%d completions dropped", a.cq.BadCompletions()+b.cq.BadCompletions())
+	}
+}
+
+// A destroyed QP's completions are polled however full its CQ is: four UD QPs with 8192 receives
+// each fill a CQ of 32768 with flushes, and the last QP's fence is a whole ring (2^15, the
+// most-negative int16) ahead of the consumer. Its books used to be dropped as consumed already,
+// and its flushes polled as entries of an unknown QP (EINVAL).
+func TestFullCQKeepsDestroyedQPsCompletions(t *testing.T) {
+	f := newQPFixture(t, nil)
+	const nQP, nWR = 4, 8192
+	cq := must[*verbs.CQ](t)(f.ctx.CreateCQ(nQP*nWR, nil, nil, 0))
+	t.Cleanup(func() { check(t, cq.Destroy()) })
+	wrs := make([]verbs.RecvWR, nWR)
+	for q := range nQP {
+		qp := must[*verbs.QP](t)(f.pd.CreateQP(&verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, QPType: verbs.QPTUD,
+			Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: nWR, MaxSendSGE: 1, MaxRecvSGE: 1}}))
+		check(t, qp.Modify(&verbs.QPAttr{QPState: verbs.QPSInit, PortNum: 1, QKey: qkey},
+			verbs.QPAttrState|verbs.QPAttrPKeyIndex|verbs.QPAttrPort|verbs.QPAttrQKey))
+		for i := range wrs {
+			wrs[i].WRID = uint64(q*nWR + i)
+		}
+		_, err := qp.PostRecv(wrs)
+		check(t, err)
+		check(t, qp.Destroy())
+	}
+	seen := make([]bool, nQP*nWR)
+	wc := make([]verbs.WC, 1000)
+	for got := 0; got < len(seen); {
+		k, err := cq.Poll(wc)
+		if err != nil || k == 0 {
+			t.Fatalf("after %d of %d flushes: poll %d, %v", got, len(seen), k, err)
+		}
+		for _, c := range wc[:k] {
+			if c.Status != verbs.WCWRFlushErr || c.WRID >= uint64(len(seen)) || seen[c.WRID] {
+				t.Fatalf("completion %+v", c)
+			}
+			seen[c.WRID] = true
+		}
+		got += k
+	}
+	if cq.Overrun() || cq.BadCompletions() != 0 {
+		t.Fatalf("overrun %v, %d completions dropped", cq.Overrun(), cq.BadCompletions())
+	}
+}
+
+// One StartPoll session may go on for ever with little outstanding: each entry NextPoll takes is
+// reported in the doorbell at once, so the device does not find a CQ of 16 full at its 17th entry
+// (it used to see the session's first count until EndPoll, drop the entry and mark the CQ overrun).
+func TestLongPollSessionReportsConsumption(t *testing.T) {
+	a, b := newLoop(t, loopOpts{typ: verbs.QPTUD, cqe: 16})
+	await := func(poll func() error) {
+		t.Helper()
+		for {
+			err := poll()
+			if err == nil {
+				return
+			}
+			if !errorsIs(err, syscall.ENOENT) || a.cq.Overrun() {
+				t.Fatalf("poll: %v; CQ overrun %v", err, a.cq.Overrun())
+			}
+			runtime.Gosched()
+		}
+	}
+	a.send(0, b, 0, 8) // no receive at b: dropped there, a success here
+	await(func() error { return a.cq.StartPoll(verbs.PollCQAttr{}) })
+	for i := range uint64(3 * 16) {
+		if i > 0 {
+			a.send(i, b, 0, 8)
+			await(a.cq.NextPoll)
+		}
+		if a.cq.WRID() != i || a.cq.Status() != verbs.WCSuccess {
+			t.Fatalf("completion %d: wr_id %d status %v", i, a.cq.WRID(), a.cq.Status())
+		}
+	}
+	a.cq.EndPoll()
+}
+
+// A completion written before a QP went through RESET, and polled after, is the old WR's: it is
+// polled with its own wr_id and counts against neither queue of the QP's new life. In 64-bit
+// request-id mode it used to count as a completion of the emptied send queue, whose outstanding
+// count then wrapped (every later post ENOMEM); with 16-bit request ids it named the same index
+// and generation as the first WR posted after the reset, and completed that one early.
+func TestCompletionFromBeforeResetKeepsItsLife(t *testing.T) {
+	for _, id64 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "16-bit", true: "64-bit"}[id64], func(t *testing.T) {
+			a, b := newLoop(t, loopOpts{typ: verbs.QPTUD, cfg: func(c *config.Device) { c.RequestID64 = id64 }})
+			ch := must[*verbs.CompChannel](t)(a.ctx.CreateCompChannel())
+			t.Cleanup(func() { check(t, ch.Destroy()) })
+			cq := must[*verbs.CQ](t)(a.ctx.CreateCQ(64, nil, ch, 0))
+			t.Cleanup(func() { check(t, cq.Destroy()) })
+			qp := must[*verbs.QP](t)(a.pd.CreateQP(&verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, QPType: verbs.QPTUD,
+				Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}}))
+			t.Cleanup(func() { check(t, qp.Destroy()) })
+			toRTS := func() {
+				t.Helper()
+				check(t, qp.Modify(&verbs.QPAttr{QPState: verbs.QPSInit, PortNum: 1, QKey: qkey},
+					verbs.QPAttrState|verbs.QPAttrPKeyIndex|verbs.QPAttrPort|verbs.QPAttrQKey))
+				check(t, qp.Modify(&verbs.QPAttr{QPState: verbs.QPSRTR}, verbs.QPAttrState))
+				check(t, qp.Modify(&verbs.QPAttr{QPState: verbs.QPSRTS, SQPSN: 1}, verbs.QPAttrState|verbs.QPAttrSQPSN))
+			}
+			send := func(wrid uint64) error {
+				_, err := qp.PostSend([]verbs.SendWR{{WRID: wrid, SGList: []verbs.SGE{a.mr.SGE(0, 8)}, Opcode: verbs.WRSend,
+					SendFlags: verbs.SendSignaled, AH: a.ah, RemoteQPN: b.qp.QPN(), RemoteQKey: qkey}})
+				return err
+			}
+			toRTS()
+			check(t, cq.ReqNotify(false))
+			check(t, send(7)) // no receive at b: a success here
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			must[*verbs.CQ](t)(ch.GetCQEvent(ctx)) // its completion is in the ring, not polled
+			cq.AckEvents(1)
+
+			check(t, qp.Modify(&verbs.QPAttr{QPState: verbs.QPSReset}, verbs.QPAttrState))
+			toRTS()
+			check(t, send(8))
+			for i, wc := range waitWC(t, cq, 2) {
+				wantWC(t, wc, uint64(7+i), verbs.WCSuccess, verbs.WCSend)
+			}
+			for i := range uint64(16) { // a whole queue, and the next one ENOMEM
+				if err := send(100 + i); err != nil {
+					t.Fatalf("post %d of 16: %v", i+1, err)
+				}
+			}
+			wantErrno(t, send(116), syscall.ENOMEM)
+			for i, wc := range waitWC(t, cq, 16) {
+				wantWC(t, wc, uint64(100+i), verbs.WCSuccess, verbs.WCSend)
+			}
+			if cq.BadCompletions() != 0 {
+				t.Fatalf("%d completions dropped", cq.BadCompletions())
+			}
+		})
 	}
 }
