@@ -583,7 +583,7 @@ func (e *endpoint) bandwidth(o *perfOpts, sh *hello) (*result, error) {
 	outstanding := make([]int, len(e.qps))
 	var posted int
 	start := time.Now()
-	peak := newPeakMeter(max(o.iters/20, o.txDepth), start)
+	peak := newPeakMeter(max(o.iters/20, o.txDepth), o.txDepth*len(e.qps), start)
 	lastProgress := start
 	more := func() bool {
 		if o.duration > 0 {
@@ -592,6 +592,7 @@ func (e *endpoint) bandwidth(o *perfOpts, sh *hello) (*result, error) {
 		return posted < o.iters
 	}
 	for more() || slices.ContainsFunc(outstanding, func(n int) bool { return n > 0 }) {
+		postedAt := time.Now() // (one clock read for the round's posts)
 		for i, qp := range e.qps {
 			for outstanding[i] < o.txDepth && more() {
 				err := e.post(qp, uint64(i), sh.QPNs[i], func(x *verbs.QPEx) {
@@ -610,6 +611,7 @@ func (e *endpoint) bandwidth(o *perfOpts, sh *hello) (*result, error) {
 				}
 				outstanding[i]++
 				posted++
+				peak.posted(postedAt)
 			}
 		}
 		wcs, err := e.poll(o.timeout)

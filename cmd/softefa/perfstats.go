@@ -10,26 +10,36 @@ import (
 // What perf reports is kept in memory that does not grow with the run: a bandwidth test of an
 // hour (-D 3600) holds what one of a second does.
 
-// peakMeter finds the best rate over any window of completions: every window/4 completions it
-// times the last window of them. It keeps only the last window+1 completion times.
+// peakMeter finds the best rate over any window of messages, as perftest does: every window/4
+// completions it takes the time from the posting of the window's first message to the completion
+// of its last, so that completions that come together (after a loss held them back) do not read
+// as a rate no link has. It keeps only the last window+outstanding post times and the count.
 type peakMeter struct {
 	window, step int
-	ring         []time.Time // completion i is at ring[i%len(ring)]
-	n            int         // completions so far
+	posts        []time.Time // post i is at posts[i%len(posts)]
+	np, n        int         // messages posted, completed
 	start, last  time.Time
-	best         float64 // completions per second
+	best         float64 // messages per second
 }
 
-func newPeakMeter(window int, start time.Time) *peakMeter {
+// newPeakMeter makes a meter of window messages for a sender that keeps at most outstanding
+// messages posted and not completed.
+func newPeakMeter(window, outstanding int, start time.Time) *peakMeter {
 	window = max(window, 1)
-	return &peakMeter{window: window, step: max(window/4, 1), ring: make([]time.Time, window+1), start: start}
+	return &peakMeter{window: window, step: max(window/4, 1), posts: make([]time.Time, window+max(outstanding, 1)),
+		start: start}
+}
+
+// posted counts one message posted at t.
+func (m *peakMeter) posted(t time.Time) {
+	m.posts[m.np%len(m.posts)] = t
+	m.np++
 }
 
 // add counts one completion at t.
 func (m *peakMeter) add(t time.Time) {
-	m.ring[m.n%len(m.ring)] = t
-	if m.n >= m.window && (m.n-m.window)%m.step == 0 {
-		if d := t.Sub(m.ring[(m.n-m.window)%len(m.ring)]).Seconds(); d > 0 {
+	if first := m.n - m.window + 1; first >= 0 && first%m.step == 0 && first < m.np {
+		if d := t.Sub(m.posts[first%len(m.posts)]).Seconds(); d > 0 {
 			m.best = max(m.best, float64(m.window)/d)
 		}
 	}
@@ -37,7 +47,7 @@ func (m *peakMeter) add(t time.Time) {
 	m.last = t
 }
 
-// rate is the best rate in bytes a second for completions of size bytes; with fewer completions
+// rate is the best rate in bytes a second for messages of size bytes; with fewer completions
 // than a window, the rate of all of them.
 func (m *peakMeter) rate(size int) float64 {
 	if m.best == 0 && m.n > 0 {

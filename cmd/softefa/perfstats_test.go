@@ -8,35 +8,55 @@ import (
 	"time"
 )
 
-// The peak meter finds the same best window as timing every window/4-th window of the whole list
-// of completion times, which it no longer keeps.
-func TestPeakMeterMatchesWholeList(t *testing.T) {
+// The peak meter finds the same best window as perftest's rule applied to the whole run (the
+// window's messages over the time from its first one's post to its last one's completion), which
+// it no longer keeps; and completions that come together do not make a peak of them.
+func TestPeakMeterMatchesWholeRun(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
-	for _, window := range []int{1, 3, 50, 128} {
+	for _, c := range []struct{ window, depth int }{{1, 1}, {3, 8}, {50, 128}, {128, 64}} {
 		start := time.Unix(1000, 0)
-		m := newPeakMeter(window, start)
-		var times []time.Time
+		m := newPeakMeter(c.window, c.depth, start)
+		var posts, dones []time.Time
 		now := start
-		for range 5000 {
+		for len(dones) < 5000 {
+			for len(posts)-len(dones) < c.depth {
+				posts = append(posts, now)
+				m.posted(now)
+			}
 			now = now.Add(time.Duration(rng.IntN(20_000)) * time.Nanosecond)
-			times = append(times, now)
-			m.add(now)
+			for k := rng.IntN(c.depth) + 1; k > 0 && len(dones) < len(posts); k-- { // a batch
+				dones = append(dones, now)
+				m.add(now)
+			}
 		}
 		want := 0.0
-		for i := window; i < len(times); i += max(window/4, 1) {
-			if d := times[i].Sub(times[i-window]).Seconds(); d > 0 {
-				want = max(want, float64(window*64)/d)
+		for first := 0; first+c.window-1 < len(dones); first += max(c.window/4, 1) {
+			if d := dones[first+c.window-1].Sub(posts[first]).Seconds(); d > 0 {
+				want = max(want, float64(c.window*64)/d)
 			}
 		}
 		if got := m.rate(64); got != want {
-			t.Errorf("window %d: peak %v, want %v", window, got, want)
+			t.Errorf("window %d depth %d: peak %v, want %v", c.window, c.depth, got, want)
 		}
-		if len(m.ring) != window+1 {
-			t.Errorf("window %d: %d times kept, want %d", window, len(m.ring), window+1)
+		if len(m.posts) != c.window+c.depth {
+			t.Errorf("window %d depth %d: %d times kept", c.window, c.depth, len(m.posts))
 		}
 	}
+	// 128 completions at one instant, after 1 ms: 128 messages a millisecond, not infinitely many.
+	start := time.Unix(0, 0)
+	m := newPeakMeter(128, 128, start)
+	for range 128 {
+		m.posted(start)
+	}
+	for range 128 {
+		m.add(start.Add(time.Millisecond))
+	}
+	if got := m.rate(1); got != 128e3 {
+		t.Errorf("128 completions together after 1 ms: %v a second, want 128000", got)
+	}
 	// Fewer completions than a window: the rate of them all.
-	m := newPeakMeter(100, time.Unix(0, 0))
+	m = newPeakMeter(100, 1, time.Unix(0, 0))
+	m.posted(time.Unix(0, 0))
 	m.add(time.Unix(2, 0))
 	if got := m.rate(1000); got != 500 {
 		t.Errorf("one completion after 2 s: %v B/s, want 500", got)
