@@ -29,6 +29,9 @@ func CreateCQLen(ctx *verbs.Context, attr *verbs.CQInitAttrEx, efa *CQInitAttr, 
 	if inlen <= 8 {
 		return nil, errInlen("create_cq", inlen, 8)
 	}
+	if ctx == nil || attr == nil || efa == nil {
+		return nil, errNil("create_cq", "context or attributes")
+	}
 	if efa.CompMask != 0 {
 		return nil, fmt.Errorf("efadv: comp_mask %#x: %w", efa.CompMask, syscall.EINVAL)
 	}
@@ -96,6 +99,9 @@ func QueryCQ(cq *verbs.CQ) (CQAttr, error) { return QueryCQLen(cq, SizeofCQAttr)
 func QueryCQLen(cq *verbs.CQ, inlen int) (CQAttr, error) {
 	if inlen <= 20 {
 		return CQAttr{}, errInlen("query_cq", inlen, 20)
+	}
+	if cq == nil {
+		return CQAttr{}, errNil("query_cq", "CQ")
 	}
 	buf, esz, n, db := cqRing(cq)
 	a := CQAttr{Buffer: buf, EntrySize: uint32(esz), NumEntries: uint32(n)}

@@ -16,7 +16,8 @@
 // RingDoorbell, which has no libefa counterpart, has the device look at a queue at once after a
 // program stored its doorbell itself.
 //
-// Errors are Go errors that match the errno libefa returns: errors.Is(err, syscall.EINVAL).
+// Errors are Go errors that match the errno libefa returns: errors.Is(err, syscall.EINVAL). A nil
+// pointer argument, which would crash libefa, is EINVAL.
 package efadv
 
 import (
@@ -126,6 +127,11 @@ func errInlen(fn string, inlen, min int) error {
 	return fmt.Errorf("efadv: %s inlen %d, need more than %d: %w", fn, inlen, min, syscall.EINVAL)
 }
 
+// errNil is the error for a nil argument: EINVAL.
+func errNil(fn, arg string) error {
+	return fmt.Errorf("efadv: %s with a nil %s: %w", fn, arg, syscall.EINVAL)
+}
+
 // DeviceAttr is struct efadv_device_attr.
 type DeviceAttr struct {
 	CompMask        uint64
@@ -149,6 +155,9 @@ func QueryDevice(ctx *verbs.Context) (DeviceAttr, error) {
 func QueryDeviceLen(ctx *verbs.Context, inlen int) (DeviceAttr, error) {
 	if inlen <= 22 {
 		return DeviceAttr{}, errInlen("query_device", inlen, 22)
+	}
+	if ctx == nil {
+		return DeviceAttr{}, errNil("query_device", "context")
 	}
 	d := contextConfig(ctx)
 	a := DeviceAttr{
@@ -181,6 +190,9 @@ func QueryAHLen(ah *verbs.AH, inlen int) (AHAttr, error) {
 	if inlen <= 8 {
 		return AHAttr{}, errInlen("query_ah", inlen, 8)
 	}
+	if ah == nil {
+		return AHAttr{}, errNil("query_ah", "AH")
+	}
 	return AHAttr{AHN: ahn(ah)}, nil
 }
 
@@ -201,6 +213,9 @@ func QueryMR(mr *verbs.MR) (MRAttr, error) { return QueryMRLen(mr, SizeofMRAttr)
 func QueryMRLen(mr *verbs.MR, inlen int) (MRAttr, error) {
 	if inlen <= 14 {
 		return MRAttr{}, errInlen("query_mr", inlen, 14)
+	}
+	if mr == nil {
+		return MRAttr{}, errNil("query_mr", "MR")
 	}
 	return MRAttr{}, nil
 }
@@ -229,6 +244,8 @@ func CreateQPExLen(ctx *verbs.Context, attr *verbs.QPInitAttrEx, efa *QPInitAttr
 	switch {
 	case inlen <= 8:
 		return nil, errInlen("create_qp_ex", inlen, 8)
+	case ctx == nil || attr == nil || efa == nil:
+		return nil, errNil("create_qp_ex", "context or attributes")
 	case attr.QPType != verbs.QPTDriver:
 		return nil, fmt.Errorf("efadv: QP type %d, want IBV_QPT_DRIVER: %w", attr.QPType, syscall.EINVAL)
 	case efa.CompMask != 0:
@@ -252,6 +269,9 @@ func CreateQPExLen(ctx *verbs.Context, attr *verbs.QPInitAttrEx, efa *QPInitAttr
 // CreateDriverQP creates a QP of driverQPType in pd (efadv_create_driver_qp): attr.QPType must be
 // verbs.QPTDriver (EINVAL); the rounded queue sizes are written back into attr.Cap.
 func CreateDriverQP(pd *verbs.PD, attr *verbs.QPInitAttr, driverQPType DriverQPType) (*verbs.QP, error) {
+	if pd == nil || attr == nil {
+		return nil, errNil("create_driver_qp", "PD or attributes")
+	}
 	if attr.QPType != verbs.QPTDriver {
 		return nil, fmt.Errorf("efadv: QP type %d, want IBV_QPT_DRIVER: %w", attr.QPType, syscall.EINVAL)
 	}
@@ -297,6 +317,9 @@ func QueryQPWQsLen(qp *verbs.QP, inlen int) (sq, rq WQAttr, err error) {
 	if inlen <= 32 {
 		return WQAttr{}, WQAttr{}, errInlen("query_qp_wqs", inlen, 32)
 	}
+	if qp == nil {
+		return WQAttr{}, WQAttr{}, errNil("query_qp_wqs", "QP")
+	}
 	s, r := qpWQs(qp)
 	sq = WQAttr{Buffer: s.Buffer, EntrySize: uint32(s.EntrySize), NumEntries: uint32(s.NumEntries),
 		Doorbell: s.Doorbell, MaxBatch: uint32(s.MaxBatch)}
@@ -311,8 +334,14 @@ func QueryQPWQsLen(qp *verbs.QP, inlen int) (sq, rq WQAttr, err error) {
 // RingDoorbell stores v into one of qp's doorbells (the SQ's or the RQ's, as QueryQPWQs reports
 // them) and has the device look at the queue at once. It has no libefa counterpart: on EFA
 // hardware a plain store is the doorbell; here a plain atomic store works too, but the device
-// notices it only at its next doorbell poll. EINVAL when db is not one of qp's doorbells.
-func RingDoorbell(qp *verbs.QP, db *uint32, v uint32) error { return ringDoorbell(qp, db, v) }
+// notices it only at its next doorbell poll. EINVAL for a nil or destroyed qp, or when db is not
+// one of qp's doorbells.
+func RingDoorbell(qp *verbs.QP, db *uint32, v uint32) error {
+	if qp == nil {
+		return errNil("ring_doorbell", "QP")
+	}
+	return ringDoorbell(qp, db, v)
+}
 
 // SQDepthAttr is struct efadv_sq_depth_attr.
 type SQDepthAttr struct {
@@ -327,6 +356,9 @@ type SQDepthAttr struct {
 // the LLQ size over the WQE size (128 bytes for inline data over 32 or INLINE_WRITE), rounded down
 // to a power of two. EINVAL for a non-zero CompMask or needs over the device's limits.
 func GetMaxSQDepth(ctx *verbs.Context, attr SQDepthAttr) (int, error) {
+	if ctx == nil {
+		return 0, errNil("get_max_sq_depth", "context")
+	}
 	d := contextConfig(ctx)
 	switch {
 	case attr.CompMask != 0:
@@ -360,6 +392,9 @@ type RQDepthAttr struct {
 // (efadv_get_max_rq_depth). EINVAL for a non-zero CompMask, more SGEs than the device takes, or
 // zero SGEs (where libefa would divide by zero).
 func GetMaxRQDepth(ctx *verbs.Context, attr RQDepthAttr) (int, error) {
+	if ctx == nil {
+		return 0, errNil("get_max_rq_depth", "context")
+	}
 	d := contextConfig(ctx)
 	switch {
 	case attr.CompMask != 0:

@@ -39,6 +39,8 @@ type CQ struct {
 	wrid  uint64
 	bad   atomic.Uint64 // CQEs dropped as invalid
 
+	polling atomic.Bool // a StartPoll session is open (the lock is held): EndPoll ends it
+
 	graveMu sync.Mutex // guards graves: destroyed QPs' books, until their entries are consumed
 	graves  []grave
 	nGraves atomic.Int32
@@ -59,19 +61,24 @@ type CQInitAttrEx struct {
 }
 
 // CreateCQ creates a CQ of at least cqe entries (ibv_create_cq), rounded up to a power of two.
+// compVector must be below the device's completion vectors (config.Device.CompVectors), else
+// EINVAL.
 func (c *Context) CreateCQ(cqe int, cqContext any, ch *CompChannel, compVector int) (*CQ, error) {
 	return c.CreateCQEx(&CQInitAttrEx{CQE: cqe, CQContext: cqContext, Channel: ch, CompVector: compVector})
 }
 
 // CreateCQEx creates an extended CQ (ibv_create_cq_ex) with libefa's checks: EOPNOTSUPP for a
-// comp_mask, wc_flags or flags EFA lacks; EINVAL for a parent domain (EFA CQs take none here) or
-// an entry count outside [1, max_cqe].
+// comp_mask, wc_flags or flags EFA lacks; EINVAL for a nil attr, a parent domain (EFA CQs take
+// none here), a completion vector outside [0, num_comp_vectors) or an entry count outside
+// [1, max_cqe].
 func (c *Context) CreateCQEx(attr *CQInitAttrEx) (*CQ, error) {
 	return c.createCQ(attr, false, false)
 }
 
 func (c *Context) createCQ(attr *CQInitAttrEx, sgid, unsolicited bool) (*CQ, error) {
 	switch {
+	case c == nil || attr == nil:
+		return nil, fmt.Errorf("verbs: create CQ with a nil context or attributes: %w", syscall.EINVAL)
 	case attr.CompMask&^(CQInitAttrPD|CQInitAttrFlags) != 0:
 		return nil, fmt.Errorf("verbs: CQ comp_mask %#x: %w", attr.CompMask, syscall.EOPNOTSUPP)
 	case attr.WCFlags&^WCStandardFlags != 0:
@@ -82,6 +89,8 @@ func (c *Context) createCQ(attr *CQInitAttrEx, sgid, unsolicited bool) (*CQ, err
 		return nil, fmt.Errorf("verbs: CQ parent domain not supported: %w", syscall.EINVAL)
 	case attr.Channel != nil && attr.Channel.ctx != c:
 		return nil, fmt.Errorf("verbs: completion channel of another context: %w", syscall.EINVAL)
+	case attr.CompVector < 0 || attr.CompVector >= c.cfg.CompVectors: // as the kernel's create_cq
+		return nil, fmt.Errorf("verbs: completion vector %d outside [0, %d): %w", attr.CompVector, c.cfg.CompVectors, syscall.EINVAL)
 	}
 	if err := c.hold(); err != nil {
 		return nil, err
@@ -196,14 +205,18 @@ func (c *Context) CreateCompChannel() (*CompChannel, error) {
 	return &CompChannel{ctx: c, sig: make(chan struct{}, 1)}, nil
 }
 
-// Destroy destroys the channel (ibv_destroy_comp_channel): EBUSY while CQs use it.
+// Destroy destroys the channel (ibv_destroy_comp_channel): EBUSY while CQs use it, EINVAL once
+// destroyed.
 func (ch *CompChannel) Destroy() error {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.closed {
+		return fmt.Errorf("verbs: completion channel already destroyed: %w", syscall.EINVAL)
+	}
 	if n := ch.refs.Load(); n > 0 {
 		return fmt.Errorf("verbs: completion channel used by %d CQs: %w", n, syscall.EBUSY)
 	}
-	ch.mu.Lock()
 	ch.closed = true
-	ch.mu.Unlock()
 	ch.ctx.release()
 	return nil
 }

@@ -48,8 +48,8 @@
 // receive queue has another, taken by PostRecv. Each CQ has a lock taken by Poll and held from
 // StartPoll until EndPoll (not taken for a CQ created with CreateCQSingleThreaded). The request-id
 // pools have a small lock of their own, since posting takes ids and polling returns them. Modify
-// takes both queue locks. Control calls (create, modify, destroy) may run concurrently with the
-// data path; the device serialises them with its own work.
+// and QP.Destroy take both queue locks. Control calls (create, modify, destroy) may run
+// concurrently with the data path; the device serialises them with its own work.
 //
 // The device's goroutines (its engine loop and, on a network, its receive loop) and the posting
 // and polling goroutines that do its work inline all do it under the device's own lock and never
@@ -65,5 +65,8 @@
 // events are unacknowledged. An inline send through PostSend reads its SGEs through the
 // registered regions of the context, so an SGE outside every region is EINVAL rather than a
 // stray memory read. ToQPEx of a QP created without send-ops flags is EOPNOTSUPP where C returns
-// NULL. ReadSLID is 16 bits wide, as WC.SLID is (C widens it to 32).
+// NULL. ReadSLID is 16 bits wide, as WC.SLID is (C widens it to 32). Where C would crash or
+// corrupt state, Go returns EINVAL: a nil argument (or nil QP to post on), a call on a destroyed
+// QP, a second Destroy (Dealloc, Dereg) of an object, a send through an AH of another PD than the
+// QP's. EndPoll without an open StartPoll session does nothing.
 package verbs

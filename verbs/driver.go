@@ -62,8 +62,11 @@ func (qp *QP) driverWQs() (sq, rq provider.WQ) {
 }
 
 // ringDoorbell stores v into one of the QP's doorbells and wakes the device at once; EINVAL when
-// db is not one of them.
+// db is not one of them or the QP is destroyed.
 func (qp *QP) ringDoorbell(db *uint32, v uint32) error {
+	if qp.dead.Load() {
+		return qp.errDead("ring doorbell")
+	}
 	if db != qp.sq.db && db != qp.rq.db {
 		return fmt.Errorf("verbs: not a doorbell of QP %d: %w", qp.qpn, syscall.EINVAL)
 	}

@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"fmt"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -162,17 +163,20 @@ type AHAttr struct {
 
 // AH is an address handle (struct ibv_ah).
 type AH struct {
-	pd *PD
-	e  *engine.AH
+	pd   *PD
+	e    *engine.AH
+	dead atomic.Bool // destroyed: the engine AH (shared by the PD's AHs for its GID) is not ours
 }
 
-// CreateAH creates an address handle for attr.GRH.DGID (ibv_create_ah). EINVAL without a global
-// route, for a port other than 1, or for the zero GID.
+// CreateAH creates an address handle for attr.GRH.DGID (ibv_create_ah). EINVAL for a nil attr,
+// without a global route, for a port other than 1, or for the zero GID.
 func (pd *PD) CreateAH(attr *AHAttr) (*AH, error) {
 	switch {
+	case pd == nil || attr == nil:
+		return nil, fmt.Errorf("verbs: create AH with a nil PD or attributes: %w", syscall.EINVAL)
 	case !attr.IsGlobal:
 		return nil, fmt.Errorf("verbs: EFA address handles need a global route (IsGlobal): %w", syscall.EINVAL)
-	case attr.PortNum > 1:
+	case attr.PortNum != 1:
 		return nil, fmt.Errorf("verbs: port %d; the device has port 1 only: %w", attr.PortNum, syscall.EINVAL)
 	}
 	if err := pd.ctx.hold(); err != nil {
@@ -194,8 +198,13 @@ func (ah *AH) PD() *PD { return ah.pd }
 
 // Destroy destroys the AH (ibv_destroy_ah). Work requests still naming it complete with a local
 // QP operation error (EFA status INVALID_AH) unless another AH in the PD has the same GID.
+// Destroying it again is EINVAL.
 func (ah *AH) Destroy() error {
+	if !ah.dead.CompareAndSwap(false, true) {
+		return fmt.Errorf("verbs: AH already destroyed: %w", syscall.EINVAL)
+	}
 	if err := ah.pd.ctx.e.DestroyAH(ah.e); err != nil {
+		ah.dead.Store(false)
 		return err
 	}
 	ah.pd.ctx.release()

@@ -320,8 +320,10 @@ func (cq *CQ) StartPoll(attr PollCQAttr) error {
 	}
 	if err != nil {
 		cq.unlock()
+		return err
 	}
-	return err
+	cq.polling.Store(true)
+	return nil
 }
 
 // NextPoll moves to the next completion (ibv_next_poll): ENOENT when there is none.
@@ -334,8 +336,13 @@ func (cq *CQ) NextPoll() error {
 }
 
 // EndPoll ends an extended poll (ibv_end_poll): it releases the CQ lock. The device has been
-// told of each entry as StartPoll and NextPoll consumed it.
-func (cq *CQ) EndPoll() { cq.unlock() }
+// told of each entry as StartPoll and NextPoll consumed it. Without a session open (StartPoll
+// failed or was not called, or EndPoll was already called) it does nothing.
+func (cq *CQ) EndPoll() {
+	if cq.polling.Swap(false) {
+		cq.unlock()
+	}
+}
 
 // WRID returns the current completion's work request id (ibv_cq_ex.wr_id).
 func (cq *CQ) WRID() uint64 { return cq.wrid }

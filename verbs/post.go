@@ -29,14 +29,17 @@ type RecvWR struct {
 
 // PostSend posts send work requests (ibv_post_send). As in libefa it takes SEND and SEND_WITH_IMM
 // only (RDMA goes through QPEx), every WR must be signaled, and it fails with EINVAL outside RTS
-// and SQD, for other flags or opcodes, too many SGEs or too much inline data, and with ENOMEM
-// when the send queue is full — a slot frees only when its completion is polled. On failure it
-// returns the index of the WR that failed; the WRs before it are posted. The doorbell is rung
-// every max_batch WQEs and at the end.
+// and SQD, on a destroyed (or nil) QP, for other flags or opcodes, an AH of another PD, too many
+// SGEs or too much inline data, and with ENOMEM when the send queue is full — a slot frees only
+// when its completion is polled. On failure it returns the index of the WR that failed; the WRs
+// before it are posted. The doorbell is rung every max_batch WQEs and at the end.
 //
 // The doorbell stores are made under the send queue's lock; the device is woken after it is
 // released (Ring may do the device's work, and send, on this goroutine).
 func (qp *QP) PostSend(wrs []SendWR) (int, error) {
+	if qp == nil {
+		return 0, fmt.Errorf("verbs: post send on a nil QP: %w", syscall.EINVAL)
+	}
 	sq := &qp.sq
 	sq.mu.Lock()
 	start := sq.rung
@@ -51,6 +54,9 @@ func (qp *QP) PostSend(wrs []SendWR) (int, error) {
 
 func (qp *QP) postSends(wrs []SendWR) (int, error) {
 	sq := &qp.sq
+	if qp.dead.Load() {
+		return 0, qp.errDead("post send")
+	}
 	for i := range wrs {
 		if err := qp.postOne(&wrs[i]); err != nil {
 			qp.ringSQ()
@@ -77,6 +83,9 @@ func (qp *QP) postOne(wr *SendWR) error {
 	}
 	if wr.AH == nil {
 		return fmt.Errorf("verbs: send WR without an AH: %w", syscall.EINVAL)
+	}
+	if wr.AH.pd != qp.pd { // the device looks the AH number up in the QP's PD
+		return fmt.Errorf("verbs: send WR with an AH of another PD: %w", syscall.EINVAL)
 	}
 	s := &qp.sq.sess
 	var d efaio.TxDesc
@@ -173,10 +182,14 @@ func (qp *QP) ringSQ() {
 }
 
 // PostRecv posts receive work requests (ibv_post_recv): one 16-byte descriptor per SGE (an empty
-// WR gets one empty descriptor). It fails with EINVAL in RESET and ERR or for more SGEs than
-// max_recv_sge, and with ENOMEM when the receive queue holds max_recv_wr WRs not yet polled. On
-// failure it returns the index of the WR that failed; the doorbell is rung either way.
+// WR gets one empty descriptor). It fails with EINVAL in RESET and ERR, on a destroyed (or nil)
+// QP, or for more SGEs than max_recv_sge, and with ENOMEM when the receive queue holds
+// max_recv_wr WRs not yet polled. On failure it returns the index of the WR that failed; the
+// doorbell is rung either way.
 func (qp *QP) PostRecv(wrs []RecvWR) (int, error) {
+	if qp == nil {
+		return 0, fmt.Errorf("verbs: post receive on a nil QP: %w", syscall.EINVAL)
+	}
 	rq := &qp.rq
 	rq.mu.Lock()
 	n, err := qp.postRecvs(wrs)
@@ -188,6 +201,9 @@ func (qp *QP) PostRecv(wrs []RecvWR) (int, error) {
 
 func (qp *QP) postRecvs(wrs []RecvWR) (int, error) {
 	rq := &qp.rq
+	if qp.dead.Load() {
+		return 0, qp.errDead("post receive")
+	}
 	if st := qp.State(); st == QPSReset || st == QPSErr {
 		return 0, fmt.Errorf("verbs: post receive in state %v: %w", st, syscall.EINVAL)
 	}

@@ -65,6 +65,7 @@ type QP struct {
 	drv      provider.QPAttr
 	userCtx  any
 	state    atomic.Int32 // recorded after each successful modify, as libefa's qp->state
+	dead     atomic.Bool  // destroyed: set by Destroy with both queue locks held
 
 	sq    sendQ
 	rq    recvQ
@@ -186,6 +187,9 @@ type recvQ struct {
 // CreateQP creates a UD QP in pd (ibv_create_qp) and writes the rounded queue sizes back into
 // attr.Cap. Other QP types are EOPNOTSUPP; SRD QPs come from package efadv.
 func (pd *PD) CreateQP(attr *QPInitAttr) (*QP, error) {
+	if pd == nil || attr == nil {
+		return nil, fmt.Errorf("verbs: create QP with a nil PD or attributes: %w", syscall.EINVAL)
+	}
 	ex := pd.exAttr(attr)
 	qp, err := pd.ctx.createQP(&ex, nil)
 	attr.Cap = ex.Cap
@@ -194,6 +198,9 @@ func (pd *PD) CreateQP(attr *QPInitAttr) (*QP, error) {
 
 // createDriverQP is PD.CreateQP with EFA's driver attributes, for efadv_create_driver_qp.
 func (pd *PD) createDriverQP(attr *QPInitAttr, drv *provider.QPAttr) (*QP, error) {
+	if pd == nil || attr == nil {
+		return nil, fmt.Errorf("verbs: create QP with a nil PD or attributes: %w", syscall.EINVAL)
+	}
 	ex := pd.exAttr(attr)
 	qp, err := pd.ctx.createQP(&ex, drv)
 	attr.Cap = ex.Cap
@@ -214,6 +221,9 @@ func (c *Context) CreateQPEx(attr *QPInitAttrEx) (*QP, error) { return c.createQ
 // createQP is libefa's create_qp: its checks in its order, then the queue sizing, then the
 // device's create command. drv is nil for ibv_create_qp(_ex), the EFA part for efadv's.
 func (c *Context) createQP(attr *QPInitAttrEx, drv *provider.QPAttr) (*QP, error) {
+	if c == nil || attr == nil {
+		return nil, fmt.Errorf("verbs: create QP with a nil context or attributes: %w", syscall.EINVAL)
+	}
 	cfg := &c.cfg
 	var d provider.QPAttr
 	if drv != nil {
@@ -398,8 +408,11 @@ type QPAttr struct {
 // index other than 0; EINVAL for a transition or attribute set the table refuses. Moving to
 // RESET empties both queues without completions (those already in a CQ are polled with their
 // own wr_ids, as WRs of the QP's life before the reset); moving to ERR completes every
-// outstanding WR with WCWRFlushErr.
+// outstanding WR with WCWRFlushErr. A nil attr or a destroyed QP is EINVAL.
 func (qp *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
+	if attr == nil {
+		return fmt.Errorf("verbs: modify QP with nil attributes: %w", syscall.EINVAL)
+	}
 	a := engine.QPAttr{
 		State: int(attr.QPState), CurState: int(attr.CurQPState), EnSQDAsyncNotify: attr.EnSQDAsyncNotify,
 		PKeyIndex: attr.PKeyIndex, Port: attr.PortNum, QKey: attr.QKey, SQPSN: attr.SQPSN,
@@ -409,6 +422,9 @@ func (qp *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
 	defer qp.sq.mu.Unlock()
 	qp.rq.mu.Lock()
 	defer qp.rq.mu.Unlock()
+	if qp.dead.Load() {
+		return qp.errDead("modify")
+	}
 	if err := qp.ctx.e.ModifyQP(qp.e, &a, int(mask)); err != nil {
 		return err
 	}
@@ -455,8 +471,11 @@ const queryMask = QPAttrState | QPAttrPKeyIndex | QPAttrPort | QPAttrQKey | QPAt
 
 // Query returns the QP's attributes (ibv_query_qp): state, qkey, SQ PSN, RNR retry, port 1, pkey
 // index 0, SQ draining, and the queue sizes as rounded at creation. A mask beyond those is
-// EOPNOTSUPP.
+// EOPNOTSUPP; a destroyed QP is EINVAL.
 func (qp *QP) Query(mask QPAttrMask) (QPAttr, QPInitAttr, error) {
+	if qp.dead.Load() {
+		return QPAttr{}, QPInitAttr{}, qp.errDead("query")
+	}
 	if mask&^queryMask != 0 {
 		return QPAttr{}, QPInitAttr{}, fmt.Errorf("verbs: query mask %#x: %w", mask&^queryMask, syscall.EOPNOTSUPP)
 	}
@@ -472,11 +491,21 @@ func (qp *QP) Query(mask QPAttrMask) (QPAttr, QPInitAttr, error) {
 }
 
 // Destroy destroys the QP (ibv_destroy_qp) in any state. Work requests still outstanding complete
-// with WCWRFlushErr; those completions can still be polled from the QP's CQs.
+// with WCWRFlushErr; those completions can still be polled from the QP's CQs. It takes both
+// queue locks (waiting for a post or a QPEx session under way); afterwards every post, QPEx
+// session, Modify, Query and a second Destroy are EINVAL.
 func (qp *QP) Destroy() error {
+	qp.sq.mu.Lock()
+	defer qp.sq.mu.Unlock()
+	qp.rq.mu.Lock()
+	defer qp.rq.mu.Unlock()
+	if qp.dead.Load() {
+		return qp.errDead("destroy")
+	}
 	if err := qp.ctx.e.DestroyQP(qp.e); err != nil {
 		return err
 	}
+	qp.dead.Store(true)
 	// The flush completions the device just wrote are matched through the CQs' graves; the
 	// number is free for the next QP, and nothing of this one stays reachable from the context.
 	sendFence, recvFence := qp.e.Fences()
@@ -485,6 +514,12 @@ func (qp *QP) Destroy() error {
 	qp.ctx.qps[qp.qpn].CompareAndSwap(qp, nil)
 	qp.ctx.release()
 	return nil
+}
+
+// errDead is the error of an operation on a destroyed QP: EINVAL, as libibverbs gives for a
+// handle the kernel no longer knows.
+func (qp *QP) errDead(op string) error {
+	return fmt.Errorf("verbs: %s on destroyed QP %d: %w", op, qp.qpn, syscall.EINVAL)
 }
 
 func roundPow2(n uint32) uint32 {

@@ -53,7 +53,9 @@ func (qp *QP) ToQPEx() (*QPEx, error) {
 // QP returns the QP.
 func (x *QPEx) QP() *QP { return x.qp }
 
-// WRStart begins a session (ibv_wr_start).
+// WRStart begins a session (ibv_wr_start). On a destroyed QP the session fails: WRComplete
+// returns EINVAL. WRStart waits while another goroutine's session is open (as ibv_wr_start spins
+// on the SQ lock); a goroutine must not call it again before its own WRComplete or WRAbort.
 func (x *QPEx) WRStart() {
 	sq := &x.qp.sq
 	sq.mu.Lock()
@@ -61,6 +63,9 @@ func (x *QPEx) WRStart() {
 	s.active, s.err, s.open = true, nil, false
 	s.pc, s.phase, s.posted = sq.pc, sq.phase, sq.posted
 	s.idx = s.idx[:0]
+	if x.qp.dead.Load() {
+		s.err = x.qp.errDead("QPEx session")
+	}
 }
 
 // WRComplete posts the session (ibv_wr_complete), or rolls it back and returns the first error.
@@ -205,6 +210,7 @@ func (x *QPEx) current() *efaio.TxDesc {
 }
 
 // WRSetUDAddr sets the destination (ibv_wr_set_ud_addr): the AH, the remote QP number and qkey.
+// A nil AH or one of another PD than the QP's fails the session with EINVAL.
 func (x *QPEx) WRSetUDAddr(ah *AH, remoteQPN, remoteQKey uint32) {
 	c := x.current()
 	if c == nil {
@@ -212,6 +218,10 @@ func (x *QPEx) WRSetUDAddr(ah *AH, remoteQPN, remoteQKey uint32) {
 	}
 	if ah == nil {
 		x.fail(fmt.Errorf("verbs: nil AH: %w", syscall.EINVAL))
+		return
+	}
+	if ah.pd != x.qp.pd { // the device looks the AH number up in the QP's PD
+		x.fail(fmt.Errorf("verbs: AH of another PD: %w", syscall.EINVAL))
 		return
 	}
 	c.AHN, c.DestQPN, c.QKey = ah.e.AHN(), uint16(remoteQPN), remoteQKey
