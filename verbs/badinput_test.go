@@ -296,3 +296,16 @@ func TestCQVectorAndAHPort(t *testing.T) {
 	check(t, must[*verbs.AH](t)(pd.CreateAH(&verbs.AHAttr{IsGlobal: true, GRH: verbs.GlobalRoute{DGID: verbs.GID{15: 1}},
 		PortNum: 1})).Destroy())
 }
+
+// Acknowledging more completion events than were got, or a negative number, acknowledges at
+// most those got: the CQ can still be destroyed (it stayed EBUSY for ever).
+func TestAckEventsBounded(t *testing.T) {
+	a, _ := newLoop(t, loopOpts{})
+	cq, err := a.ctx.CreateCQ(16, nil, nil, 0)
+	check(t, err)
+	cq.AckEvents(-3)
+	cq.AckEvents(10)
+	if err := cq.Destroy(); err != nil {
+		t.Fatalf("destroy after acknowledging events never got: %v", err)
+	}
+}

@@ -165,8 +165,18 @@ func (cq *CQ) ReqNotify(solicitedOnly bool) error {
 	return nil
 }
 
-// AckEvents acknowledges n completion events of this CQ (ibv_ack_cq_events).
-func (cq *CQ) AckEvents(n int) { cq.acks.Add(uint64(n)) }
+// AckEvents acknowledges n completion events of this CQ (ibv_ack_cq_events): at most the events
+// got and not yet acknowledged, none for n ≤ 0, so that acknowledging too many cannot leave the
+// CQ busy for ever (Destroy waits for every event got to be acknowledged).
+func (cq *CQ) AckEvents(n int) {
+	for n > 0 {
+		a := cq.acks.Load()
+		k := min(uint64(n), cq.events.Load()-a)
+		if k == 0 || cq.acks.CompareAndSwap(a, a+k) {
+			return
+		}
+	}
+}
 
 // Overrun reports whether the device lost a completion because the CQ was full.
 func (cq *CQ) Overrun() bool { return cq.e.Overrun() }
