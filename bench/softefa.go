@@ -30,7 +30,7 @@ func (softefaTransport) name() string { return "softefa" }
 const (
 	benchQKey = 0x11111
 	sfDepth   = 256  // sends in flight
-	sfRecvs   = 1024 // receives posted
+	sfRecvs   = 4096 // receives posted
 )
 
 type sfSide struct {
