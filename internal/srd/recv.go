@@ -38,9 +38,10 @@ type rxStream struct {
 // past it (each held message keeps a receive WR or an RDMA write's state).
 const maxInbound = maxCwnd + 64
 
-// maxBacklog bounds the messages our stream to one peer holds not yet sent before the peer's
-// requests wait (onData): each READ_REQ queues its read data, and a SEND or WRITE that fails its
-// RESP. An honest peer's requests are only delayed; the queue is at most about 4 MB.
+// maxBacklog bounds the answers (read data, RESPs) our stream to one peer holds not yet sent
+// before the peer's requests wait (onData): each READ_REQ queues its read data, and a SEND or
+// WRITE that fails its RESP. An honest peer's requests are only delayed; the answers take at most
+// about 4 MB.
 const maxBacklog = 4 * maxCwnd
 
 // Inbox is what a goroutine receiving for the device reuses for every batch: Pkts to receive
@@ -232,11 +233,12 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 		return
 	case r.seen.has(psn):
 		return // a duplicate
-	case f.Op <= wire.OpWrite && len(p.tx.queue) >= maxBacklog:
+	case f.Op <= wire.OpWrite && p.tx.answers >= maxBacklog:
 		// A request that may need an answer (read data, a RESP) while our stream to the peer
-		// holds maxBacklog messages not yet sent: refused, unacknowledged, until the stream
-		// drains (the peer sends it again), so that a peer that asks and never acknowledges
-		// cannot grow our queue without bound.
+		// holds maxBacklog answers not yet sent: refused, unacknowledged, until they drain (the
+		// peer sends it again), so that a peer that asks and never acknowledges cannot grow our
+		// queue without bound. Only answers count: with our own requests queued too, two
+		// devices that each queue many for the other would refuse each other's for ever.
 		t.counts.RxDrops.Add(1)
 		return
 	}

@@ -86,6 +86,7 @@ type txStream struct {
 	rto        time.Duration
 	progress   time.Duration // last time the peer acknowledged something, or the stream was idle
 	queue      []*Msg        // messages with segments not yet sent, in order
+	answers    int           // those of them that answer the peer (Msg.answer; onData's backlog)
 	retx       []uint32      // PSNs counted lost, to send again
 	reqs       map[uint32]*Msg
 	waiting    []*Msg // requests acknowledged whole, waiting for the peer's horizon (settle)
@@ -112,11 +113,25 @@ type txStream struct {
 	hznEpoch               uint16 // and the epoch of the peer's stream it is in
 }
 
+// answer reports whether m answers the peer (read data, a RESP) rather than being ours.
+func (m *Msg) answer() bool { return m.kind == kindResp || m.kind == kindReadResp }
+
+// dequeued notes that the queue has let go of m (every segment sent).
+func (s *txStream) dequeued(m *Msg) {
+	m.inQueue = false
+	if m.answer() {
+		s.answers--
+	}
+}
+
 // queued counts m's segments into the stream; a RESP moves the horizon our ACKs carry
 // (wire.Ack.Horizon) past it, so that every failure we have answered lies below the horizon.
 func (s *txStream) queued(m *Msg) {
 	m.inQueue = true
 	s.unsent += m.nseg
+	if m.answer() {
+		s.answers++
+	}
 	if m.kind == kindResp {
 		s.respEnd, s.resp = s.next+s.unsent, true
 	}
@@ -296,7 +311,7 @@ func (t *Transport) pump(p *peer) {
 		m := s.queue[done]
 		if m.sent == m.nseg {
 			done++ // cut short by cancel: it may go to the free list now that the queue lets go
-			m.inQueue = false
+			s.dequeued(m)
 			t.release(m)
 			continue
 		}
@@ -319,7 +334,7 @@ func (t *Transport) pump(p *peer) {
 		}
 		if m.sent == m.nseg {
 			done++
-			m.inQueue = false
+			s.dequeued(m)
 		}
 	}
 	n := copy(s.queue, s.queue[done:])

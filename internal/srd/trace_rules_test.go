@@ -952,8 +952,9 @@ func TestTraceRequestsWaitForTheBacklog(t *testing.T) {
 		r.data()
 	}
 	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
-	if q := len(p.tx.queue); q > maxBacklog {
-		t.Fatalf("%d messages queued for a peer that never acknowledges, want at most %d", q, maxBacklog)
+	if q := len(p.tx.queue); q > maxBacklog || p.tx.answers != q {
+		t.Fatalf("%d messages queued (%d counted answers) for a peer that never acknowledges, want at most %d",
+			q, p.tx.answers, maxBacklog)
 	}
 	if got := r.tr.counts.RxDrops.Load() - drops; got == 0 {
 		t.Fatal("no request refused past the backlog")
@@ -999,5 +1000,33 @@ func TestTraceListedPortIsForOneLife(t *testing.T) {
 	sendAs(tracePeer, 0x600d)
 	if cs := r.completions(); len(cs) != 1 || p.inc != 0x600d {
 		t.Fatalf("the new life from its endpoint: completions %+v, peer incarnation %#x", cs, p.inc)
+	}
+}
+
+// The backlog counts only answers: a device with more than maxBacklog requests of its own queued
+// to a peer still takes the peer's requests (two devices that each queue many for the other
+// would otherwise refuse each other's for ever).
+func TestTraceOwnRequestsAreNoBacklog(t *testing.T) {
+	r := newTrace(t, 1, nil)
+	r.meet()
+	gid := config.GIDFromAddr(tracePeer)
+	r.tr.Use(r.q, r.f.Now())
+	for i := range maxBacklog + 100 {
+		req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 8, NSrc: 1}
+		req.Src[0] = r.buf[:8]
+		if _, st := r.tr.Request(gid, &req, uint16(i)); st != efaio.StatusOK {
+			t.Fatalf("request %d: status %d", i, st)
+		}
+	}
+	r.tr.Flush(r.q)
+	p := r.tr.peers[gid]
+	if len(p.tx.queue) < maxBacklog {
+		t.Fatalf("%d of our requests queued, want at least %d", len(p.tx.queue), maxBacklog)
+	}
+	drops := r.tr.counts.RxDrops.Load()
+	r.host.mem = make([]byte, 8)
+	r.peerData(wire.Data{Op: wire.OpReadReq, MsgID: 1, Length: 8, SrcQPN: 3, DstQPN: 3})
+	if r.tr.counts.RxDrops.Load() != drops || p.rx.cum != r.next {
+		t.Fatalf("the peer's READ_REQ was refused behind our own %d requests", len(p.tx.queue))
 	}
 }
