@@ -618,12 +618,12 @@ func (e *endpoint) bandwidth(o *perfOpts, sh *hello) (*result, error) {
 		now := time.Now()
 		for _, wc := range wcs {
 			outstanding[wc.WRID]--
+			peak.add(now) // every completion, as every post is counted
 			if wc.Status != verbs.WCSuccess {
 				res.errors++
 				continue
 			}
 			res.iters++
-			peak.add(now)
 		}
 		if err != nil {
 			res.elapsed = time.Since(start)
