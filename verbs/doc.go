@@ -48,7 +48,8 @@
 // receive queue has another, taken by PostRecv. Each CQ has a lock taken by Poll and held from
 // StartPoll until EndPoll (not taken for a CQ created with CreateCQSingleThreaded). The request-id
 // pools have a small lock of their own, since posting takes ids and polling returns them. Modify
-// and QP.Destroy take both queue locks. Control calls (create, modify, destroy) may run
+// and QP.Destroy take both queue locks (so a goroutine must end its own QPEx session before it
+// destroys the QP, or the Destroy waits for ever). Control calls (create, modify, destroy) may run
 // concurrently with the data path; the device serialises them with its own work.
 //
 // The device's goroutines (its engine loop and, on a network, its receive loop) and the posting
