@@ -1,24 +1,14 @@
 package efadv_test
 
 import (
-	"fmt"
 	"syscall"
 	"testing"
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efadv"
+	"github.com/softefa/softefa/internal/testkit"
 	"github.com/softefa/softefa/verbs"
 )
-
-// noPanic runs f and reports a panic as an error, so that a table goes on past it.
-func noPanic(f func() error) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("panic: %v", r)
-		}
-	}()
-	return f()
-}
 
 // Nil arguments are EINVAL, not a panic.
 func TestEfadvNilArguments(t *testing.T) {
@@ -62,7 +52,7 @@ func TestEfadvNilArguments(t *testing.T) {
 			return err
 		}},
 	} {
-		t.Run(c.name, func(t *testing.T) { wantErrno(t, noPanic(c.f), syscall.EINVAL) })
+		t.Run(c.name, func(t *testing.T) { wantErrno(t, testkit.NoPanic(c.f), syscall.EINVAL) })
 	}
 }
 

@@ -8,21 +8,12 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efadv"
+	"github.com/softefa/softefa/internal/testkit"
 	"github.com/softefa/softefa/verbs"
 )
 
 // Regression tests for calls with bad input: destroyed objects, objects of another PD, nil
 // arguments, out-of-range numbers. Each must fail with its errno, not panic, and change nothing.
-
-// noPanic runs f and reports a panic as an error, so that a table goes on past it.
-func noPanic(f func() error) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("panic: %v", r)
-		}
-	}()
-	return f()
-}
 
 // After QP.Destroy every post, QPEx session, Modify, Query, doorbell and a second Destroy is
 // EINVAL (they were accepted, and the WRs never completed).
@@ -66,7 +57,7 @@ func TestDestroyedQPRefusesEverything(t *testing.T) {
 		{"RingDoorbell", func() error { return efadv.RingDoorbell(qp, sq.Doorbell, 1) }},
 		{"Destroy", qp.Destroy},
 	} {
-		t.Run(c.name, func(t *testing.T) { wantErrno(t, noPanic(c.f), syscall.EINVAL) })
+		t.Run(c.name, func(t *testing.T) { wantErrno(t, testkit.NoPanic(c.f), syscall.EINVAL) })
 	}
 	a.empty() // nothing was posted
 }
@@ -184,7 +175,7 @@ func TestDestroyTwice(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			check(t, c.destroy())
-			wantErrno(t, noPanic(c.destroy), syscall.EINVAL)
+			wantErrno(t, testkit.NoPanic(c.destroy), syscall.EINVAL)
 		})
 	}
 	// ah2 still holds the device AH: a new AH for the GID gets its number.
@@ -270,7 +261,7 @@ func TestNilArguments(t *testing.T) {
 		{"PostSend nil QP", func() error { _, err := nilQP.PostSend([]verbs.SendWR{{}}); return err }},
 		{"PostRecv nil QP", func() error { _, err := nilQP.PostRecv([]verbs.RecvWR{{}}); return err }},
 	} {
-		t.Run(c.name, func(t *testing.T) { wantErrno(t, noPanic(c.f), syscall.EINVAL) })
+		t.Run(c.name, func(t *testing.T) { wantErrno(t, testkit.NoPanic(c.f), syscall.EINVAL) })
 	}
 }
 

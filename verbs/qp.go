@@ -418,13 +418,10 @@ func (qp *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
 		PKeyIndex: attr.PKeyIndex, Port: attr.PortNum, QKey: attr.QKey, SQPSN: attr.SQPSN,
 		RNRRetry: attr.RNRRetry,
 	}
-	qp.sq.mu.Lock()
-	defer qp.sq.mu.Unlock()
-	qp.rq.mu.Lock()
-	defer qp.rq.mu.Unlock()
-	if qp.dead.Load() {
-		return qp.errDead("modify")
+	if err := qp.lockQueues("modify"); err != nil {
+		return err
 	}
+	defer qp.unlockQueues()
 	if err := qp.ctx.e.ModifyQP(qp.e, &a, int(mask)); err != nil {
 		return err
 	}
@@ -495,13 +492,10 @@ func (qp *QP) Query(mask QPAttrMask) (QPAttr, QPInitAttr, error) {
 // queue locks (waiting for a post or a QPEx session under way); afterwards every post, QPEx
 // session, Modify, Query and a second Destroy are EINVAL.
 func (qp *QP) Destroy() error {
-	qp.sq.mu.Lock()
-	defer qp.sq.mu.Unlock()
-	qp.rq.mu.Lock()
-	defer qp.rq.mu.Unlock()
-	if qp.dead.Load() {
-		return qp.errDead("destroy")
+	if err := qp.lockQueues("destroy"); err != nil {
+		return err
 	}
+	defer qp.unlockQueues()
 	if err := qp.ctx.e.DestroyQP(qp.e); err != nil {
 		return err
 	}
@@ -518,6 +512,23 @@ func (qp *QP) Destroy() error {
 
 // errDead is the error of an operation on a destroyed QP: EINVAL, as libibverbs gives for a
 // handle the kernel no longer knows.
+// lockQueues takes both queue locks, the send queue's first (the order Modify and Destroy
+// share), for op; on a destroyed QP it takes none and returns EINVAL.
+func (qp *QP) lockQueues(op string) error {
+	qp.sq.mu.Lock()
+	qp.rq.mu.Lock()
+	if qp.dead.Load() {
+		qp.unlockQueues()
+		return qp.errDead(op)
+	}
+	return nil
+}
+
+func (qp *QP) unlockQueues() {
+	qp.rq.mu.Unlock()
+	qp.sq.mu.Unlock()
+}
+
 func (qp *QP) errDead(op string) error {
 	return fmt.Errorf("verbs: %s on destroyed QP %d: %w", op, qp.qpn, syscall.EINVAL)
 }

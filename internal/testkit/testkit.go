@@ -5,6 +5,7 @@ package testkit
 
 import (
 	"errors"
+	"fmt"
 	"syscall"
 	"testing"
 
@@ -74,4 +75,14 @@ func Must[T any](t testing.TB) func(T, error) T {
 		}
 		return v
 	}
+}
+
+// NoPanic runs f and reports a panic as an error, so that a table of calls goes on past it.
+func NoPanic(f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return f()
 }
