@@ -32,6 +32,7 @@ type CQ struct {
 	overrun bool // sticky: an entry was lost because the ring was full
 	armed   bool // latched by ArmCQ
 	firedSN int  // cmd_sn of the doorbell that armed the last event
+	recheck bool // on Device.recheck: an entry was written without an event
 	notify  func()
 	owner   any
 	dead    bool
@@ -152,9 +153,18 @@ func (d *Device) DestroyCQ(cq *CQ) error {
 func (d *Device) ArmCQ(cq *CQ) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	cq.checkArm()
+}
+
+// checkArm reads the doorbell and latches the arm it shows; entries written and not yet polled
+// raise the armed event at once. Called with the device's lock held.
+func (cq *CQ) checkArm() {
+	if cq.dead {
+		return
+	}
 	v := atomic.LoadUint32(cq.db)
 	cq.latchArm(v)
-	if cq.armed && !cq.dead && uint16(v&efaio.CQDoorbellCIMask) != cq.pc {
+	if cq.armed && uint16(v&efaio.CQDoorbellCIMask) != cq.pc {
 		cq.fire(v)
 	}
 }
@@ -204,9 +214,22 @@ func (cq *CQ) post(c *efaio.Completion) {
 	if uint32(cq.pc)&(cq.depth-1) == 0 {
 		cq.phase ^= 1
 	}
+	// The arm is read after the entry is stored, not before: a consumer that armed between the
+	// read above and the store polled the ring before the entry was there and waits for an event
+	// (libfabric 2.6's fi_cq_sread: arm, poll once more, wait; docs/cabi.md, "Events").
+	v = atomic.LoadUint32(cq.db)
 	cq.latchArm(v)
 	if cq.armed {
 		cq.fire(v)
+		return
+	}
+	// Even so, the consumer's arm, a plain store to ordinary memory, may sit in its CPU's store
+	// buffer while its own poll of the ring reads ahead of it (x86 lets a load pass an earlier
+	// store; a device's doorbell register would not), and the read just made miss it. The
+	// engine loop's next tick reads the doorbell once more (Device.recheckArms).
+	if cq.notify != nil && !cq.recheck {
+		cq.recheck = true
+		cq.d.recheck = append(cq.d.recheck, cq)
 	}
 }
 

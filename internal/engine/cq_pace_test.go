@@ -95,3 +95,53 @@ func TestCQArmOverwritten(t *testing.T) {
 	post(1)
 	want("cmd_sn unchanged", 2)
 }
+
+// TestCQArmSeenLate: a consumer's arm, a plain store, may become visible to the engine only after
+// the engine wrote an entry and read the doorbell without it, while the consumer's own poll,
+// made after the arm, found the ring empty (a load may pass an earlier store on x86): it then
+// waits for an event (libfabric 2.6's fi_cq_sread hung so). The loop's next tick reads the
+// doorbell of such a CQ again and raises the event; a tick after that raises none, and a CQ whose
+// consumer polled everything stays armed for its next entry.
+func TestCQArmSeenLate(t *testing.T) {
+	d := newAccessRig(t).d
+	events := 0
+	var db uint32
+	cq, err := d.CreateCQ(CQInit{Entries: 8, Unpaced: true, Doorbell: &db, Notify: func() { events++ }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	locked := func(f func()) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		f()
+	}
+	post := func() { locked(func() { cq.post(&efaio.Completion{}) }) }
+	tick := func() { locked(func() { d.step(nil, true) }) }
+	store := func(polled uint16, sn uint8, arm bool) { atomic.StoreUint32(&db, efaio.CQDoorbell(polled, sn, arm)) }
+	want := func(what string, n int) {
+		t.Helper()
+		if events != n {
+			t.Fatalf("%s: %d events, want %d", what, events, n)
+		}
+	}
+
+	post()             // written while the consumer's arm is not yet visible…
+	store(0, 0, true)  // …the arm, with the entry not polled
+	want("before the tick", 0)
+	tick()
+	want("the tick after the entry", 1)
+	tick()
+	want("a second tick", 1)
+
+	store(1, 1, false) // took the event and polled the entry
+	post()              // armed by cmd_sn (docs/cabi.md, "Events")
+	want("the next entry", 2)
+
+	store(2, 1, false) // polled it, before taking its event
+	post()             // not armed: on the list for the next tick…
+	store(3, 2, true)  // …and the consumer took the event, polled this entry, armed: nothing to tell
+	tick()
+	want("armed with every entry polled", 2)
+	post()
+	want("the entry after that", 3)
+}

@@ -57,6 +57,9 @@ type Device struct {
 	// polledQPs counts the live QPs whose doorbells may be stored without Ring (PollDoorbells):
 	// while there are any, the engine loop keeps polling doorbells.
 	polledQPs int
+	// recheck lists the CQs with a completion channel that got an entry without raising an
+	// event since the loop's last tick, which reads their doorbells again (recheckArms).
+	recheck []*CQ
 	nCQ       int
 	nPD       int
 	pdNext    uint16

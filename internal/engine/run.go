@@ -182,7 +182,8 @@ func (d *Device) run() {
 		}
 		// Idle: nothing to time (no stream has anything outstanding, nothing parked or owed)
 		// and no QP whose doorbells only a poll notices. An idle device sleeps until kicked.
-		idle := !worked && !busy && (d.srd == nil || !d.srd.Busy() && !d.srd.Lingering()) && d.polledQPs == 0
+		idle := !worked && !busy && (d.srd == nil || !d.srd.Busy() && !d.srd.Lingering()) && d.polledQPs == 0 &&
+			len(d.recheck) == 0
 		switch {
 		case worked || busy:
 			period = d.cfg.PollMin
@@ -241,6 +242,7 @@ func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
 		for _, q := range d.qpList {
 			look(q)
 		}
+		d.recheckArms()
 	}
 	for _, q := range d.qpList {
 		d.retryParked(q, rqMoved, now)
@@ -264,6 +266,20 @@ func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
 		busy = busy || d.srd.AcksOwed()
 	}
 	return worked || rqMoved, busy
+}
+
+// recheckArms reads once more the doorbells of the CQs that got an entry without an event since
+// the last tick (CQ.post): an arm stored before the entry, and not yet visible when the entry
+// was written, is visible by now and raises its event. One read is enough: once the entry is
+// visible to the consumer, an arm it stores later is followed by its own poll, which finds it.
+// Called with d.mu held.
+func (d *Device) recheckArms() {
+	for _, cq := range d.recheck {
+		cq.recheck = false
+		cq.checkArm()
+	}
+	clear(d.recheck)
+	d.recheck = d.recheck[:0]
 }
 
 // AwaitCQ is a consumer's read of the entry at slot of cq that found nothing there yet, made on
