@@ -101,6 +101,14 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 		// Two processes on one host would otherwise talk over libfabric's shm provider.
 		s.Env = append(s.Env, "FI_EFA_ENABLE_SHM_TRANSFER=0")
 	}
+	if _, ok := os.LookupEnv("FI_MR_CACHE_MONITOR"); !ok {
+		// libfabric's default monitor of its MR cache, memhooks, rewrites the first bytes of
+		// libc's mmap, munmap and their kin while the program runs, and puts them back when the
+		// domain closes; the engine's Go threads call mmap through libc (cgo) at any moment, and
+		// one that ran into a half-written function died of SIGSEGV (docs/cabi.md, "libfabric").
+		// userfaultfd watches the same unmappings without patching code.
+		s.Env = append(s.Env, "FI_MR_CACHE_MONITOR=userfaultfd")
+	}
 	return s, nil
 }
 
