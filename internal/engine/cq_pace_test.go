@@ -125,8 +125,8 @@ func TestCQArmSeenLate(t *testing.T) {
 		}
 	}
 
-	post()             // written while the consumer's arm is not yet visible…
-	store(0, 0, true)  // …the arm, with the entry not polled
+	post()            // written while the consumer's arm is not yet visible…
+	store(0, 0, true) // …the arm, with the entry not polled
 	want("before the tick", 0)
 	tick()
 	want("the tick after the entry", 1)
@@ -134,7 +134,7 @@ func TestCQArmSeenLate(t *testing.T) {
 	want("a second tick", 1)
 
 	store(1, 1, false) // took the event and polled the entry
-	post()              // armed by cmd_sn (docs/cabi.md, "Events")
+	post()             // armed by cmd_sn (docs/cabi.md, "Events")
 	want("the next entry", 2)
 
 	store(2, 1, false) // polled it, before taking its event

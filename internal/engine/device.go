@@ -60,12 +60,12 @@ type Device struct {
 	// recheck lists the CQs with a completion channel that got an entry without raising an
 	// event since the loop's last tick, which reads their doorbells again (recheckArms).
 	recheck []*CQ
-	nCQ       int
-	nPD       int
-	pdNext    uint16
-	pds       map[uint16]*PD
-	mrs       mrTable
-	nAH       int
+	nCQ     int
+	nPD     int
+	pdNext  uint16
+	pds     map[uint16]*PD
+	mrs     mrTable
+	nAH     int
 	// foreign is set once a foreign region has been registered: from then on, copies of
 	// application memory are guarded against faults (copyMem), also after the region is
 	// deregistered, since a read response or a message received in part may still hold slices
