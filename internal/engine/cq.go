@@ -27,12 +27,13 @@ type CQ struct {
 	pc      uint16        // CQEs produced, modulo 2^16
 	written atomic.Uint32 // pc, readable without the device's lock (AwaitCQ)
 	phase   uint8
-	unpaced bool // CQInit.Unpaced: the doorbell's consumer count is not read for overrun
-	refs    int  // QPs using this CQ
-	overrun bool // sticky: an entry was lost because the ring was full
-	armed   bool // latched by ArmCQ
-	firedSN int  // cmd_sn of the doorbell that armed the last event
-	recheck bool // on Device.recheck: an entry was written without an event
+	unpaced bool   // CQInit.Unpaced: the doorbell's consumer count is not read for overrun
+	refs    int    // QPs using this CQ
+	overrun bool   // sticky: an entry was lost because the ring was full
+	armed   bool   // latched by ArmCQ
+	firedSN int    // cmd_sn of the doorbell that armed the last event
+	recheck bool   // on Device.recheck: an entry was written without an event…
+	rechkAt uint64 // …in the engine loop's tick of this number (Device.ticks)
 	notify  func()
 	owner   any
 	dead    bool
@@ -227,9 +228,12 @@ func (cq *CQ) post(c *efaio.Completion) {
 	// buffer while its own poll of the ring reads ahead of it (x86 lets a load pass an earlier
 	// store; a device's doorbell register would not), and the read just made miss it. The
 	// engine loop's next tick reads the doorbell once more (Device.recheckArms).
-	if cq.notify != nil && !cq.recheck {
-		cq.recheck = true
-		cq.d.recheck = append(cq.d.recheck, cq)
+	if d := cq.d; cq.notify != nil && !cq.recheck {
+		cq.recheck, cq.rechkAt = true, d.ticks.Load()
+		d.recheck = append(d.recheck, cq)
+		if len(d.recheck) == 1 && !d.fastPoll.Load() {
+			d.wake() // the loop's timer may be stopped: it restarts it, for the list's sake
+		}
 	}
 }
 

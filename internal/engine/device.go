@@ -58,14 +58,17 @@ type Device struct {
 	// while there are any, the engine loop keeps polling doorbells.
 	polledQPs int
 	// recheck lists the CQs with a completion channel that got an entry without raising an
-	// event since the loop's last tick, which reads their doorbells again (recheckArms).
+	// event, for a later tick of the loop to read their doorbells again (recheckArms).
 	recheck []*CQ
-	nCQ     int
-	nPD     int
-	pdNext  uint16
-	pds     map[uint16]*PD
-	mrs     mrTable
-	nAH     int
+	// ticks counts the engine loop's timer ticks (and Drive's steps), each counted before it
+	// takes anything from the network: an entry it writes is rechecked by the next one.
+	ticks  atomic.Uint64
+	nCQ    int
+	nPD    int
+	pdNext uint16
+	pds    map[uint16]*PD
+	mrs    mrTable
+	nAH    int
 	// foreign is set once a foreign region has been registered: from then on, copies of
 	// application memory are guarded against faults (copyMem), also after the region is
 	// deregistered, since a read response or a message received in part may still hold slices

@@ -109,6 +109,7 @@ func (d *Device) Drive() (worked bool) {
 	if dr == nil {
 		return false
 	}
+	d.ticks.Add(1)
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -168,6 +169,7 @@ func (d *Device) run() {
 		}
 		d.counts.EngineWakeups.Add(1)
 		if polled {
+			d.ticks.Add(1)
 			// Before the timers look for losses: what arrived and is not read yet. A process
 			// short of CPU may wake here before its receive loop does, with the ACKs of every
 			// packet the timer would otherwise send again waiting in the socket.
@@ -268,18 +270,25 @@ func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
 	return worked || rqMoved, busy
 }
 
-// recheckArms reads once more the doorbells of the CQs that got an entry without an event since
-// the last tick (CQ.post): an arm stored before the entry, and not yet visible when the entry
-// was written, is visible by now and raises its event. One read is enough: once the entry is
-// visible to the consumer, an arm it stores later is followed by its own poll, which finds it.
-// Called with d.mu held.
+// recheckArms reads once more the doorbells of the CQs that got an entry without an event in an
+// earlier tick (CQ.post): an arm stored before the entry, and not yet visible when the entry was
+// written, is visible a tick later (a millisecond or more) and raises its event. An entry of this
+// tick waits for the next: its consumer's arm may still be on its way. One read is enough: once
+// the entry is visible to the consumer, an arm it stores later is followed by its own poll, which
+// finds it. Called with d.mu held.
 func (d *Device) recheckArms() {
+	tick := d.ticks.Load()
+	keep := d.recheck[:0]
 	for _, cq := range d.recheck {
+		if cq.rechkAt == tick && !cq.dead {
+			keep = append(keep, cq)
+			continue
+		}
 		cq.recheck = false
 		cq.checkArm()
 	}
-	clear(d.recheck)
-	d.recheck = d.recheck[:0]
+	clear(d.recheck[len(keep):])
+	d.recheck = keep
 }
 
 // AwaitCQ is a consumer's read of the entry at slot of cq that found nothing there yet, made on
