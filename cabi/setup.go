@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/softefa/softefa/config"
+	"golang.org/x/sys/unix"
 )
 
 // Options describe the device a program gets.
@@ -101,15 +102,27 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 		// Two processes on one host would otherwise talk over libfabric's shm provider.
 		s.Env = append(s.Env, "FI_EFA_ENABLE_SHM_TRANSFER=0")
 	}
-	if _, ok := os.LookupEnv("FI_MR_CACHE_MONITOR"); !ok {
+	if _, ok := os.LookupEnv("FI_MR_CACHE_MONITOR"); !ok && userfaultfdWorks() {
 		// libfabric's default monitor of its MR cache, memhooks, rewrites the first bytes of
 		// libc's mmap, munmap and their kin while the program runs, and puts them back when the
-		// domain closes; the engine's Go threads call mmap through libc (cgo) at any moment, and
-		// one that ran into a half-written function died of SIGSEGV (docs/cabi.md, "libfabric").
+		// domain closes; the engine's Go threads call mmap through libc (cgo) at any moment and
+		// may run into a half-written function (docs/cabi.md, "libfabric's MR cache monitor").
 		// userfaultfd watches the same unmappings without patching code.
 		s.Env = append(s.Env, "FI_MR_CACHE_MONITOR=userfaultfd")
 	}
 	return s, nil
+}
+
+// userfaultfdWorks reports whether this process may make a userfaultfd as libfabric 1.x's monitor
+// makes it (without UFFD_USER_MODE_ONLY, which 2.x adds): one a program cannot make would fail
+// its libfabric domain, where memhooks would not.
+func userfaultfdWorks() bool {
+	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
+	if errno != 0 {
+		return false
+	}
+	unix.Close(int(fd))
+	return true
 }
 
 // WriteProcessSysfs writes the sysfs tree of one process's device (name, gid, PCI part id) into

@@ -47,13 +47,25 @@ func vm(addr uint64, b []byte, write bool) error {
 
 // Bytes returns the process memory [addr, addr+n) as a slice, after checking that every page of
 // it is mapped readable and, with write, writable (/proc/self/maps), as the kernel's pinning of
-// a memory region checks the mappings: EFAULT otherwise.
+// a memory region checks the mappings: EFAULT otherwise. As pinning does, it makes every page
+// present (MADV_POPULATE_WRITE, or _READ): libfabric's userfaultfd monitor watches registered
+// memory for missing pages, and leaves a thread that reads one asleep for ever (docs/cabi.md,
+// "libfabric's MR cache monitor"). A page that cannot be made present is EFAULT, as for pinning;
+// a kernel without the advice (before 5.14: EINVAL) leaves the pages as they are.
 func (procMem) Bytes(addr, n uint64, write bool) ([]byte, error) {
 	if addr == 0 || n == 0 || addr+n < addr {
 		return nil, syscall.EFAULT
 	}
 	maps, err := os.ReadFile("/proc/self/maps")
 	if err != nil || !mapped(maps, addr&^4095, addr+n, write) {
+		return nil, syscall.EFAULT
+	}
+	advice := unix.MADV_POPULATE_READ
+	if write {
+		advice = unix.MADV_POPULATE_WRITE
+	}
+	first := addr &^ 4095
+	if err := unix.Madvise(unsafe.Slice((*byte)(ptr(first)), addr+n-first), advice); err != nil && err != syscall.EINVAL {
 		return nil, syscall.EFAULT
 	}
 	return unsafe.Slice((*byte)(ptr(addr)), n), nil
