@@ -33,7 +33,7 @@ type CQ struct {
 	armed   bool   // latched by ArmCQ
 	firedSN int    // cmd_sn of the doorbell that armed the last event
 	recheck bool   // on Device.recheck: an entry was written without an event…
-	rechkAt uint64 // …in the engine loop's tick of this number (Device.ticks)
+	rechkAt uint64 // …the latest in the engine loop's tick of this number (Device.ticks)
 	notify  func()
 	owner   any
 	dead    bool
@@ -228,11 +228,14 @@ func (cq *CQ) post(c *efaio.Completion) {
 	// buffer while its own poll of the ring reads ahead of it (x86 lets a load pass an earlier
 	// store; a device's doorbell register would not), and the read just made miss it. The
 	// engine loop's next tick reads the doorbell once more (Device.recheckArms).
-	if d := cq.d; cq.notify != nil && !cq.recheck {
-		cq.recheck, cq.rechkAt = true, d.ticks.Load()
-		d.recheck = append(d.recheck, cq)
-		if len(d.recheck) == 1 && !d.fastPoll.Load() {
-			d.wake() // the loop's timer may be stopped: it restarts it, for the list's sake
+	if d := cq.d; cq.notify != nil {
+		cq.rechkAt = d.ticks.Load() // the latest entry's tick
+		if !cq.recheck {
+			cq.recheck = true
+			d.recheck = append(d.recheck, cq)
+			if len(d.recheck) == 1 && !d.fastPoll.Load() {
+				d.wake() // the loop's timer may be stopped: it restarts it, for the list's sake
+			}
 		}
 	}
 }

@@ -158,4 +158,15 @@ func TestCQArmSeenLate(t *testing.T) {
 	want("armed with every entry polled", 3)
 	post()
 	want("the entry after that", 4)
+
+	// A CQ listed in an earlier tick that gets another entry in this one waits for the next.
+	store(5, 3, false) // polled it, before taking its event
+	post()             // listed, not armed
+	locked(func() { d.ticks.Add(1) })
+	post()            // another entry, in the new tick
+	store(5, 4, true) // the consumer takes the event and arms, two entries behind
+	locked(func() { d.recheckArms() })
+	want("the tick of the latest entry", 4)
+	tick()
+	want("the tick after it", 5)
 }
