@@ -114,15 +114,24 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 }
 
 // userfaultfdWorks reports whether this process may make a userfaultfd as libfabric 1.x's monitor
-// makes it (without UFFD_USER_MODE_ONLY, which 2.x adds): one a program cannot make would fail
-// its libfabric domain, where memhooks would not.
+// makes it (without UFFD_USER_MODE_ONLY, which 2.x adds), and whether the kernel has
+// MADV_POPULATE_READ (5.14), with which the engine makes a registered region's pages present. A
+// userfaultfd a program cannot make would fail its libfabric domain; without the advice, a
+// thread that read a missing page of a registered region would sleep for ever in the monitor.
+// Either way memhooks stays. The program inherits this process's user, capabilities and
+// namespaces, so its answer is the program's, unless the program changes them.
 func userfaultfdWorks() bool {
 	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
 	if errno != 0 {
 		return false
 	}
 	unix.Close(int(fd))
-	return true
+	b, err := unix.Mmap(-1, 0, os.Getpagesize(), unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return false
+	}
+	defer unix.Munmap(b)
+	return unix.Madvise(b, unix.MADV_POPULATE_READ) == nil
 }
 
 // WriteProcessSysfs writes the sysfs tree of one process's device (name, gid, PCI part id) into

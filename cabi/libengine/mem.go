@@ -50,8 +50,9 @@ func vm(addr uint64, b []byte, write bool) error {
 // a memory region checks the mappings: EFAULT otherwise. As pinning does, it makes every page
 // present (MADV_POPULATE_WRITE, or _READ): libfabric's userfaultfd monitor watches registered
 // memory for missing pages, and leaves a thread that reads one asleep for ever (docs/cabi.md,
-// "libfabric's MR cache monitor"). A page that cannot be made present is EFAULT, as for pinning;
-// a kernel without the advice (before 5.14: EINVAL) leaves the pages as they are.
+// "libfabric's MR cache monitor"). A page that cannot be made present is EFAULT, or ENOMEM for
+// want of memory, as for pinning; a kernel without the advice (before 5.14: EINVAL) leaves the
+// pages as they are (the launcher then keeps libfabric's own monitor: cabi.Prepare).
 func (procMem) Bytes(addr, n uint64, write bool) ([]byte, error) {
 	if addr == 0 || n == 0 || addr+n < addr {
 		return nil, syscall.EFAULT
@@ -64,8 +65,12 @@ func (procMem) Bytes(addr, n uint64, write bool) ([]byte, error) {
 	if write {
 		advice = unix.MADV_POPULATE_WRITE
 	}
-	first := addr &^ 4095
-	if err := unix.Madvise(unsafe.Slice((*byte)(ptr(first)), addr+n-first), advice); err != nil && err != syscall.EINVAL {
+	first := addr &^ uint64(os.Getpagesize()-1)
+	switch err := unix.Madvise(unsafe.Slice((*byte)(ptr(first)), addr+n-first), advice); err {
+	case nil, syscall.EINVAL:
+	case syscall.ENOMEM, syscall.EAGAIN:
+		return nil, syscall.ENOMEM
+	default:
 		return nil, syscall.EFAULT
 	}
 	return unsafe.Slice((*byte)(ptr(addr)), n), nil
