@@ -45,11 +45,7 @@ func TestMapped(t *testing.T) {
 // mappings, one read-write, read-only and PROT_NONE in turn.
 func TestBytesProtection(t *testing.T) {
 	page := os.Getpagesize()
-	b, err := unix.Mmap(-1, 0, 2*page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(b)
+	b := anonPages(t, 2)
 	addr := uint64(uintptr(unsafe.Pointer(&b[0])))
 	check := func(what string, n uint64, write bool, ok bool) {
 		t.Helper()
@@ -76,11 +72,7 @@ func TestBytesProtection(t *testing.T) {
 // region asleep): pages never touched before, from an offset into the first, read-only too.
 func TestBytesPopulates(t *testing.T) {
 	page := os.Getpagesize()
-	b, err := unix.Mmap(-1, 0, 4*page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(b)
+	b := anonPages(t, 4)
 	present := func() (n int) {
 		vec := make([]byte, 4)
 		_, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), uintptr(unsafe.Pointer(&vec[0])))
@@ -111,4 +103,15 @@ func TestBytesPopulates(t *testing.T) {
 	if n := present(); n != 4 {
 		t.Errorf("%d pages present after registering the read-only page, want 4", n)
 	}
+}
+
+// anonPages maps n fresh read-write anonymous pages, unmapped when the test ends.
+func anonPages(t *testing.T, n int) []byte {
+	t.Helper()
+	b, err := unix.Mmap(-1, 0, n*os.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(b) })
+	return b
 }
