@@ -651,3 +651,30 @@ func TestModifyValuesAndQuery(t *testing.T) {
 	check(t, qp.Destroy())
 	wantErrno(t, qp.Destroy(), syscall.EINVAL)
 }
+
+// Modify and Destroy of a QP whose QPEx session is open fail with EBUSY and change nothing; they
+// used to wait for the session's lock, for ever when the caller had opened the session itself.
+// After WRAbort both work, and a session completes again once the QP is ready.
+func TestQPWithSessionOpen(t *testing.T) {
+	f := newQPFixture(t, nil)
+	a := f.srdAttr()
+	a.CompMask, a.SendOpsFlags = verbs.QPInitAttrPD|verbs.QPInitAttrSendOpsFlags, verbs.SendOpsSend
+	qp := must[*verbs.QP](t)(efadv.CreateQPEx(f.ctx, &a, &efadv.QPInitAttr{}))
+	x := must[*verbs.QPEx](t)(qp.ToQPEx())
+
+	x.WRStart()
+	wantErrno(t, qp.Modify(&verbs.QPAttr{QPState: verbs.QPSInit, QKey: 1}, verbs.QPAttrState|verbs.QPAttrPKeyIndex|verbs.QPAttrPort|verbs.QPAttrQKey), syscall.EBUSY)
+	wantErrno(t, qp.Destroy(), syscall.EBUSY)
+	x.WRAbort()
+
+	if _, _, err := qp.Query(verbs.QPAttrState); err != nil {
+		t.Fatalf("QP gone after a refused Destroy: %v", err)
+	}
+	x.WRStart()
+	if err := x.WRComplete(); err != nil { // an empty session
+		t.Fatalf("empty session after the refusals: %v", err)
+	}
+	if err := qp.Destroy(); err != nil {
+		t.Fatalf("Destroy after the session ended: %v", err)
+	}
+}

@@ -172,6 +172,10 @@ type sendQ struct {
 	maxBatch int
 	reqID64  bool
 	sess     session
+	// inSession is set while a QPEx session holds mu (WRStart to WRComplete or WRAbort), so
+	// that Modify and Destroy refuse at once, instead of waiting for mu (for ever, when the
+	// session is their caller's own).
+	inSession atomic.Bool
 }
 
 type recvQ struct {
@@ -408,7 +412,8 @@ type QPAttr struct {
 // index other than 0; EINVAL for a transition or attribute set the table refuses. Moving to
 // RESET empties both queues without completions (those already in a CQ are polled with their
 // own wr_ids, as WRs of the QP's life before the reset); moving to ERR completes every
-// outstanding WR with WCWRFlushErr. A nil attr or a destroyed QP is EINVAL.
+// outstanding WR with WCWRFlushErr. A nil attr or a destroyed QP is EINVAL; an open QPEx
+// session (WRStart without WRComplete or WRAbort) is EBUSY.
 func (qp *QP) Modify(attr *QPAttr, mask QPAttrMask) error {
 	if attr == nil {
 		return fmt.Errorf("verbs: modify QP with nil attributes: %w", syscall.EINVAL)
@@ -489,8 +494,9 @@ func (qp *QP) Query(mask QPAttrMask) (QPAttr, QPInitAttr, error) {
 
 // Destroy destroys the QP (ibv_destroy_qp) in any state. Work requests still outstanding complete
 // with WCWRFlushErr; those completions can still be polled from the QP's CQs. It takes both
-// queue locks (waiting for a post or a QPEx session under way); afterwards every post, QPEx
-// session, Modify, Query and a second Destroy are EINVAL.
+// queue locks (waiting for a post under way); with a QPEx session open it fails with EBUSY and
+// changes nothing (end the session first). Afterwards every post, QPEx session, Modify, Query
+// and a second Destroy are EINVAL.
 func (qp *QP) Destroy() error {
 	if err := qp.lockQueues("destroy"); err != nil {
 		return err
@@ -514,7 +520,14 @@ func (qp *QP) Destroy() error {
 // handle the kernel no longer knows.
 // lockQueues takes both queue locks, the send queue's first (the order Modify and Destroy
 // share), for op; on a destroyed QP it takes none and returns EINVAL.
+//
+// With a QPEx session open it takes none and returns EBUSY: the session holds the send queue's
+// lock until WRComplete or WRAbort, and a caller that opened it itself would wait for ever.
 func (qp *QP) lockQueues(op string) error {
+	if qp.sq.inSession.Load() {
+		return fmt.Errorf("verbs: %s of QP %d while a QPEx session is open (WRStart without WRComplete or WRAbort): %w",
+			op, qp.qpn, syscall.EBUSY)
+	}
 	qp.sq.mu.Lock()
 	qp.rq.mu.Lock()
 	if qp.dead.Load() {

@@ -56,9 +56,11 @@ func (x *QPEx) QP() *QP { return x.qp }
 // WRStart begins a session (ibv_wr_start). On a destroyed QP the session fails: WRComplete
 // returns EINVAL. WRStart waits while another goroutine's session is open (as ibv_wr_start spins
 // on the SQ lock); a goroutine must not call it again before its own WRComplete or WRAbort.
+// While a session is open, Modify and Destroy of the QP fail with EBUSY.
 func (x *QPEx) WRStart() {
 	sq := &x.qp.sq
 	sq.mu.Lock()
+	sq.inSession.Store(true)
 	s := &sq.sess
 	s.active, s.err, s.open = true, nil, false
 	s.pc, s.phase, s.posted = sq.pc, sq.phase, sq.posted
@@ -76,6 +78,7 @@ func (x *QPEx) WRComplete() error {
 		return fmt.Errorf("%w: %w", errNoSession, syscall.EINVAL)
 	}
 	s.active = false
+	sq.inSession.Store(false)
 	if err := s.err; err != nil {
 		x.rollback()
 		sq.mu.Unlock()
@@ -102,6 +105,7 @@ func (x *QPEx) WRAbort() {
 		return
 	}
 	sq.sess.active = false
+	sq.inSession.Store(false)
 	x.rollback()
 	sq.mu.Unlock()
 }
