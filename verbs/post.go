@@ -35,7 +35,9 @@ type RecvWR struct {
 // before it are posted. The doorbell is rung every max_batch WQEs and at the end.
 //
 // The doorbell stores are made under the send queue's lock; the device is woken after it is
-// released (Ring may do the device's work, and send, on this goroutine).
+// released (Ring may do the device's work, and send, on this goroutine). A QPEx session holds
+// that lock from WRStart on: PostSend waits for another goroutine's session to end, and must not
+// be called inside the caller's own (it would wait for ever, as libefa's spins).
 func (qp *QP) PostSend(wrs []SendWR) (int, error) {
 	if qp == nil {
 		return 0, fmt.Errorf("verbs: post send on a nil QP: %w", syscall.EINVAL)
