@@ -654,7 +654,7 @@ func TestModifyValuesAndQuery(t *testing.T) {
 
 // Modify and Destroy of a QP whose QPEx session is open fail with EBUSY and change nothing; they
 // used to wait for the session's lock, for ever when the caller had opened the session itself.
-// After WRAbort both work, and a session completes again once the QP is ready.
+// After WRAbort the QP is as it was, a new session completes, and Destroy works.
 func TestQPWithSessionOpen(t *testing.T) {
 	f := newQPFixture(t, nil)
 	a := f.srdAttr()
@@ -667,8 +667,8 @@ func TestQPWithSessionOpen(t *testing.T) {
 	wantErrno(t, qp.Destroy(), syscall.EBUSY)
 	x.WRAbort()
 
-	if _, _, err := qp.Query(verbs.QPAttrState); err != nil {
-		t.Fatalf("QP gone after a refused Destroy: %v", err)
+	if attr, _, err := qp.Query(verbs.QPAttrState); err != nil || attr.QPState != verbs.QPSReset {
+		t.Fatalf("after the refused Modify and Destroy: state %v, %v; want RESET", attr.QPState, err)
 	}
 	x.WRStart()
 	if err := x.WRComplete(); err != nil { // an empty session

@@ -157,7 +157,7 @@ func (qp *QP) claimSlot(d *efaio.TxDesc, wrid uint64) efaio.TxWQE {
 		idx := sq.get()
 		sq.wrid[idx] = wrid
 		d.ReqID = sq.reqID(idx)
-		if sq.sess.active {
+		if sq.sess.active.Load() {
 			sq.sess.idx = append(sq.sess.idx, idx)
 		}
 	}

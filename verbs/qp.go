@@ -172,10 +172,6 @@ type sendQ struct {
 	maxBatch int
 	reqID64  bool
 	sess     session
-	// inSession is set while a QPEx session holds mu (WRStart to WRComplete or WRAbort), so
-	// that Modify and Destroy refuse at once, instead of waiting for mu (for ever, when the
-	// session is their caller's own).
-	inSession atomic.Bool
 }
 
 type recvQ struct {
@@ -516,15 +512,13 @@ func (qp *QP) Destroy() error {
 	return nil
 }
 
-// errDead is the error of an operation on a destroyed QP: EINVAL, as libibverbs gives for a
-// handle the kernel no longer knows.
 // lockQueues takes both queue locks, the send queue's first (the order Modify and Destroy
 // share), for op; on a destroyed QP it takes none and returns EINVAL.
 //
 // With a QPEx session open it takes none and returns EBUSY: the session holds the send queue's
 // lock until WRComplete or WRAbort, and a caller that opened it itself would wait for ever.
 func (qp *QP) lockQueues(op string) error {
-	if qp.sq.inSession.Load() {
+	if qp.sq.sess.active.Load() {
 		return fmt.Errorf("verbs: %s of QP %d while a QPEx session is open (WRStart without WRComplete or WRAbort): %w",
 			op, qp.qpn, syscall.EBUSY)
 	}
@@ -542,6 +536,8 @@ func (qp *QP) unlockQueues() {
 	qp.sq.mu.Unlock()
 }
 
+// errDead is the error of an operation on a destroyed QP: EINVAL, as libibverbs gives for a
+// handle the kernel no longer knows.
 func (qp *QP) errDead(op string) error {
 	return fmt.Errorf("verbs: %s on destroyed QP %d: %w", op, qp.qpn, syscall.EINVAL)
 }

@@ -25,7 +25,10 @@ type QPEx struct {
 
 // session is the state of a QPEx session, guarded by the send-queue lock it holds.
 type session struct {
-	active bool
+	// active: WRStart to WRComplete or WRAbort, while the session holds the send queue's lock.
+	// Atomic, so that Modify and Destroy can refuse at once (lockQueues) instead of waiting for
+	// that lock, for ever when the session is their caller's own.
+	active atomic.Bool
 	err    error
 	pc     uint16 // rollback point
 	phase  uint8
@@ -60,9 +63,9 @@ func (x *QPEx) QP() *QP { return x.qp }
 func (x *QPEx) WRStart() {
 	sq := &x.qp.sq
 	sq.mu.Lock()
-	sq.inSession.Store(true)
 	s := &sq.sess
-	s.active, s.err, s.open = true, nil, false
+	s.active.Store(true)
+	s.err, s.open = nil, false
 	s.pc, s.phase, s.posted = sq.pc, sq.phase, sq.posted
 	s.idx = s.idx[:0]
 	if x.qp.dead.Load() {
@@ -74,11 +77,10 @@ func (x *QPEx) WRStart() {
 func (x *QPEx) WRComplete() error {
 	sq := &x.qp.sq
 	s := &sq.sess
-	if !s.active {
+	if !s.active.Load() {
 		return fmt.Errorf("%w: %w", errNoSession, syscall.EINVAL)
 	}
-	s.active = false
-	sq.inSession.Store(false)
+	s.active.Store(false)
 	if err := s.err; err != nil {
 		x.rollback()
 		sq.mu.Unlock()
@@ -101,11 +103,10 @@ func (x *QPEx) WRComplete() error {
 // WRAbort discards the session (ibv_wr_abort).
 func (x *QPEx) WRAbort() {
 	sq := &x.qp.sq
-	if !sq.sess.active {
+	if !sq.sess.active.Load() {
 		return
 	}
-	sq.sess.active = false
-	sq.inSession.Store(false)
+	sq.sess.active.Store(false)
 	x.rollback()
 	sq.mu.Unlock()
 }
@@ -131,7 +132,7 @@ func (x *QPEx) fail(err error) {
 // usable reports whether a call may go on: a session is active without an error.
 func (x *QPEx) usable() bool {
 	s := &x.qp.sq.sess
-	if !s.active {
+	if !s.active.Load() {
 		return false
 	}
 	return s.err == nil
