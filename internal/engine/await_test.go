@@ -68,6 +68,42 @@ func TestAwaitCQ(t *testing.T) {
 	b.d.AwaitCQ(recv, 1, 0) // nothing more comes: with no budget, one poll and back
 }
 
+// AwaitRecv, a program's thread lingering after a post for the answer to it (docs/cabi.md,
+// "Lingering after a post"): the thread polls the network until its QP has completed a receive
+// past the count it saw. The budget is an hour, so a wait that missed its receive would hang the
+// test rather than pass it.
+func TestAwaitRecv(t *testing.T) {
+	a, b := udpRig(t), udpRig(t)
+	ah, err := a.d.CreateAH(a.pd, b.d.GID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.d.AwaitRecv(b.q, 1, time.Hour) // a receive past 1 is not the next one: back at once
+
+	const msg = "taken off the socket by the lingering thread"
+	efaio.RxDesc(b.q.rq.ring[:efaio.RxDescSize]).Encode(&efaio.RxDescFields{Addr: b.a.iova, ReqID: 7,
+		Length: 64, LKey: b.a.lkey, First: true, Last: true})
+	atomic.StoreUint32(b.q.rq.db, 1)
+	copy(a.inA, msg)
+	a.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 3, Length: 1, AHN: ah.ahn, QKey: 9,
+		DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase,
+		SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: uint32(len(msg)), LKey: a.a.lkey, Addr: a.a.iova}}})
+	atomic.StoreUint32(a.q.sq.db, 1)
+	a.d.Ring(a.q)
+
+	b.d.AwaitRecv(b.q, 0, time.Hour)
+	if n := b.q.counts.RecvWRs.Load(); n != 1 {
+		t.Fatalf("the receiver has completed %d receives after the wait, want 1", n)
+	}
+	if got := string(b.inA[:len(msg)]); got != msg {
+		t.Errorf("the receive buffer holds %q, want %q", got, msg)
+	}
+	if b.q.recvCQ.written.Load() != 1 {
+		t.Errorf("the receiver's CQ holds %d entries after the wait, want 1", b.q.recvCQ.written.Load())
+	}
+	b.d.AwaitRecv(b.q, 1, 0) // nothing more comes: with no budget, one poll and back
+}
+
 // An inline SEND keeps the bytes that were posted while it waits for the peer: the SQ slot it
 // came from may be written again before it completes (libefa reuses a slot once fewer than a
 // ring's worth of WRs are outstanding, and SRD completes out of order), and its RNR retry (or a

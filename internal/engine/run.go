@@ -313,6 +313,24 @@ func (d *Device) AwaitCQ(cq *CQ, slot uint32, budget time.Duration) {
 	}
 }
 
+// AwaitRecv is made on the thread of a program that has just posted a send on q after a receive
+// of q completed (a ping-pong: docs/cabi.md, "Lingering after a post"): the thread polls the
+// network, as PollNetwork does, until q has completed a receive past seen (its RecvWRs count) or
+// budget has passed. The program will spin on its CQ for the answer next anyway; taking the answer
+// off the socket on its own thread spares the wake-up of the receive loop's.
+func (d *Device) AwaitRecv(q *QP, seen uint64, budget time.Duration) {
+	if d.busyRx == nil {
+		return // (no busy poller: PollNetwork would never take anything)
+	}
+	start := time.Now()
+	for q.counts.RecvWRs.Load() == seen {
+		d.pollNetwork(false) // ACKs at once, as in AwaitCQ
+		if time.Since(start) >= budget {
+			return
+		}
+	}
+}
+
 // TalksToPeers reports whether q has sent to another device: the completions of its sends, and
 // likely the answers to them, come from the network.
 func (q *QP) TalksToPeers() bool { return q.remote.Load() }

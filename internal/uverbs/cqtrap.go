@@ -29,6 +29,20 @@ func cqSpinBudget() time.Duration {
 	return defaultCQSpin
 }
 
+// defaultLinger is how long a program's thread, ringing the SQ doorbell of a QP whose previous
+// ring was answered by a receive, polls the network for the next receive before it goes back to
+// the program (engine.Device.AwaitRecv; docs/cabi.md, "Lingering after a post"). 0: off unless
+// SOFTEFA_LINGER gives a budget (200us is what docs/cabi.md measured); it holds the program's
+// thread, which a program that computes after its send would feel.
+const defaultLinger = 0
+
+func lingerBudget() time.Duration {
+	if v, err := time.ParseDuration(os.Getenv("SOFTEFA_LINGER")); err == nil && v >= 0 {
+		return v
+	}
+	return defaultLinger
+}
+
 // CQTraps reports whether completion traps are on (SOFTEFA_CQ_SPIN gives a budget).
 func (d *Device) CQTraps() bool { return d.cqSpin > 0 }
 
@@ -53,10 +67,18 @@ func (f *File) CQRing(key uint64) (uint32, bool) {
 // as Kick does, and returns the handles of the QP's send and receive CQs if their next entries
 // will come from the network (the QP has sent to another device), for the shim to guard. ok is
 // false for an unknown handle, a QP that has talked only to its own device, or with completion
-// traps off.
+// traps off. With a linger budget (SOFTEFA_LINGER), a QP that talks to peers and has completed a
+// receive since its previous ring first has the calling thread wait for its next receive
+// (engine.Device.AwaitRecv).
 func (f *File) RingTrapped(h uint32) (send, recv uint32, ok bool) {
 	o := f.kick(h)
-	if o == nil || f.d.cqSpin <= 0 || !o.qp.TalksToPeers() {
+	if o == nil || !o.qp.TalksToPeers() {
+		return 0, 0, false
+	}
+	if seen := o.qp.Counters().RecvWRs.Load(); o.rungRecvs.Swap(seen) != seen && f.d.linger > 0 {
+		f.d.e.AwaitRecv(o.qp, seen, f.d.linger)
+	}
+	if f.d.cqSpin <= 0 {
 		return 0, 0, false
 	}
 	return o.cqs[0], o.cqs[1], true

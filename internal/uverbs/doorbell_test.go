@@ -88,6 +88,11 @@ func TestCQRing(t *testing.T) {
 	if s, rc, ok := h.f.RingTrapped(qp); ok {
 		t.Errorf("RingTrapped of a QP that never sent = %d, %d: nothing to guard", s, rc)
 	}
+	h.d.linger = time.Hour // a QP that talks to no peer has no receive from the network to wait for
+	if _, _, ok := h.f.RingTrapped(qp); ok {
+		t.Error("RingTrapped of a QP that never sent names CQs with a linger budget")
+	}
+	h.d.linger = 0
 	if _, _, ok := h.f.RingTrapped(12345); ok {
 		t.Error("RingTrapped of an unknown handle names CQs")
 	}

@@ -46,6 +46,7 @@ type Device struct {
 	cancel context.CancelFunc
 	dbs    *watcher      // notices doorbell stores (doorbell.go)
 	cqSpin time.Duration // a guarded CQ read's spin budget; 0: no completion traps (cqtrap.go)
+	linger time.Duration // how long a trapped ring waits for the next receive; 0: not at all (cqtrap.go)
 }
 
 // NewDevice wraps e. Close stops the async-event forwarder (the engine is the caller's).
@@ -55,6 +56,7 @@ func NewDevice(e *engine.Device) *Device {
 	d.cancel = cancel
 	d.dbs = newWatcher(e)
 	d.cqSpin = cqSpinBudget()
+	d.linger = lingerBudget()
 	go d.forwardAsync(ctx)
 	return d
 }
@@ -137,7 +139,8 @@ type qpObj struct {
 	dbTrapped bool      // a mapping of it was reported trapping (TrapDoorbells); guarded by File.mu
 	cqs       [2]uint32 // the handles of its send and receive CQs
 	asyncSent atomic.Uint32
-	dead      bool // destroyed; guarded by File.mu
+	rungRecvs atomic.Uint64 // the QP's RecvWRs count at its last trapped ring (File.RingTrapped)
+	dead      bool          // destroyed; guarded by File.mu
 }
 
 // compChannel is a completion channel: a socket pair whose far end the program reads
