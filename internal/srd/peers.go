@@ -27,7 +27,23 @@ type memo struct {
 // idle reports whether nothing is outstanding between us and p: no message to or from it in
 // flight or queued, no answer awaited, no acknowledgement owed.
 func (p *peer) idle() bool {
-	return !p.tx.busy() && len(p.rx.in) == 0 && !p.rx.ackDue
+	return !p.tx.busy() && len(p.rx.in) == 0 && !p.rx.ackDue && !p.rx.gap()
+}
+
+// gap reports whether PSNs beyond the cumulative point have arrived. A memo keeps only the
+// cumulative point: a peer forgotten with a gap would take those PSNs again when they came again
+// (a second completion), or wait for ever for those whose sender saw them acknowledged.
+func (r *rxStream) gap() bool { return r.started && !psnLess(r.highest, r.cum) }
+
+// dropGap gives up p's stream when it has a gap and p has been quiet past twice its transport
+// timeout: the sender has most likely moved its stream to a new epoch, or is gone; if it is only
+// cut off from us (its stream kept alive by our traffic to it), what it sends in the old epoch is
+// answered as stale, and our ACK's rx epoch moves it past ours (docs/wire.md, "Forgotten peers").
+// Either way no PSN is taken twice and none is waited for in vain.
+func (t *Transport) dropGap(p *peer) {
+	epoch := p.rx.epoch + 1
+	t.resetRx(p)
+	p.rx.started, p.rx.epoch = true, epoch
 }
 
 // forget drops idle peer p's context, keeping its memo. The caller takes p out of peerList.
@@ -128,6 +144,9 @@ func (t *Transport) expirePeers(now time.Duration) {
 		if now-p.seen > quiet && len(p.rx.in) > 0 {
 			t.counts.RxDrops.Add(uint64(len(p.rx.in)))
 			t.abortInbound(p)
+		}
+		if now-p.seen > quiet && p.rx.gap() {
+			t.dropGap(p)
 		}
 		if now-p.seen > t.cfg.PeerIdleTimeout && p.idle() {
 			t.forget(p, [16]byte{})

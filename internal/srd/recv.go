@@ -19,7 +19,7 @@ type rxStream struct {
 	epoch    uint16
 	started  bool
 	cum      uint32 // every PSN below has arrived
-	highest  uint32 // highest PSN seen
+	highest  uint32 // highest PSN seen (cum-1 while none beyond cum has)
 	seen     window // which PSNs in [cum, cum+rxWindow) arrived
 	ackDue   bool
 	ackSince time.Duration // when the ACK became due
@@ -27,9 +27,56 @@ type rxStream struct {
 	sinceAck int
 	in       map[uint32]Inbound // messages arriving in segments, by the peer's message id
 	// aborted holds the messages whose ABORT came before some earlier PSN of the stream, by
-	// message id, with the ABORT's PSN: a segment of one that arrives after its ABORT (by another
-	// path) must not start it anew. Forgotten once the cumulative point passes the ABORT.
+	// message id, with the latest such ABORT's PSN: a segment of one that arrives after its ABORT
+	// (by another path) must not start it anew. A message may have several ABORTs (a lost segment
+	// of a cancelled message goes again as one); it is forgotten once the cumulative point passes
+	// the latest, which abortQ, every ABORT kept earliest first, finds without a walk of the map
+	// for every frame.
 	aborted map[uint32]uint32
+	abortQ  abortHeap
+}
+
+// abortMark is an ABORT that came before some earlier PSN of the stream.
+type abortMark struct{ psn, msgID uint32 }
+
+// abortHeap is a min-heap of marks by PSN. Every mark lies in [cum, cum+rxWindow) of its stream,
+// where psnLess is an order.
+type abortHeap []abortMark
+
+func (h *abortHeap) push(m abortMark) {
+	q := append(*h, m)
+	for i := len(q) - 1; i > 0; {
+		up := (i - 1) / 2
+		if !psnLess(q[i].psn, q[up].psn) {
+			break
+		}
+		q[i], q[up] = q[up], q[i]
+		i = up
+	}
+	*h = q
+}
+
+func (h *abortHeap) pop() abortMark {
+	q := *h
+	top, last := q[0], len(q)-1
+	q[0] = q[last]
+	q = q[:last]
+	for i := 0; ; {
+		least, l, r := i, 2*i+1, 2*i+2
+		if l < len(q) && psnLess(q[l].psn, q[least].psn) {
+			least = l
+		}
+		if r < len(q) && psnLess(q[r].psn, q[least].psn) {
+			least = r
+		}
+		if least == i {
+			break
+		}
+		q[i], q[least] = q[least], q[i]
+		i = least
+	}
+	*h = q
+	return top
 }
 
 // maxInbound bounds the messages one peer may have arriving in segments at once. A sender has at
@@ -37,6 +84,11 @@ type rxStream struct {
 // peer comes near it; a hostile one that starts messages and never finishes them is refused
 // past it (each held message keeps a receive WR or an RDMA write's state).
 const maxInbound = maxCwnd + 64
+
+// maxHeld bounds the messages all peers together may have arriving in segments (each held costs
+// the host about a kilobyte): past it, as past maxInbound, a segment that would start one more
+// is refused, so that many hostile peers cannot hold gigabytes between them.
+const maxHeld = 16 * maxInbound
 
 // maxBacklog bounds the answers (read data, RESPs) our stream to one peer holds not yet sent
 // before the peer's requests wait (onData): each READ_REQ queues its read data, and a SEND or
@@ -262,11 +314,12 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 		t.onReadResp(p, f, h.TxEpoch)
 	case wire.OpResp:
 		if o := p.tx.reqs[f.MsgID]; o != nil {
-			t.completeReq(o, efaio.Status(f.Status), true)
+			t.completeReq(o, respStatus(f.Status), true)
 		}
 	case wire.OpAbort:
 		if in := p.rx.in[f.MsgID]; in != nil {
 			delete(p.rx.in, f.MsgID)
+			t.held--
 			in.Abort()
 		}
 		if !psnLess(psn, r.cum) {
@@ -274,14 +327,17 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 			if r.aborted == nil {
 				r.aborted = make(map[uint32]uint32)
 			}
-			r.aborted[f.MsgID] = psn
+			if at, ok := r.aborted[f.MsgID]; !ok || psnLess(at, psn) {
+				r.aborted[f.MsgID] = psn
+			}
+			r.abortQ.push(abortMark{psn, f.MsgID})
 		}
 	}
-	if len(r.aborted) > 0 { // (rare: no map iteration per frame otherwise)
-		for id, at := range r.aborted {
-			if psnLess(at, r.cum) {
-				delete(r.aborted, id) // every segment sent before the ABORT is in (this one handled)
-			}
+	for len(r.abortQ) > 0 && psnLess(r.abortQ[0].psn, r.cum) {
+		// Every segment sent before the ABORT is in (this one handled); a message is forgotten at
+		// its latest ABORT.
+		if m := r.abortQ.pop(); r.aborted[m.msgID] == m.psn {
+			delete(r.aborted, m.msgID)
 		}
 	}
 	// Only now, with the frame handled, may an ACK cover it: a failed message's RESP must lie
@@ -294,6 +350,18 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 	}
 }
 
+// respStatus is the status a RESP's byte reports: one a responder sends (docs/wire.md, "Frames"),
+// or else 12 (REMOTE_BAD_STATUS, an unexpected status from the responder). A byte from the network
+// must not complete a WR with a local status, a success, or no EFA status at all.
+func respStatus(b uint8) efaio.Status {
+	switch st := efaio.Status(b); st {
+	case efaio.StatusRemoteBadAddress, efaio.StatusRemoteBadDestQPN, efaio.StatusRemoteRNR,
+		efaio.StatusRemoteBadLength, efaio.StatusRemoteBadStatus:
+		return st
+	}
+	return efaio.StatusRemoteBadStatus
+}
+
 // onSegment hands a SEND or RDMA write segment to the host; the message is answered when whole.
 func (t *Transport) onSegment(p *peer, f *wire.Data) {
 	in := p.rx.in[f.MsgID]
@@ -301,7 +369,7 @@ func (t *Transport) onSegment(p *peer, f *wire.Data) {
 		if _, ok := p.rx.aborted[f.MsgID]; ok {
 			return // a segment that came after its message's ABORT: the sender let it go
 		}
-		if !f.Whole() && len(p.rx.in) >= maxInbound {
+		if !f.Whole() && (len(p.rx.in) >= maxInbound || t.held >= maxHeld) {
 			t.counts.RxDrops.Add(1)
 			t.answer(p, f.MsgID, efaio.StatusRemoteBadStatus) // (the sender's request fails, not lost unseen)
 			return
@@ -312,6 +380,7 @@ func (t *Transport) onSegment(p *peer, f *wire.Data) {
 	case done:
 		if in != nil {
 			delete(p.rx.in, f.MsgID)
+			t.held--
 		}
 		t.answer(p, f.MsgID, st)
 	case in == nil:
@@ -319,6 +388,7 @@ func (t *Transport) onSegment(p *peer, f *wire.Data) {
 			p.rx.in = make(map[uint32]Inbound)
 		}
 		p.rx.in[f.MsgID] = next
+		t.held++
 	}
 }
 
@@ -393,6 +463,7 @@ func (t *Transport) abortInbound(p *peer) {
 	for _, id := range slices.Sorted(maps.Keys(r.in)) {
 		in := r.in[id]
 		delete(r.in, id)
+		t.held--
 		in.Abort()
 	}
 }
@@ -404,8 +475,8 @@ func (t *Transport) resetRx(p *peer) {
 		t.txq.cur = nil // its header names the stream being forgotten
 	}
 	t.abortInbound(p)
-	r.aborted = nil
-	r.cum, r.highest, r.started = 0, 0, false
+	r.aborted, r.abortQ = nil, nil
+	r.cum, r.highest, r.started = 0, ^uint32(0), false // (highest cum-1: nothing beyond the cumulative point)
 	if r.seen != nil {
 		clear(r.seen)
 	}

@@ -74,8 +74,8 @@ func (t *Transport) slimIdle(now time.Duration) (later bool) {
 	for i := len(t.active) - 1; i >= 0; i-- { // (slimPeer moves the last into i: seen already)
 		p := t.active[i]
 		switch {
-		case len(p.rx.in) > 0 && t.cfg.PeerIdleTimeout > 0:
-			later = true // messages in part: the timer must run for expirePeers to end them
+		case (len(p.rx.in) > 0 || p.rx.gap()) && t.cfg.PeerIdleTimeout > 0:
+			later = true // messages in part, a gap: the timer must run for expirePeers to end them
 		case p.slim || !p.idle():
 		case now-p.seen >= slimAfter:
 			t.slimPeer(p)

@@ -1030,3 +1030,151 @@ func TestTraceOwnRequestsAreNoBacklog(t *testing.T) {
 		t.Fatalf("the peer's READ_REQ was refused behind our own %d requests", len(p.tx.queue))
 	}
 }
+
+// wire.md "Frames" (RESP): a RESP's status byte is one a responder sends, or the WR fails with
+// REMOTE_BAD_STATUS: a hostile peer cannot complete a WR with a local status, or with a byte that
+// is no EFA status at all (255 is the device's own "on the network" mark).
+func TestTraceRespStatusChecked(t *testing.T) {
+	for _, c := range []struct {
+		sent uint8
+		want efaio.Status
+	}{
+		{uint8(efaio.StatusRemoteBadLength), efaio.StatusRemoteBadLength},
+		{uint8(efaio.StatusFlushed), efaio.StatusRemoteBadStatus},
+		{uint8(efaio.StatusLocalInvalidLKey), efaio.StatusRemoteBadStatus},
+		{uint8(efaio.StatusLocalUnrespRemote), efaio.StatusRemoteBadStatus},
+		{255, efaio.StatusRemoteBadStatus},
+	} {
+		r := newTrace(t, 2, nil)
+		r.post(1, efaio.OpRDMAWrite, 100)
+		d := r.data()
+		r.horizon = 1
+		r.ack(1, nil, d[0].h.Path)
+		r.peerData(wire.Data{Op: wire.OpResp, MsgID: d[0].f.Data.MsgID, Status: c.sent})
+		r.wantCompletion(1, c.want)
+	}
+}
+
+// wire.md "Frames" (ABORT): ABORTs that overtake earlier PSNs are remembered, however many, until
+// the cumulative point passes each; here 3,000 of them wait behind one missing PSN, a segment of
+// one of their messages arriving after its ABORT is dropped, and when the hole is filled they are
+// all forgotten at once.
+func TestTraceManyAbortsPastAHole(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	r.recv(7)
+	const n = 3000
+	for i := uint32(1); i <= n; i++ {
+		ab := wire.Data{PSN: i, Op: wire.OpAbort, MsgID: 100 + i}
+		r.inject(uint8(i%2), func(b []byte) []byte { return wire.AppendData(b, &ab) })
+		if i%64 == 0 {
+			r.drive()
+		}
+	}
+	r.drive()
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	if len(p.rx.aborted) != n || len(p.rx.abortQ) != n {
+		t.Fatalf("%d ABORTs remembered (%d queued), want %d", len(p.rx.aborted), len(p.rx.abortQ), n)
+	}
+	late := wire.Data{PSN: n + 1, Op: wire.OpSend, MsgID: 100 + n/2, Length: 30, Offset: 10, DstQPN: 3,
+		QKey: traceQKey, Payload: make([]byte, 10)}
+	r.send(0, func(b []byte) []byte { return wire.AppendData(b, &late) })
+	if len(p.rx.in) != 0 || len(r.host.recvs) != 1 {
+		t.Fatalf("%d messages held, %d receives left after a segment behind its ABORT; want none held, WR 7 posted",
+			len(p.rx.in), len(r.host.recvs))
+	}
+	hole := wire.Data{PSN: 0, Op: wire.OpAbort, MsgID: 99}
+	r.send(1, func(b []byte) []byte { return wire.AppendData(b, &hole) })
+	if p.rx.cum != n+2 {
+		t.Fatalf("cumulative point %d, want %d", p.rx.cum, n+2)
+	}
+	if len(p.rx.aborted) != 0 || len(p.rx.abortQ) != 0 {
+		t.Errorf("%d ABORTs still remembered (%d queued) with the stream complete", len(p.rx.aborted), len(p.rx.abortQ))
+	}
+}
+
+// Messages in part are bounded across peers too (maxHeld): with the device's count at the bound,
+// a segment that would start one more is dropped and answered, and the count follows what is held.
+func TestTraceMessagesInPartAreBoundedAcrossPeers(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	r.tr.held = maxHeld - 1 // (as if other peers held the rest)
+	for id := range uint32(2) {
+		r.peerData(wire.Data{Op: wire.OpWrite, MsgID: id, Length: 30, Payload: make([]byte, 10)})
+	}
+	if n := len(r.tr.peers[config.GIDFromAddr(tracePeer)].rx.in); n != 1 || r.tr.held != maxHeld {
+		t.Fatalf("%d messages held in part (device count %d), want 1 (%d)", n, r.tr.held, maxHeld)
+	}
+	if got := r.counts.RxDrops.Load(); got != 1 || len(r.data()) != 1 {
+		t.Errorf("%d segments dropped, want the one past the bound, answered with a RESP", got)
+	}
+	r.peerData(wire.Data{Op: wire.OpAbort, MsgID: 0})
+	if r.tr.held != maxHeld-1 {
+		t.Errorf("device count %d after the ABORT, want %d", r.tr.held, maxHeld-1)
+	}
+}
+
+// wire.md "Forgotten peers": a peer whose stream has a gap (PSNs beyond the cumulative point
+// arrived) is not forgotten while its sender may still fill it, since its memo keeps only the
+// cumulative point: forgotten, a PSN sent again would complete a second time. Once the peer has
+// been quiet past twice the transport timeout (its sender has moved to a new epoch, or is gone),
+// the gap is dropped and the peer forgotten.
+func TestTracePeerWithGapIsKept(t *testing.T) {
+	r := newTrace(t, 2, func(c *config.Device) { c.PeerIdleTimeout = time.Second; c.TransportTimeout = 2 * time.Second })
+	r.meet()
+	r.recv(7)
+	r.recv(8)
+	send := wire.Data{PSN: 1, Op: wire.OpSend, MsgID: 2, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)}
+	r.send(0, func(b []byte) []byte { return wire.AppendData(b, &send) }) // PSN 0 is still to come
+	r.wantCompletion(7, efaio.StatusOK)
+	r.advance(2 * time.Second) // past the idle timeout, not the quiet time (4 s)
+	if _, ok := r.tr.peers[config.GIDFromAddr(tracePeer)]; !ok {
+		t.Fatal("the peer was forgotten with a gap in its stream")
+	}
+	r.send(1, func(b []byte) []byte { return wire.AppendData(b, &send) }) // sent again (its ACK was lost)
+	r.noCompletion()
+	r.advance(5 * time.Second) // quiet past 4 s since that
+	if _, ok := r.tr.peers[config.GIDFromAddr(tracePeer)]; ok {
+		t.Fatal("the peer is still remembered, quiet past twice the transport timeout")
+	}
+	// It comes back in the same epoch, its PSN 0 at last: answered as stale, nothing delivered.
+	r.meet()
+	r.peerData(wire.Data{Op: wire.OpSend, MsgID: 1, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)})
+	r.noCompletion()
+	if got := r.counts.StalePackets.Load(); got == 0 {
+		t.Error("DATA of the given-up epoch was not counted stale")
+	}
+}
+
+// A message may have several ABORTs (a lost segment of a cancelled message goes again as one, and
+// the ABORT after its last segment follows): the receiver forgets it only once the cumulative
+// point passes the latest. Here X's segments are PSNs 2 and 3, its ABORTs PSNs 1 (a segment sent
+// again) and 4, and PSN 0 another message's; with PSNs 0 and 1 in, X's segments arriving after
+// must still be dropped.
+func TestTraceMessageForgottenAtItsLatestAbort(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	r.recv(7)
+	abort := func(psn, id uint32) {
+		ab := wire.Data{PSN: psn, Op: wire.OpAbort, MsgID: id}
+		r.send(1, func(b []byte) []byte { return wire.AppendData(b, &ab) })
+	}
+	seg := func(psn, off uint32) {
+		d := wire.Data{PSN: psn, Op: wire.OpSend, MsgID: 5, Length: 30, Offset: off, DstQPN: 3, QKey: traceQKey,
+			Payload: make([]byte, 10)}
+		r.send(0, func(b []byte) []byte { return wire.AppendData(b, &d) })
+	}
+	abort(4, 5)
+	abort(1, 5)
+	abort(0, 9) // the cumulative point moves past X's first ABORT
+	seg(2, 10)
+	seg(3, 20)
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	if len(p.rx.in) != 0 || len(r.host.recvs) != 1 {
+		t.Fatalf("%d messages held, %d receives left; want none held and WR 7 still posted", len(p.rx.in), len(r.host.recvs))
+	}
+	r.noCompletion()
+	if p.rx.cum != 5 || len(p.rx.aborted) != 0 || len(p.rx.abortQ) != 0 {
+		t.Errorf("cumulative point %d, %d ABORTs remembered (%d queued); want 5, none", p.rx.cum, len(p.rx.aborted), len(p.rx.abortQ))
+	}
+}

@@ -105,6 +105,7 @@ type Transport struct {
 	// that thousands of idle peers cost a tick nothing (slim.go).
 	active        []*peer
 	memos         map[[16]byte]memo // what forgotten peers left (peers.go)
+	held          int               // messages arriving in part, of all peers (maxHeld)
 	nextExpiry    time.Duration     // when expirePeers looks next
 	stranger      peer              // scratch context for datagrams from devices not yet validated
 	frame         wire.Frame        // input's scratch
