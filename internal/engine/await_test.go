@@ -1,13 +1,17 @@
 package engine
 
 import (
+	"bytes"
+	"encoding/binary"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/uapi"
 	"github.com/softefa/softefa/link"
 )
 
@@ -19,6 +23,17 @@ func udpRig(t *testing.T) *accessRig {
 	}
 	t.Cleanup(func() { l.Close() })
 	return newAccessRigOn(t, config.Device{Addr: l.LocalAddr(), Link: l})
+}
+
+// drivenRig is an access rig on a driven device of its own over UDP on loopback (no receive loop,
+// no timer: the test calls Drive), with clock as its clock.
+func drivenRig(t *testing.T, clock func() time.Duration) *accessRig {
+	l, err := link.ListenUDP(netip.MustParseAddrPort("127.0.0.1:0"), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return newAccessRigOn(t, config.Device{Addr: l.LocalAddr(), Link: l, Driven: true, Clock: clock})
 }
 
 // AwaitCQ, a program's read of a CQ entry the device has not written yet (docs/cabi.md,
@@ -148,15 +163,7 @@ func TestInlineSendOutlivesItsSlot(t *testing.T) {
 func TestFlushAcksLeavesNoneOwed(t *testing.T) {
 	now := time.Second // (a send time of 0 reads as "never sent")
 	clock := func() time.Duration { return now }
-	driven := func() *accessRig {
-		l, err := link.ListenUDP(netip.MustParseAddrPort("127.0.0.1:0"), 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		return newAccessRigOn(t, config.Device{Addr: l.LocalAddr(), Link: l, Driven: true, Clock: clock})
-	}
-	a, b := driven(), driven()
+	a, b := drivenRig(t, clock), drivenRig(t, clock)
 	post := func(from, to *accessRig, reqID uint16) {
 		t.Helper()
 		ah, err := from.d.CreateAH(from.pd, to.d.GID())
@@ -214,4 +221,102 @@ func TestFlushAcksLeavesNoneOwed(t *testing.T) {
 	}
 	b.d.Close()
 	b.d.FlushAcks() // a closed device: nothing to send, and no panic
+}
+
+// An RDMA read whose local buffer's region is deregistered while the read is on the network
+// completes at once with LOCAL_INVALID_LKEY, and its data, arriving after, places nothing: the
+// application may have reused the memory. Before, the data was copied into it. Two driven devices
+// over UDP on loopback: the responder has read and sent its data before the requester deregisters.
+func TestReadIntoDeregisteredRegion(t *testing.T) {
+	now := time.Second
+	clock := func() time.Duration { return now }
+	a, b := drivenRig(t, clock), drivenRig(t, clock)
+	ah, err := a.d.CreateAH(a.pd, b.d.GID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(b.inA, "the responder's bytes")
+	a.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpRDMARead, ReqID: 5, Length: 1, AHN: ah.ahn, QKey: 9,
+		DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase,
+		SGL:    [efaio.TxNumBufs]efaio.BufDesc{{Length: 64, LKey: a.a.lkey, Addr: a.a.iova}},
+		Remote: efaio.RemoteMem{RKey: b.a.rkey, Addr: b.a.iova, Length: 64}})
+	atomic.StoreUint32(a.q.sq.db, 1)
+
+	deadline := time.Now().Add(time.Minute) // (a datagram lost on loopback would spin for ever)
+	for b.d.counts.RDMAReadRespBytes.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the responder has not read after a minute")
+		}
+		a.d.Drive()
+		b.d.Drive()
+	}
+	if got := a.q.sendCQ.written.Load(); got != 0 {
+		t.Fatalf("%d completions before the requester took the read data: the test would prove nothing", got)
+	}
+	if err := a.d.DeregMR(a.a); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.q.sendCQ.written.Load(); got != 1 {
+		t.Fatalf("%d completions at the dereg, want 1", got)
+	}
+	e := efaio.CQE(a.q.sendCQ.ring[:a.q.sendCQ.esz])
+	var c efaio.Completion
+	if err := e.Decode(binary.LittleEndian.Uint32(e), &c); err != nil || c.Status != efaio.StatusLocalInvalidLKey || c.ReqID != 5 {
+		t.Errorf("the completion has status %d for WR %d (%v), want %d for WR 5", c.Status, c.ReqID, err, efaio.StatusLocalInvalidLKey)
+	}
+	for a.d.srd.Busy() || b.d.srd.Busy() {
+		if time.Now().After(deadline) {
+			t.Fatal("the streams are not idle after a minute")
+		}
+		now += time.Millisecond
+		a.d.Drive()
+		b.d.Drive()
+	}
+	if got := a.q.sendCQ.written.Load(); got != 1 {
+		t.Errorf("%d completions after the read data came, want still 1", got)
+	}
+	if !bytes.Equal(a.inA[:64], make([]byte, 64)) {
+		t.Errorf("the deregistered buffer holds %q: the read data was placed", a.inA[:24])
+	}
+}
+
+// RTS→SQD with EN_SQD_ASYNC_NOTIFY while a SEND is on the network (not waiting after RNR): SQ_DRAINED
+// is raised when its ACK completes it. Before, only a retry of a parked WR looked, and a QP whose
+// last WR completed from the network never raised it.
+func TestSQDrainedByNetworkCompletion(t *testing.T) {
+	now := time.Second
+	clock := func() time.Duration { return now }
+	a, b := drivenRig(t, clock), drivenRig(t, clock)
+	ah, err := a.d.CreateAH(a.pd, b.d.GID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	efaio.RxDesc(b.q.rq.ring[:efaio.RxDescSize]).Encode(&efaio.RxDescFields{Addr: b.a.iova, ReqID: 7,
+		Length: 64, LKey: b.a.lkey, First: true, Last: true})
+	atomic.StoreUint32(b.q.rq.db, 1)
+	a.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 3, Length: 1, AHN: ah.ahn, QKey: 9,
+		DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase,
+		SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: 8, LKey: a.a.lkey, Addr: a.a.iova}}})
+	atomic.StoreUint32(a.q.sq.db, 1)
+	a.d.Drive() // the SEND goes out (or its first contact does)
+	if len(a.q.out) != 1 {
+		t.Fatalf("%d WRs on the network, want the SEND", len(a.q.out))
+	}
+	if err := a.d.ModifyQP(a.q, &QPAttr{State: uapi.QPSSQD, EnSQDAsyncNotify: true}, uapi.QPAttrState|uapi.QPAttrEnSQDAsyncNotify); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for a.q.sendCQ.written.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no completion of the SEND after a minute")
+		}
+		b.d.Drive()
+		a.d.Drive()
+	}
+	a.d.mu.Lock()
+	evs := slices.Clone(a.d.events)
+	a.d.mu.Unlock()
+	if len(evs) != 1 || evs[0].Type != uapi.EventSQDrained || evs[0].QP != a.q {
+		t.Errorf("events %+v, want SQ_DRAINED for the QP", evs)
+	}
 }

@@ -90,6 +90,41 @@ func (d *Device) cancel(sw *sendWR) {
 	d.freeWRs = append(d.freeWRs, sw)
 }
 
+// stopSendingFrom ends the WRs on the network whose local buffers lie in mr, which is being
+// deregistered: each completes with LOCAL_INVALID_LKEY, and the transport forgets its memory (a
+// segment still to go, or to go again, goes as an ABORT; read data still to come places nothing),
+// so that the device never reads or writes a region the application may have reused.
+func (d *Device) stopSendingFrom(mr *MR) {
+	for _, q := range d.qpList {
+		if q.pd != mr.pd {
+			continue
+		}
+		for i := 0; i < len(q.out); {
+			sw := q.out[i]
+			if !sw.usesLKey(mr.lkey) {
+				i++
+				continue
+			}
+			q.completeSend(&sw.w, efaio.StatusLocalInvalidLKey)
+			d.cancel(sw) // moves the last into i
+		}
+		q.checkDrained()
+	}
+}
+
+// usesLKey reports whether a buffer of sw's WR is in the region with lkey.
+func (sw *sendWR) usesLKey(lkey uint32) bool {
+	if sw.w.Inline {
+		return false
+	}
+	for _, b := range sw.w.SGL[:min(int(sw.w.Length), efaio.TxNumBufs)] {
+		if b.Length > 0 && b.LKey == lkey {
+			return true
+		}
+	}
+	return false
+}
+
 // dropOut removes sw from q's list of WRs on the network.
 func (q *QP) dropOut(sw *sendWR) {
 	last := len(q.out) - 1
@@ -118,6 +153,7 @@ func (h *host) Done(owner any, st efaio.Status, mayRetry bool) {
 			d.count(q, &sw.w, &msg, st)
 			q.completeSend(&sw.w, st)
 		}
+		q.checkDrained() // (SQD: this may have been the last WR in flight)
 	}
 	*sw = sendWR{}
 	d.freeWRs = append(d.freeWRs, sw)
@@ -145,6 +181,16 @@ func (h *host) Receive(src [16]byte, f *wire.Data, prev srd.Inbound) (srd.Inboun
 			d.receiving = append(d.receiving, in)
 		}
 		in.d = d
+	} else if in.m.op != op || uint64(f.Length) != in.m.length || uint64(f.Offset)+uint64(len(f.Payload)) > in.m.length {
+		// Not a segment of the message its first segment began (another operation or length, or
+		// bytes past its end): nothing of it lands, and the message fails now, as a whole; a
+		// receive WR it took completes as for an aborted message.
+		if in.hasWR {
+			in.t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: efaio.StatusRemoteAbort})
+			in.hasWR = false
+		}
+		in.status = efaio.StatusRemoteBadStatus
+		in.got = in.m.length
 	}
 	d.place(in, uint64(f.Offset), f.Payload)
 	if in.got < in.m.length {

@@ -154,7 +154,10 @@ func (d *Device) regMR(pd *PD, buf []byte, iova uint64, access int, foreign bool
 }
 
 // DeregMR removes mr. Work requests that name its keys afterwards fail their key check; an
-// operation the engine is carrying out finishes first, since both hold the device lock.
+// operation the engine is carrying out finishes first, since both hold the device lock. Work
+// requests on the network whose local buffers lie in mr (a SEND or write not yet acknowledged, a
+// read whose data has not all come) and receives placed into it in part complete at once with
+// LOCAL_INVALID_LKEY: the device touches the region no more.
 func (d *Device) DeregMR(mr *MR) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -164,6 +167,7 @@ func (d *Device) DeregMR(mr *MR) error {
 	d.mrs.remove(mr)
 	mr.dead = true
 	d.stopReceivingInto(mr)
+	d.stopSendingFrom(mr)
 	mr.pd.refs--
 	return nil
 }

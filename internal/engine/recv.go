@@ -208,6 +208,10 @@ func (d *Device) accept(m *message, in *inbound) efaio.Status {
 				return in.fail(false, efaio.StatusRemoteRNR)
 			}
 			t.rq.ci += uint16(in.wr.ndesc)
+			if in.wr.bad { // a malformed receive WR fails as it would for a SEND
+				t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: efaio.StatusLocalQPInternalError})
+				return in.fail(false, efaio.StatusRemoteBadStatus)
+			}
 			in.hasWR = true
 		}
 	case efaio.OpRDMARead:
