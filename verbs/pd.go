@@ -121,7 +121,10 @@ func (mr *MR) SGE(off, n int) SGE {
 
 // Dereg deregisters the region (ibv_dereg_mr). Work requests that name its keys afterwards
 // complete with a protection error (local) or a remote access error (remote); an operation the
-// device is carrying out when Dereg is called finishes first.
+// device is carrying out when Dereg is called finishes first. Work requests still on the network
+// whose local buffers lie in the region (a send or write not yet acknowledged, a read whose data
+// has not all come, a receive filled in part) complete at once with a protection error, and the
+// device touches the region no more.
 func (mr *MR) Dereg() error {
 	if err := mr.pd.ctx.e.DeregMR(mr.e); err != nil {
 		return err
