@@ -273,16 +273,18 @@ func streamFigures(o *options, wl, tr, md string, size int, counts bool, run fun
 }
 
 // retransFigure is the packets softefa retransmitted in each run of f (both devices), where
-// nothing was lost; the note gives how many of them had arrived after all.
+// nothing was lost; the note gives how many of them had arrived after all, and how many
+// retransmission timeouts fired (the rest were declared lost by later packets' ACKs).
 func retransFigure(f figure, cs []sfCounts) figure {
 	r := figure{Transport: f.Transport, Mode: f.Mode, Workload: f.Workload, Metric: "retrans", Unit: "pkts"}
-	var spurious uint64
+	var spurious, timeouts uint64
 	for _, c := range cs {
 		r.Runs = append(r.Runs, float64(c.retrans))
 		spurious += c.spurious
+		timeouts += c.timeouts
 	}
 	r.Value = median(r.Runs)
-	r.Note = fmt.Sprintf("%d spurious in all runs", spurious)
+	r.Note = fmt.Sprintf("%d spurious, %d timeouts in all runs", spurious, timeouts)
 	return r
 }
 

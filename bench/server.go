@@ -109,9 +109,10 @@ type server interface {
 type served struct {
 	Msgs int64 `json:"msgs"` // messages received (bytes, for byte streams)
 	End  int64 `json:"end"`  // wall-clock time of the last arrival, Unix ns: comparable across processes
-	// The server device's RetransPkts and SpuriousRetrans (softefa).
+	// The server device's RetransPkts, SpuriousRetrans and RetransTimeoutEvents (softefa).
 	Retrans  uint64 `json:"retrans,omitempty"`
 	Spurious uint64 `json:"spurious,omitempty"`
+	Timeouts uint64 `json:"timeouts,omitempty"`
 }
 
 // msg is one line of the protocol between the bench and a child: the child's hello, a request

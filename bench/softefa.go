@@ -214,7 +214,7 @@ func (s *sfSide) postTo(ah *verbs.AH, k int, qpn uint32, first uint64, build fun
 
 func (s *sfSide) counts() sfCounts {
 	c := s.ctx.Counters()
-	return sfCounts{retrans: c.RetransPkts, spurious: c.SpuriousRetrans}
+	return sfCounts{retrans: c.RetransPkts, spurious: c.SpuriousRetrans, timeouts: c.RetransTimeoutEvents}
 }
 
 // ---- the server end ----
@@ -388,7 +388,7 @@ func (s *sfServer) Finish(sent int64) (served, error) {
 	}
 	r := s.stop()
 	c := s.side.counts()
-	return served{Msgs: r.n, End: r.end.UnixNano(), Retrans: c.retrans, Spurious: c.spurious}, s.err
+	return served{Msgs: r.n, End: r.end.UnixNano(), Retrans: c.retrans, Spurious: c.spurious, Timeouts: c.timeouts}, s.err
 }
 
 func (s *sfServer) Close() error {
@@ -479,7 +479,7 @@ func (t softefaTransport) stream(srv server, size int, d time.Duration, via rout
 	}
 	c := cl.counts()
 	res.msgs, res.elapsed = msgs, time.Unix(0, r.End).Sub(start)
-	res.retrans, res.spurious = c.retrans+r.Retrans, c.spurious+r.Spurious
+	res.sfCounts = sfCounts{retrans: c.retrans + r.Retrans, spurious: c.spurious + r.Spurious, timeouts: c.timeouts + r.Timeouts}
 	return res, nil
 }
 
@@ -578,7 +578,7 @@ func (t softefaTransport) pingpong(srv server, size, n int, via router) (pingRes
 	}
 	r, err := srv.Finish(0)
 	c := cl.counts()
-	res.retrans, res.spurious = c.retrans+r.Retrans, c.spurious+r.Spurious
+	res.sfCounts = sfCounts{retrans: c.retrans + r.Retrans, spurious: c.spurious + r.Spurious, timeouts: c.timeouts + r.Timeouts}
 	return res, err
 }
 

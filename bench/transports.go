@@ -67,10 +67,11 @@ type pingResult struct {
 }
 
 // sfCounts are softefa's retransmission counters for a run, both devices together: packets
-// retransmitted (RetransPkts) and, of those, the ones found to have arrived after all
-// (SpuriousRetrans). Other transports leave them zero.
+// retransmitted (RetransPkts), of those the ones found to have arrived after all
+// (SpuriousRetrans), and the retransmission timeouts (RetransTimeoutEvents). Other transports
+// leave them zero.
 type sfCounts struct {
-	retrans, spurious uint64
+	retrans, spurious, timeouts uint64
 }
 
 // router returns where a client should send to reach server: server itself, or a fabric's
