@@ -113,11 +113,13 @@ func device() (*uverbs.Device, error) {
 		return nil, err
 	}
 	state.dev = uverbs.NewDevice(e)
-	if _, set := os.LookupEnv("GOMAXPROCS"); state.dev.CQTraps() && !set {
-		// This Go runtime serves the device alone, and with completion traps the program's own
-		// polling thread does the device's receiving: one processor for the rest, so that its
-		// goroutines readied per datagram are not handed to threads woken beside the program's
-		// (docs/cabi.md, "Completion traps": fi_pingpong 64 B 98-115 -> 61-72 µs a transfer).
+	if _, set := os.LookupEnv("GOMAXPROCS"); (state.dev.CQTraps() || state.dev.Lingers()) && !set {
+		// This Go runtime serves the device alone, and with completion traps or lingering the
+		// program's own thread does most of the device's receiving: one processor for the rest,
+		// so that its goroutines readied per datagram are not handed to threads woken beside the
+		// program's, and the receive loop does not spin beside a lingering thread (docs/cabi.md,
+		// "Completion traps": fi_pingpong 64 B 98-115 -> 61-72 µs a transfer; "Lingering after a
+		// post": 166-182 -> 49-65).
 		runtime.GOMAXPROCS(1)
 	}
 	state.files = make(map[int32]*open)

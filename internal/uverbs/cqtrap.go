@@ -31,10 +31,10 @@ func cqSpinBudget() time.Duration {
 
 // defaultLinger is how long a program's thread, ringing the SQ doorbell of a QP whose previous
 // ring was answered by a receive, polls the network for the next receive before it goes back to
-// the program (engine.Device.AwaitRecv; docs/cabi.md, "Lingering after a post"). 0: off unless
-// SOFTEFA_LINGER gives a budget (200us is what docs/cabi.md measured); it holds the program's
-// thread, which a program that computes after its send would feel.
-const defaultLinger = 0
+// the program (engine.Device.AwaitRecv; docs/cabi.md, "Lingering after a post"); SOFTEFA_LINGER
+// gives another budget, 0 turns it off. It holds the program's thread for up to the budget, which
+// a program that computes after its send would feel; a ping-pong's round trip falls to a third.
+const defaultLinger = 200 * time.Microsecond
 
 func lingerBudget() time.Duration {
 	if v, err := time.ParseDuration(os.Getenv("SOFTEFA_LINGER")); err == nil && v >= 0 {
@@ -45,6 +45,10 @@ func lingerBudget() time.Duration {
 
 // CQTraps reports whether completion traps are on (SOFTEFA_CQ_SPIN gives a budget).
 func (d *Device) CQTraps() bool { return d.cqSpin > 0 }
+
+// Lingers reports whether a trapped ring of a ping-ponging QP waits for the answer
+// (SOFTEFA_LINGER gives a budget).
+func (d *Device) Lingers() bool { return d.linger > 0 }
 
 // CQRing reports which CQ's ring the mmap key names: its handle, or false when the key is not a
 // CQ's ring or completion traps are off. The shim guards its mappings of that ring after a
