@@ -36,6 +36,20 @@ func drivenRig(t *testing.T, clock func() time.Duration) *accessRig {
 	return newAccessRigOn(t, config.Device{Addr: l.LocalAddr(), Link: l, Driven: true, Clock: clock})
 }
 
+// postSend posts, in slot 0 of each queue, a receive WR at b (req_id 7, 64 bytes at the start of
+// region A) and a SEND of msg from a (req_id 3, from the start of its region A) through ah, and
+// stores both doorbells; the caller rings or drives a.
+func postSend(a, b *accessRig, ah *AH, msg string) {
+	efaio.RxDesc(b.q.rq.ring[:efaio.RxDescSize]).Encode(&efaio.RxDescFields{Addr: b.a.iova, ReqID: 7,
+		Length: 64, LKey: b.a.lkey, First: true, Last: true})
+	atomic.StoreUint32(b.q.rq.db, 1)
+	copy(a.inA, msg)
+	a.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 3, Length: 1, AHN: ah.ahn, QKey: 9,
+		DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase,
+		SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: uint32(len(msg)), LKey: a.a.lkey, Addr: a.a.iova}}})
+	atomic.StoreUint32(a.q.sq.db, 1)
+}
+
 // AwaitCQ, a program's read of a CQ entry the device has not written yet (docs/cabi.md,
 // "Completion traps"): the reading thread polls the network until the entry is written. Two
 // devices over UDP on loopback; the budget is an hour, so a wait that never saw its entry would
@@ -56,14 +70,7 @@ func TestAwaitCQ(t *testing.T) {
 	}
 
 	const msg = "taken off the socket by the reader"
-	efaio.RxDesc(b.q.rq.ring[:efaio.RxDescSize]).Encode(&efaio.RxDescFields{Addr: b.a.iova, ReqID: 7,
-		Length: 64, LKey: b.a.lkey, First: true, Last: true})
-	atomic.StoreUint32(b.q.rq.db, 1)
-	copy(a.inA, msg)
-	a.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 3, Length: 1, AHN: ah.ahn, QKey: 9,
-		DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase,
-		SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: uint32(len(msg)), LKey: a.a.lkey, Addr: a.a.iova}}})
-	atomic.StoreUint32(a.q.sq.db, 1)
+	postSend(a, b, ah, msg)
 	a.d.Ring(a.q)
 
 	b.d.AwaitCQ(recv, 0, time.Hour)
@@ -96,14 +103,7 @@ func TestAwaitRecv(t *testing.T) {
 	b.d.AwaitRecv(b.q, 1, time.Hour) // a receive past 1 is not the next one: back at once
 
 	const msg = "taken off the socket by the lingering thread"
-	efaio.RxDesc(b.q.rq.ring[:efaio.RxDescSize]).Encode(&efaio.RxDescFields{Addr: b.a.iova, ReqID: 7,
-		Length: 64, LKey: b.a.lkey, First: true, Last: true})
-	atomic.StoreUint32(b.q.rq.db, 1)
-	copy(a.inA, msg)
-	a.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 3, Length: 1, AHN: ah.ahn, QKey: 9,
-		DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase,
-		SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: uint32(len(msg)), LKey: a.a.lkey, Addr: a.a.iova}}})
-	atomic.StoreUint32(a.q.sq.db, 1)
+	postSend(a, b, ah, msg)
 	a.d.Ring(a.q)
 
 	b.d.AwaitRecv(b.q, 0, time.Hour)
@@ -291,13 +291,7 @@ func TestSQDrainedByNetworkCompletion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	efaio.RxDesc(b.q.rq.ring[:efaio.RxDescSize]).Encode(&efaio.RxDescFields{Addr: b.a.iova, ReqID: 7,
-		Length: 64, LKey: b.a.lkey, First: true, Last: true})
-	atomic.StoreUint32(b.q.rq.db, 1)
-	a.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 3, Length: 1, AHN: ah.ahn, QKey: 9,
-		DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase,
-		SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: 8, LKey: a.a.lkey, Addr: a.a.iova}}})
-	atomic.StoreUint32(a.q.sq.db, 1)
+	postSend(a, b, ah, "8 bytes!")
 	a.d.Drive() // the SEND goes out (or its first contact does)
 	if len(a.q.out) != 1 {
 		t.Fatalf("%d WRs on the network, want the SEND", len(a.q.out))

@@ -298,19 +298,10 @@ func (d *Device) recheckArms() {
 // that entry anyway; spinning here lets its own thread take the answer off the socket, instead of
 // waiting for the receive loop's thread to be woken and given a core.
 func (d *Device) AwaitCQ(cq *CQ, slot uint32, budget time.Duration) {
-	if slot >= cq.depth || d.busyRx == nil {
-		return // (no busy poller: PollNetwork would never take anything)
+	if slot >= cq.depth {
+		return
 	}
-	start := time.Now()
-	for cq.written.Load()&(cq.depth-1) == slot {
-		// ACKs at once: a C program may exit right after the entry it waited for (the end of a
-		// test), and an ACK left owed would die with it; the peer's send would then fail as
-		// unresponsive after the transport timeout (libfabric's test_rdm_pingpong_no_inject_range).
-		d.pollNetwork(false)
-		if time.Since(start) >= budget {
-			return
-		}
-	}
+	d.pollWhile(func() bool { return cq.written.Load()&(cq.depth-1) == slot }, budget)
 }
 
 // AwaitRecv is made on the thread of a program that has just posted a send on q after a receive
@@ -319,12 +310,21 @@ func (d *Device) AwaitCQ(cq *CQ, slot uint32, budget time.Duration) {
 // budget has passed. The program will spin on its CQ for the answer next anyway; taking the answer
 // off the socket on its own thread spares the wake-up of the receive loop's.
 func (d *Device) AwaitRecv(q *QP, seen uint64, budget time.Duration) {
+	d.pollWhile(func() bool { return q.counts.RecvWRs.Load() == seen }, budget)
+}
+
+// pollWhile polls the network on the calling thread, as PollNetwork does, while waiting reports
+// true and budget has not passed (AwaitCQ, AwaitRecv). Its ACKs go at once: a C program may exit
+// right after the entry it waited for (the end of a test), and an ACK left owed would die with
+// it; the peer's send would then fail as unresponsive after the transport timeout (libfabric's
+// test_rdm_pingpong_no_inject_range).
+func (d *Device) pollWhile(waiting func() bool, budget time.Duration) {
 	if d.busyRx == nil {
 		return // (no busy poller: PollNetwork would never take anything)
 	}
 	start := time.Now()
-	for q.counts.RecvWRs.Load() == seen {
-		d.pollNetwork(false) // ACKs at once, as in AwaitCQ
+	for waiting() {
+		d.pollNetwork(false)
 		if time.Since(start) >= budget {
 			return
 		}

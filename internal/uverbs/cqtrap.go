@@ -22,11 +22,12 @@ import (
 // "Completion traps").
 const defaultCQSpin = 0
 
-func cqSpinBudget() time.Duration {
-	if v, err := time.ParseDuration(os.Getenv("SOFTEFA_CQ_SPIN")); err == nil && v >= 0 {
+// budget is the duration the environment variable name gives (a Go duration, 0 or more), or def.
+func budget(name string, def time.Duration) time.Duration {
+	if v, err := time.ParseDuration(os.Getenv(name)); err == nil && v >= 0 {
 		return v
 	}
-	return defaultCQSpin
+	return def
 }
 
 // defaultLinger is how long a program's thread, ringing the SQ doorbell of a QP whose previous
@@ -35,13 +36,6 @@ func cqSpinBudget() time.Duration {
 // gives another budget, 0 turns it off. It holds the program's thread for up to the budget, which
 // a program that computes after its send would feel; a ping-pong's round trip falls to a third.
 const defaultLinger = 200 * time.Microsecond
-
-func lingerBudget() time.Duration {
-	if v, err := time.ParseDuration(os.Getenv("SOFTEFA_LINGER")); err == nil && v >= 0 {
-		return v
-	}
-	return defaultLinger
-}
 
 // CQTraps reports whether completion traps are on (SOFTEFA_CQ_SPIN gives a budget).
 func (d *Device) CQTraps() bool { return d.cqSpin > 0 }

@@ -55,8 +55,8 @@ func NewDevice(e *engine.Device) *Device {
 	ctx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
 	d.dbs = newWatcher(e)
-	d.cqSpin = cqSpinBudget()
-	d.linger = lingerBudget()
+	d.cqSpin = budget("SOFTEFA_CQ_SPIN", defaultCQSpin)
+	d.linger = budget("SOFTEFA_LINGER", defaultLinger)
 	go d.forwardAsync(ctx)
 	return d
 }
