@@ -3,10 +3,12 @@
 package cabi
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -165,4 +167,103 @@ func sigtermRun(s *Setup, exe string, args []string, handler bool) error {
 		return fmt.Errorf("unexpected output:\n%s", out)
 	}
 	return nil
+}
+
+// TestEngineTimerSlack runs testdata/slack.c, which opens the device and waits, and reads the
+// timer slack of each of its threads: the program's own thread keeps its slack, and the threads
+// the engine's Go runtime started while it was loaded have the engine's (1 ms by default,
+// SOFTEFA_ENGINE_SLACK; "0" leaves the program's). The Go runtime's monitor thread, which the
+// slack slows, is among them (docs/cabi.md, "The engine's timer slack"). Reading another
+// thread's slack needs CAP_SYS_NICE (root, as in CI).
+func TestEngineTimerSlack(t *testing.T) {
+	exe := buildC(t, "slack")
+	s := setupOrSkip(t)
+	for _, c := range []struct {
+		env  string
+		want int // the slack of the engine's threads, ns; 0: none differs from the program's
+	}{
+		{"", 1000000},
+		{"SOFTEFA_ENGINE_SLACK=300us", 300000},
+		{"SOFTEFA_ENGINE_SLACK=0", 0},
+	} {
+		t.Run(c.env, func(t *testing.T) {
+			own, slacks := threadSlacks(t, s, exe, c.env)
+			if own != 50000 {
+				t.Errorf("the program's thread has slack %d ns, want the default 50000", own)
+			}
+			n := 0
+			for _, v := range slacks {
+				if c.want != 0 && v == c.want {
+					n++
+				}
+				if c.want == 0 && v != own && v != 1000 { // (the doorbell watcher sets its own, 1 µs)
+					t.Errorf("an engine thread has slack %d ns, want the program's %d", v, own)
+				}
+			}
+			if c.want != 0 && n == 0 {
+				t.Errorf("no engine thread has slack %d ns: %v", c.want, slacks)
+			}
+		})
+	}
+}
+
+// threadSlacks runs exe with the extra environment variable env (if any) and returns its main
+// thread's timer slack and those of its other threads, in nanoseconds.
+func threadSlacks(t *testing.T, s *Setup, exe, env string) (own int, others []int) {
+	t.Helper()
+	c := exec.Command(exe)
+	c.Env = s.Environ()
+	if env != "" {
+		c.Env = append(c.Env, env)
+	}
+	stdin, err := c.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := c.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Stderr = os.Stderr
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		stdin.Close()
+		if err := c.Wait(); err != nil {
+			t.Errorf("slack: %v", err)
+		}
+	}()
+	var pid, tid int
+	if _, err := fmt.Fscanf(stdout, "ready pid=%d tid=%d slack=%d\n", &pid, &tid, &own); err != nil {
+		t.Fatalf("slack did not get ready: %v", err)
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		if task.Name() == fmt.Sprint(tid) {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/timerslack_ns", pid, task.Name()))
+		if errors.Is(err, os.ErrNotExist) {
+			b, err = os.ReadFile(fmt.Sprintf("/proc/%s/timerslack_ns", task.Name()))
+		}
+		if errors.Is(err, os.ErrPermission) {
+			t.Skipf("reading another thread's timer slack needs CAP_SYS_NICE: %v", err)
+		}
+		if err != nil {
+			continue // (the thread ended)
+		}
+		v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		others = append(others, v)
+	}
+	if len(others) == 0 {
+		t.Fatal("the program has no thread but its own: the engine was not loaded")
+	}
+	return own, others
 }

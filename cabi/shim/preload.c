@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -229,15 +230,51 @@ static void at_exit(void) {
 	leave(&old);
 }
 
+// DEFAULT_ENGINE_SLACK is the timer slack, in nanoseconds, of the engine's Go runtime threads
+// (docs/cabi.md, "The engine's timer slack"); SOFTEFA_ENGINE_SLACK gives another (a Go duration:
+// "1ms", "500us"; "0" leaves the program's own).
+#define DEFAULT_ENGINE_SLACK 1000000L
+
+// engine_slack is the timer slack the engine's threads get: SOFTEFA_ENGINE_SLACK, or the default;
+// 0 for the program's own. A value that does not parse, or is negative, gives the default.
+static long engine_slack(void) {
+	const char *v = getenv("SOFTEFA_ENGINE_SLACK");
+	if (!v || !*v)
+		return DEFAULT_ENGINE_SLACK;
+	char *end;
+	double n = strtod(v, &end);
+	static const struct {
+		const char *unit;
+		double ns;
+	} units[] = {{"ns", 1}, {"us", 1e3}, {"\xc2\xb5s", 1e3}, {"ms", 1e6}, {"s", 1e9}, {"", 0}};
+	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+		if (strcmp(end, units[i].unit) != 0)
+			continue;
+		if (end == v || n < 0 || (units[i].ns == 0 && n != 0) || n * units[i].ns > 1e9)
+			break; // (a bare number is Go's "0" only; at most a second)
+		return (long)(n * units[i].ns);
+	}
+	return DEFAULT_ENGINE_SLACK;
+}
+
 static void load_engine(void) {
 	const char *lib = getenv("SOFTEFA_ENGINE");
 	if (!lib || !*lib) {
 		eng_err = ENODEV;
 		return;
 	}
+	// The runtime's threads, started now, inherit this thread's signal mask and timer slack. The
+	// slack is what keeps the runtime's monitor thread (sysmon), which wakes every 20 us while
+	// the program's thread holds the engine's processor in C, from preempting the program's
+	// busy-polling threads tens of thousands of times a second (docs/cabi.md).
+	long slack = engine_slack(), own = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
 	sigset_t old;
-	enter(&old); // the runtime's threads, started now, inherit this mask
+	enter(&old);
+	if (slack > 0 && own >= 0)
+		prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
 	void *h = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+	if (slack > 0 && own >= 0)
+		prctl(PR_SET_TIMERSLACK, (unsigned long)own, 0, 0, 0);
 	leave(&old);
 	if (!h) {
 		fprintf(stderr, "softefa: cannot load the engine: %s\n", dlerror());
