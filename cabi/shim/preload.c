@@ -268,12 +268,13 @@ static void load_engine(void) {
 	// the program's thread holds the engine's processor in C, from preempting the program's
 	// busy-polling threads tens of thousands of times a second (docs/cabi.md).
 	long slack = engine_slack(), own = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+	int set_slack = slack > 0 && own >= 0;
 	sigset_t old;
 	enter(&old);
-	if (slack > 0 && own >= 0)
+	if (set_slack)
 		prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
 	void *h = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
-	if (slack > 0 && own >= 0)
+	if (set_slack)
 		prctl(PR_SET_TIMERSLACK, (unsigned long)own, 0, 0, 0);
 	leave(&old);
 	if (!h) {
