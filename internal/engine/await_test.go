@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"slices"
 	"sync/atomic"
@@ -95,6 +96,26 @@ func TestAwaitCQ(t *testing.T) {
 // past the count it saw. The budget is an hour, so a wait that missed its receive would hang the
 // test rather than pass it.
 func TestAwaitRecv(t *testing.T) {
+	defer func(d time.Duration, y func()) { yieldAfter, yield = d, y }(yieldAfter, yield)
+	var yields int
+	yield = func() { yields++; osYield() }
+	for _, after := range []time.Duration{time.Hour, 0} {
+		t.Run(fmt.Sprintf("yieldAfter=%v", after), func(t *testing.T) {
+			yieldAfter, yields = after, 0
+			testAwaitRecv(t)
+			// Nothing comes: the wait polls out its budget of 20 ms. Past yieldAfter, each poll
+			// that found nothing offers the core (osYield): with 0, from the first; with an
+			// hour, none.
+			b := udpRig(t)
+			b.d.AwaitRecv(b.q, 0, 20*time.Millisecond)
+			if after == 0 && yields == 0 || after > 0 && yields > 0 {
+				t.Errorf("%d yields with yieldAfter %v", yields, after)
+			}
+		})
+	}
+}
+
+func testAwaitRecv(t *testing.T) {
 	a, b := udpRig(t), udpRig(t)
 	ah, err := a.d.CreateAH(a.pd, b.d.GID())
 	if err != nil {

@@ -318,18 +318,34 @@ func (d *Device) AwaitRecv(q *QP, seen uint64, budget time.Duration) {
 // right after the entry it waited for (the end of a test), and an ACK left owed would die with
 // it; the peer's send would then fail as unresponsive after the transport timeout (libfabric's
 // test_rdm_pingpong_no_inject_range).
+//
+// After yieldAfter of waiting, each poll that found nothing offers the thread's core to other
+// threads (osYield): on a machine with more busy processes than cores (MPI ranks beside each
+// other) the peer that must answer may be waiting for this very core, and the program's own busy
+// loop, which the wait stands in for, may have yielded too (MPICH's does).
 func (d *Device) pollWhile(waiting func() bool, budget time.Duration) {
 	if d.busyRx == nil {
 		return // (no busy poller: PollNetwork would never take anything)
 	}
 	start := time.Now()
 	for waiting() {
-		d.pollNetwork(false)
-		if time.Since(start) >= budget {
+		got := d.pollNetwork(false)
+		waited := time.Since(start)
+		if waited >= budget {
 			return
+		}
+		if !got && waited >= yieldAfter {
+			yield()
 		}
 	}
 }
+
+// yieldAfter is how long pollWhile spins before it offers its core between polls: on a quiet
+// machine the answer comes well within it (a lingering thread waits a round trip, 60-80 µs
+// here), so it costs those nothing.
+var yieldAfter = 100 * time.Microsecond // (variables for the tests)
+
+var yield = osYield
 
 // TalksToPeers reports whether q has sent to another device: the completions of its sends, and
 // likely the answers to them, come from the network.
