@@ -53,8 +53,8 @@ func (t *Transport) sendAck(p *peer) {
 	a := p.ack()
 	p.rx.ackDue, p.rx.sinceAck = false, 0 // before room, which would carry the ACK itself
 	var path int
-	if q := t.txq; q.cur == p && q.pkts[q.n-1].N+wire.FrameHeaderSize+wire.AckSize <= q.maxLen && t.proven(p, q.path) {
-		path = q.path // ride in the datagram going to p already (an answer, data) on a path known to work
+	if q := t.txq; q.cur == p && q.pkts[q.n-1].N+wire.FrameHeaderSize+wire.AckSize <= q.maxLen && t.carriesAck(p, q.path) {
+		path = q.path // ride in the datagram going to p already (an answer, data) on a path fit for it
 	} else {
 		path = t.controlPath(p) // (only now: it moves the rotation)
 	}

@@ -163,11 +163,16 @@ func (p *peer) provenSince(now time.Duration) (newest, recent time.Duration) {
 	return newest, newest - window
 }
 
-// proven reports whether path carried recently acknowledged data to p (see controlPath).
-func (t *Transport) proven(p *peer, path int) bool {
+// carriesAck reports whether an ACK to p may ride in a datagram on path (with data, or in a
+// datagram already going to p): the path carried recently acknowledged data, or no path did and
+// this one has not failed — the paths controlPath rotates an ACK of its own over. Acknowledgements
+// of sparse copies credit no path, so a ping-pong whose copies are on has no proven path a few
+// RTTs later; without the second rule its answers would stop carrying its ACKs, each going in a
+// datagram of its own after the answer.
+func (t *Transport) carriesAck(p *peer, path int) bool {
 	newest, recent := p.provenSince(t.now)
 	ps := &p.paths[path]
-	return !ps.failed && newest > 0 && ps.ackedAt >= recent
+	return !ps.failed && (newest == 0 || ps.ackedAt >= recent)
 }
 
 // pathLoss counts a loss against one of our paths; consecutive losses mark it failed (as long as

@@ -83,8 +83,8 @@ func (t *Transport) roomFor(p *peer, path, size, ride int) []byte {
 		pk.Buf = wire.AppendChallenge(pk.Buf, t.challengeFor(p))
 	}
 	fits := size >= wire.FrameHeaderSize+wire.DataHeaderSize && len(pk.Buf)+wire.FrameHeaderSize+wire.AckSize+size <= q.maxLen
-	if fits && ((p.rx.ackDue || ride == ackIfCopy && p.rx.started) && t.proven(p, path) || ride == ackAlways && p.rx.started) {
-		// An ACK owed to p rides along with data (a path known to work: it must get there); a
+	if fits && ((p.rx.ackDue || ride == ackIfCopy && p.rx.started) && t.carriesAck(p, path) || ride == ackAlways && p.rx.started) {
+		// An ACK owed to p rides along with data (on a path fit for it: carriesAck); a
 		// sparse copy carries one in any case, in case the original and its ACK were lost; and
 		// a message that asks for one (Msg.withAck) gets one on every path.
 		a := p.ack()

@@ -333,6 +333,40 @@ func TestTraceOwedAckRidesOnAnswer(t *testing.T) {
 	}
 }
 
+// docs/congestion.md "Paths": with no path proven (nothing of ours acknowledged within a few RTTs:
+// acknowledgements of sparse copies credit no path), an owed ACK still rides in the answer's
+// datagram on a healthy path, one an ACK of its own could take too. Before, it went alone after
+// the answer, and the peer, taking the answer first, waited for it.
+func TestTraceOwedAckRidesWithoutProvenPath(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.recv(7)
+	r.advance(time.Millisecond) // (a send time of 0 reads as "never sent")
+	r.post(1, efaio.OpSend, 100)
+	d := r.data()
+	r.ack(1, nil, d[0].h.Path)
+	r.wantCompletion(1, efaio.StatusOK)
+	// 9 ms on, the proof (an acknowledged packet sent within 4 × the 2 ms minimum RTO of now) is
+	// stale, but the device still talks to the peer (it sent within 10 ms): an ACK may be owed.
+	r.advance(9 * time.Millisecond)
+	if newest, _ := r.tr.peers[config.GIDFromAddr(tracePeer)].provenSince(r.f.Now()); newest != 0 {
+		t.Fatalf("a path is still proven (newest %v): the test would prove nothing", newest)
+	}
+	send := wire.Data{Op: wire.OpSend, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)}
+	send.PSN = r.next
+	r.next++
+	r.inject(0, func(b []byte) []byte { return wire.AppendData(b, &send) })
+	r.busyPoll()
+	if acks := r.take(wire.TypeAck); len(acks) != 0 {
+		t.Fatalf("ACKed at once: %+v", acks)
+	}
+	r.wantCompletion(7, efaio.StatusOK)
+	r.post(2, efaio.OpSend, 100) // the answer
+	acks, data := r.take(wire.TypeAck), r.data()
+	if len(acks) != 1 || len(data) != 1 || acks[0].dgram != data[0].dgram || acks[0].f.Ack.Cum != 1 {
+		t.Fatalf("ACKs %+v, DATA %+v: want the ACK of PSN 0 in the answer's datagram", acks, data)
+	}
+}
+
 // wire.md "Packet streams": within one batch of datagrams a receiver acknowledges after every 16
 // DATA frames, and at the batch's end.
 func TestTraceAckEvery16Frames(t *testing.T) {
