@@ -140,6 +140,48 @@ func testAwaitRecv(t *testing.T) {
 	b.d.AwaitRecv(b.q, 1, 0) // nothing more comes: with no budget, one poll and back
 }
 
+// AwaitRecv waits for the QP's sends on the network as well as for its next receive: the program
+// looks for both completions next (libfabric's fi_pingpong waits for its send's first), and an ACK
+// that comes after the answer must be taken off the socket too. With yieldAfter 0, every poll
+// that found nothing yields: the count shows whether the wait polled on or came back at once.
+func TestAwaitRecvWaitsForSends(t *testing.T) {
+	defer func(d time.Duration, y func()) { yieldAfter, yield = d, y }(yieldAfter, yield)
+	var yields int
+	yieldAfter, yield = 0, func() { yields++ }
+
+	// Its SEND answered, a QP whose receive count is past seen has nothing to wait for.
+	a, b := udpRig(t), udpRig(t)
+	ah, err := a.d.CreateAH(a.pd, b.d.GID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	postSend(a, b, ah, "answered")
+	a.d.Ring(a.q)
+	a.d.AwaitCQ(a.q.sendCQ, 0, time.Hour)
+	yields = 0                       // (AwaitCQ's)
+	a.d.AwaitRecv(a.q, 1, time.Hour) // (an hour: a wait that polled on would hang the test)
+	if yields != 0 {
+		t.Fatalf("%d empty polls with no send on the network and the receive count past seen", yields)
+	}
+
+	// A SEND to a device that answers nothing (closed) keeps the wait going for its budget.
+	c, dead := udpRig(t), udpRig(t)
+	ah, err = c.d.CreateAH(c.pd, dead.d.GID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead.d.Close()
+	postSend(c, dead, ah, "unanswered")
+	c.d.Ring(c.q)
+	if c.q.outN.Load() != 1 {
+		t.Fatalf("%d sends on the network, want 1", c.q.outN.Load())
+	}
+	c.d.AwaitRecv(c.q, 1, 20*time.Millisecond)
+	if yields == 0 {
+		t.Error("AwaitRecv came back at once with a send of the QP unanswered")
+	}
+}
+
 // An inline SEND keeps the bytes that were posted while it waits for the peer: the SQ slot it
 // came from may be written again before it completes (libefa reuses a slot once fewer than a
 // ring's worth of WRs are outstanding, and SRD completes out of order), and its RNR retry (or a
@@ -182,6 +224,15 @@ func TestInlineSendOutlivesItsSlot(t *testing.T) {
 // FlushAcks can send the owed ACK: no receive loop, no timer. b has sent to a first (an ACK to a
 // peer we talk to is what a busy poll leaves owed); a's SEND then completes on b's FlushAcks.
 func TestFlushAcksLeavesNoneOwed(t *testing.T) {
+	for _, by := range []string{"FlushAcks", "AwaitRecv"} {
+		t.Run(by, func(t *testing.T) { testFlushAcks(t, by) })
+	}
+}
+
+// testFlushAcks is TestFlushAcksLeavesNoneOwed with the owed ACK sent by FlushAcks, or by
+// AwaitRecv, which sends what is owed before it waits: the post that rang it could not carry
+// it, and the peer, lingering for its own send's completion, is waiting for it.
+func testFlushAcks(t *testing.T, by string) {
 	now := time.Second // (a send time of 0 reads as "never sent")
 	clock := func() time.Duration { return now }
 	a, b := drivenRig(t, clock), drivenRig(t, clock)
@@ -232,9 +283,13 @@ func TestFlushAcksLeavesNoneOwed(t *testing.T) {
 	if !b.d.srd.AcksOwed() {
 		t.Fatal("no ACK owed after a lazy input from a peer b talks to: the test would prove nothing")
 	}
-	b.d.FlushAcks()
+	if by == "FlushAcks" {
+		b.d.FlushAcks()
+	} else {
+		b.d.AwaitRecv(b.q, b.q.counts.RecvWRs.Load(), 0)
+	}
 	if b.d.srd.AcksOwed() {
-		t.Fatal("an ACK is still owed after FlushAcks")
+		t.Fatalf("an ACK is still owed after %s", by)
 	}
 	for a.q.sendCQ.written.Load() < 2 {
 		waiting("completion of a's SEND")

@@ -47,6 +47,7 @@ func (d *Device) sendRemote(q *QP, w *efaio.TxDesc, m *message, tries int) efaio
 	}
 	sw.idx = len(q.out)
 	q.out = append(q.out, sw) // before Request: a request can end inside it
+	q.outN.Store(int32(len(q.out)))
 	msg, st := d.srd.Request(m.dstGID, &r, sw)
 	if st != efaio.StatusOK {
 		q.dropOut(sw)
@@ -132,6 +133,7 @@ func (q *QP) dropOut(sw *sendWR) {
 	q.out[sw.idx].idx = sw.idx
 	q.out[last] = nil
 	q.out = q.out[:last]
+	q.outN.Store(int32(last))
 	sw.q = nil
 }
 

@@ -54,9 +54,10 @@ type QP struct {
 	sq   sendQueue
 	rq   recvQueue
 
-	parked   []parkedWR // sends waiting to retry after RNR
-	out      []*sendWR  // sends on the network, waiting for the peer's answer
-	drainReq bool       // raise SQ_DRAINED when nothing is in flight
+	parked   []parkedWR   // sends waiting to retry after RNR
+	out      []*sendWR    // sends on the network, waiting for the peer's answer
+	outN     atomic.Int32 // len(out), for a thread lingering without mu (AwaitRecv)
+	drainReq bool         // raise SQ_DRAINED when nothing is in flight
 	kicked   atomic.Bool
 	remote   atomic.Bool // it has sent to another device (TalksToPeers)
 	polled   bool        // its doorbells may be stored without Ring: the engine polls them (PollDoorbells)
@@ -330,6 +331,7 @@ func (d *Device) DestroyQP(q *QP) error {
 		d.polledQPs--
 	}
 	q.parked, q.out = nil, nil
+	q.outN.Store(0)
 	q.dead = true
 	delete(d.qps, q.qpn)
 	for i, x := range d.qpList {

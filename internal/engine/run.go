@@ -301,35 +301,48 @@ func (d *Device) AwaitCQ(cq *CQ, slot uint32, budget time.Duration) {
 	if slot >= cq.depth {
 		return
 	}
-	d.pollWhile(func() bool { return cq.written.Load()&(cq.depth-1) == slot }, budget)
+	// Its ACKs go at once: a C program may exit right after the entry it waited for (the end of a
+	// test), and an ACK left owed would die with it; the peer's send would then fail as
+	// unresponsive after the transport timeout (libfabric's test_rdm_pingpong_no_inject_range).
+	d.pollWhile(func() bool { return cq.written.Load()&(cq.depth-1) == slot }, budget, false)
 }
 
 // AwaitRecv is made on the thread of a program that has just posted a send on q after a receive
 // of q completed (a ping-pong: docs/cabi.md, "Lingering after a post"): the thread polls the
-// network, as PollNetwork does, until q has completed a receive past seen (its RecvWRs count) or
-// budget has passed. The program will spin on its CQ for the answer next anyway; taking the answer
-// off the socket on its own thread spares the wake-up of the receive loop's.
+// network, as PollNetwork does, until q has completed a receive past seen (its RecvWRs count) and
+// the peers have answered every send of q on the network, or budget has passed. The program will
+// look for both completions next anyway (libfabric's fi_pingpong waits for its send's before it
+// looks for the answer); taking them off the socket on its own thread spares the wake-up of the
+// receive loop's.
+//
+// Its ACKs stay owed, as PollNetwork's do, for the program's answer to carry: a ping-pong then
+// sends one datagram each way, not two. What the step that posted could not carry (an ACK to
+// another peer, one that did not fit) goes first, at once: the peer, lingering in turn until its
+// own send completes, takes that ACK off the socket with the answer. An ACK still owed when the
+// program exits goes then (FlushAcks, from the shim's exit handler), and one whose answer never
+// comes goes with the device's timer.
 func (d *Device) AwaitRecv(q *QP, seen uint64, budget time.Duration) {
-	d.pollWhile(func() bool { return q.counts.RecvWRs.Load() == seen }, budget)
+	if d.srd != nil && d.srd.AcksOwed() {
+		d.FlushAcks()
+	}
+	d.pollWhile(func() bool { return q.counts.RecvWRs.Load() == seen || q.outN.Load() > 0 }, budget, true)
 }
 
 // pollWhile polls the network on the calling thread, as PollNetwork does, while waiting reports
-// true and budget has not passed (AwaitCQ, AwaitRecv). Its ACKs go at once: a C program may exit
-// right after the entry it waited for (the end of a test), and an ACK left owed would die with
-// it; the peer's send would then fail as unresponsive after the transport timeout (libfabric's
-// test_rdm_pingpong_no_inject_range).
+// true and budget has not passed (AwaitCQ, AwaitRecv); lazy leaves the ACKs owed
+// (pollNetwork).
 //
 // After yieldAfter of waiting, each poll that found nothing offers the thread's core to other
 // threads (osYield): on a machine with more busy processes than cores (MPI ranks beside each
 // other) the peer that must answer may be waiting for this very core, and the program's own busy
 // loop, which the wait stands in for, may have yielded too (MPICH's does).
-func (d *Device) pollWhile(waiting func() bool, budget time.Duration) {
+func (d *Device) pollWhile(waiting func() bool, budget time.Duration, lazy bool) {
 	if d.busyRx == nil {
 		return // (no busy poller: PollNetwork would never take anything)
 	}
 	start := time.Now()
 	for waiting() {
-		got := d.pollNetwork(false)
+		got := d.pollNetwork(lazy)
 		waited := time.Since(start)
 		if waited >= budget {
 			return
