@@ -57,6 +57,7 @@ type QP struct {
 	parked   []parkedWR   // sends waiting to retry after RNR
 	out      []*sendWR    // sends on the network, waiting for the peer's answer
 	outN     atomic.Int32 // len(out), for a thread lingering without mu (AwaitRecv)
+	answered atomic.Int64 // device clock when a linger last took its receive (AwaitRecv)
 	drainReq bool         // raise SQ_DRAINED when nothing is in flight
 	kicked   atomic.Bool
 	remote   atomic.Bool // it has sent to another device (TalksToPeers)

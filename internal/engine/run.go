@@ -98,6 +98,14 @@ type busyPoll struct {
 	rx     *srd.Inbox
 }
 
+// inbox returns the poller's inbox, made at its first use; the caller holds d.busyMu.
+func (b *busyPoll) inbox(d *Device) *srd.Inbox {
+	if b.rx == nil {
+		b.rx = d.srd.NewInbox()
+	}
+	return b.rx
+}
+
 // Drive moves a driven device (config.Device.Driven) one step, on the caller's goroutine: it
 // takes every datagram the link holds, serves the doorbells rung since the last call, looks at
 // every doorbell, runs the transport's timers against the device clock, and sends what all that
@@ -309,23 +317,56 @@ func (d *Device) AwaitCQ(cq *CQ, slot uint32, budget time.Duration) {
 
 // AwaitRecv is made on the thread of a program that has just posted a send on q after a receive
 // of q completed (a ping-pong: docs/cabi.md, "Lingering after a post"): the thread polls the
-// network, as PollNetwork does, until q has completed a receive past seen (its RecvWRs count) and
-// the peers have answered every send of q on the network, or budget has passed. The program will
-// look for both completions next anyway (libfabric's fi_pingpong waits for its send's before it
-// looks for the answer); taking them off the socket on its own thread spares the wake-up of the
-// receive loop's.
+// network, as PollNetwork does, until q has completed a receive past seen (its RecvWRs count) or
+// budget has passed. When the post left only itself on the network (a ping-pong, not a stream),
+// the wait also lasts until the peer has acknowledged it: the program looks for both completions
+// next (libfabric's fi_pingpong waits for its send's before it looks for the answer), and an ACK
+// that comes after the answer must be taken off the socket too. Taking them on the program's own
+// thread spares the wake-up of the receive loop's.
 //
-// Its ACKs stay owed, as PollNetwork's do, for the program's answer to carry: a ping-pong then
-// sends one datagram each way, not two. What the step that posted could not carry (an ACK to
-// another peer, one that did not fit) goes first, at once: the peer, lingering in turn until its
-// own send completes, takes that ACK off the socket with the answer. An ACK still owed when the
-// program exits goes then (FlushAcks, from the shim's exit handler), and one whose answer never
-// comes goes with the device's timer.
+// When the program answered the previous linger's receive within srd.AckDelay, the ACKs of this
+// one stay owed, as PollNetwork's do, for the answer to carry: a ping-pong then sends one
+// datagram each way, not two. Otherwise (the program computes between a receive and its answer)
+// they go at once, as the receive loop's do: an owed ACK would wait for the device's timer, which
+// in a C program's process runs late. Either way, what is owed when the wait starts (an ACK the
+// post could not carry) goes first. An ACK still owed when the program exits goes then
+// (FlushAcks, from the shim's exit handler).
 func (d *Device) AwaitRecv(q *QP, seen uint64, budget time.Duration) {
-	if d.srd != nil && d.srd.AcksOwed() {
-		d.FlushAcks()
+	last := q.answered.Load() // 0: the last linger took no receive, or there was none
+	lazy := last != 0 && d.clock()-time.Duration(last) < srd.AckDelay
+	d.sendOwedAcks()
+	alone := q.outN.Load() <= 1
+	d.pollWhile(func() bool { return q.counts.RecvWRs.Load() == seen || alone && q.outN.Load() > 0 }, budget, lazy)
+	if q.counts.RecvWRs.Load() != seen {
+		q.answered.Store(max(int64(d.clock()), 1))
+	} else {
+		q.answered.Store(0)
 	}
-	d.pollWhile(func() bool { return q.counts.RecvWRs.Load() == seen || q.outN.Load() > 0 }, budget, true)
+}
+
+// sendOwedAcks sends every owed ACK now, from the busy poller's queue, if the poller's token and
+// the device are both free (TryLock: a poster never waits for the device, and a holder of the
+// device sends what is due at the end of its own batch).
+func (d *Device) sendOwedAcks() {
+	if d.busyRx == nil || !d.srd.AcksOwed() || !d.busyMu.TryLock() {
+		return
+	}
+	defer d.busyMu.Unlock()
+	d.flushOwed(d.busyRx.inbox(d), 0)
+}
+
+// flushOwed sends the ACKs owed for at least minAge from rx's queue, if the device is free
+// (TryLock); the caller holds busyMu, whose inbox rx is.
+func (d *Device) flushOwed(rx *srd.Inbox, minAge time.Duration) {
+	if !d.srd.AcksOwed() || !d.mu.TryLock() {
+		return
+	}
+	d.useTx(rx.Out)
+	if !d.closed {
+		d.srd.FlushAcks(minAge)
+	}
+	d.mu.Unlock()
+	d.sendTx(rx.Out)
 }
 
 // pollWhile polls the network on the calling thread, as PollNetwork does, while waiting reports
@@ -344,11 +385,11 @@ func (d *Device) pollWhile(waiting func() bool, budget time.Duration, lazy bool)
 	for waiting() {
 		got := d.pollNetwork(lazy)
 		waited := time.Since(start)
-		if waited >= budget {
-			return
-		}
 		if !got && waited >= yieldAfter {
 			yield()
+		}
+		if waited >= budget {
+			return
 		}
 	}
 }
@@ -385,20 +426,10 @@ func (d *Device) pollNetwork(lazy bool) bool {
 	}
 	defer d.busyMu.Unlock()
 	rx := d.busyRx
-	if rx.rx == nil {
-		rx.rx = d.srd.NewInbox()
-	}
-	n, err := rx.poller.TryReceive(rx.rx.Pkts)
+	in := rx.inbox(d)
+	n, err := rx.poller.TryReceive(in.Pkts)
 	if n == 0 || err != nil {
-		if d.srd.AcksOwed() && d.mu.TryLock() {
-			// Nothing came, and the ACKs the last poll left owed may be due.
-			d.useTx(rx.rx.Out)
-			if !d.closed {
-				d.srd.FlushAcks(srd.AckDelay)
-			}
-			d.mu.Unlock()
-			d.sendTx(rx.rx.Out)
-		}
+		d.flushOwed(in, srd.AckDelay) // nothing came: the ACKs the last poll left owed may be due
 		return false
 	}
 	d.mu.Lock()
@@ -406,10 +437,10 @@ func (d *Device) pollNetwork(lazy bool) bool {
 		d.mu.Unlock()
 		return false
 	}
-	d.useTx(rx.rx.Out)
-	d.srd.Input(rx.rx, n, lazy)
+	d.useTx(in.Out)
+	d.srd.Input(in, n, lazy)
 	d.mu.Unlock()
-	d.sendTx(rx.rx.Out)
+	d.sendTx(in.Out)
 	d.wakeAfterInput()
 	return true
 }

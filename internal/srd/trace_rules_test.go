@@ -309,23 +309,12 @@ func TestTraceOwedAckRidesOnAnswer(t *testing.T) {
 	d := r.data()
 	r.ack(1, nil, d[0].h.Path) // proves the path, and the device talks to the peer
 	r.wantCompletion(1, efaio.StatusOK)
-	send := wire.Data{Op: wire.OpSend, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)}
-	send.PSN = r.next
+	r.owedAckRidesOnAnswer(7, 2, 1)
+	r.inject(0, func(b []byte) []byte {
+		return wire.AppendData(b, &wire.Data{PSN: r.next, Op: wire.OpSend, Length: 10, DstQPN: 3, QKey: traceQKey,
+			Payload: make([]byte, 10)})
+	})
 	r.next++
-	r.inject(0, func(b []byte) []byte { return wire.AppendData(b, &send) })
-	r.busyPoll()
-	if acks := r.take(wire.TypeAck); len(acks) != 0 {
-		t.Fatalf("ACKed at once: %+v", acks)
-	}
-	r.wantCompletion(7, efaio.StatusOK)
-	r.post(2, efaio.OpSend, 100) // the answer
-	acks, data := r.take(wire.TypeAck), r.data()
-	if len(acks) != 1 || len(data) != 1 || acks[0].dgram != data[0].dgram || acks[0].f.Ack.Cum != 1 {
-		t.Fatalf("ACKs %+v, DATA %+v: want the ACK of PSN 0 in the answer's datagram", acks, data)
-	}
-	send.PSN = r.next
-	r.next++
-	r.inject(0, func(b []byte) []byte { return wire.AppendData(b, &send) })
 	r.busyPoll()
 	r.advance(100 * time.Microsecond) // no answer: the owed ACK goes alone
 	if acks := r.take(wire.TypeAck); len(acks) != 1 || acks[0].f.Ack.Cum != 2 {
@@ -333,7 +322,7 @@ func TestTraceOwedAckRidesOnAnswer(t *testing.T) {
 	}
 }
 
-// docs/congestion.md "Paths": with no path proven (nothing of ours acknowledged within a few RTTs:
+// docs/congestion.md "Multipath": with no path proven (nothing of ours acknowledged within a few RTTs:
 // acknowledgements of sparse copies credit no path), an owed ACK still rides in the answer's
 // datagram on a healthy path, one an ACK of its own could take too. Before, it went alone after
 // the answer, and the peer, taking the answer first, waited for it.
@@ -351,19 +340,26 @@ func TestTraceOwedAckRidesWithoutProvenPath(t *testing.T) {
 	if newest, _ := r.tr.peers[config.GIDFromAddr(tracePeer)].provenSince(r.f.Now()); newest != 0 {
 		t.Fatalf("a path is still proven (newest %v): the test would prove nothing", newest)
 	}
-	send := wire.Data{Op: wire.OpSend, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)}
-	send.PSN = r.next
+	r.owedAckRidesOnAnswer(7, 2, 1)
+}
+
+// owedAckRidesOnAnswer has the peer send a SEND, which a busy poll takes (completing the receive
+// WR wrid) without acknowledging it at once; the device's answer (WR id answer) must then carry
+// the owed ACK, cumulative point cum, in its own datagram.
+func (r *trace) owedAckRidesOnAnswer(wrid, answer uint16, cum uint32) {
+	r.t.Helper()
+	send := wire.Data{PSN: r.next, Op: wire.OpSend, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)}
 	r.next++
 	r.inject(0, func(b []byte) []byte { return wire.AppendData(b, &send) })
 	r.busyPoll()
 	if acks := r.take(wire.TypeAck); len(acks) != 0 {
-		t.Fatalf("ACKed at once: %+v", acks)
+		r.t.Fatalf("ACKed at once: %+v", acks)
 	}
-	r.wantCompletion(7, efaio.StatusOK)
-	r.post(2, efaio.OpSend, 100) // the answer
+	r.wantCompletion(wrid, efaio.StatusOK)
+	r.post(answer, efaio.OpSend, 100)
 	acks, data := r.take(wire.TypeAck), r.data()
-	if len(acks) != 1 || len(data) != 1 || acks[0].dgram != data[0].dgram || acks[0].f.Ack.Cum != 1 {
-		t.Fatalf("ACKs %+v, DATA %+v: want the ACK of PSN 0 in the answer's datagram", acks, data)
+	if len(acks) != 1 || len(data) != 1 || acks[0].dgram != data[0].dgram || acks[0].f.Ack.Cum != cum {
+		r.t.Fatalf("ACKs %+v, DATA %+v: want the ACK of PSN %d in the answer's datagram", acks, data, cum-1)
 	}
 }
 

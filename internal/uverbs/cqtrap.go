@@ -37,8 +37,9 @@ func budget(name string, def time.Duration) time.Duration {
 // a program that computes after its send would feel; a ping-pong's round trip falls to a third.
 // A millisecond, not less: a linger that runs out leaves the next answer to the receive loop,
 // which waits for the Go runtime to take its processor back from the program's thread (a
-// millisecond or two: docs/cabi.md, "The engine's timer slack"), and the peer's linger, waiting meanwhile, runs
-// out in turn; shorter budgets kept ping-pongs in that state for hundreds of round trips.
+// millisecond or two: docs/cabi.md, "The engine's timer slack"), and the peer's linger, waiting
+// meanwhile, runs out in turn; shorter budgets kept ping-pongs in that state for hundreds of
+// round trips.
 const defaultLinger = time.Millisecond
 
 // CQTraps reports whether completion traps are on (SOFTEFA_CQ_SPIN gives a budget).
