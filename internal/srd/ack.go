@@ -212,6 +212,7 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 	}
 	if !e.copied { // either copy of a copied packet may be the one that arrived: credit no path
 		creditPath(&p.paths[e.path], e, now)
+		p.echoed(e)
 	}
 	m := e.msg
 	e.msg = nil

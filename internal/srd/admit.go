@@ -17,19 +17,25 @@ import (
 //
 //   - the peer's endpoint itself (the UDP source port is the header's source port): only the
 //     peer can send from the port it receives on;
-//   - one of the source ports the peer listed in a COOKIE frame whose cookie proved that it
-//     receives at its endpoint.
+//   - another UDP source port of the peer's IP that proved itself the peer's, each port on its
+//     own: the device sent the peer's endpoint a CHALLENGE naming that port, with a cookie bound
+//     to the endpoint and the port, and the cookie came back in a COOKIE frame from that port.
+//     Only the peer reads what goes to its endpoint, and only the holder of a port sends from
+//     it, so the answer shows that the port's holder is the peer. A proven port stays trusted
+//     for the peer's incarnation and context, and while the peer keeps sending: after portQuiet
+//     with nothing taken from the peer, its ports prove themselves again, since the peer may
+//     have exited and another process bound them.
 //
-// A datagram from any other source — a device never validated, or another port of a known
-// peer's IP — gets nothing but one CHALLENGE, sent to the endpoint the header names and never
-// longer than the datagram, whatever its frames say; its UD messages, which need no state and
-// get no answer, are delivered. A peer context is created only by a valid COOKIE, or by the
-// device itself when it sends to a peer; then it challenges the peer in its own datagrams until
-// the peer's COOKIE lists its ports. Cookies are a keyed hash of the endpoint and a 10-second
-// time bucket, so they cost no memory: a flood from forged addresses leaves no state behind.
-// Sealing adds authenticity on top of this, not instead of it: a peer context forgotten (or
-// never made) is made again only through a fresh cookie, so replayed sealed datagrams from an
-// earlier exchange create nothing.
+// A datagram from any other source — a device never validated, or a port of a known peer's IP
+// not proven — gets nothing but one CHALLENGE, sent to the endpoint the header names and never
+// longer than the datagram, whatever its frames say; its UD messages, which need no state and get
+// no answer, are delivered. A peer context is created only by a valid COOKIE, or by the device
+// itself when it sends to a peer. Cookies are a keyed hash of the endpoint, the port and a
+// 10-second time bucket, so they cost no memory: a flood from forged addresses leaves no state
+// behind, and a cookie captured from one port proves nothing from another. Sealing adds
+// authenticity on top of this, not instead of it: a peer context forgotten (or never made) is
+// made again only through a fresh cookie, so replayed sealed datagrams from an earlier exchange
+// create nothing.
 
 const cookiePeriod = 10 * time.Second
 
@@ -39,42 +45,50 @@ func newSecret(rng io.Reader) (s [32]byte) {
 	return s
 }
 
-// cookie is the cookie for endpoint addr in the given time bucket.
-func (t *Transport) cookie(addr netip.AddrPort, bucket int64) uint64 {
-	var in [32 + 16 + 2 + 8]byte
+// portQuiet is how long a peer may stay silent with its proven ports still trusted.
+const portQuiet = time.Second
+
+// cookie is the cookie for endpoint addr's source port port in the given time bucket.
+func (t *Transport) cookie(addr netip.AddrPort, port uint16, bucket int64) uint64 {
+	var in [32 + 16 + 2 + 2 + 8]byte
 	copy(in[:32], t.secret[:])
 	a := addr.Addr().As16()
 	copy(in[32:48], a[:])
 	binary.BigEndian.PutUint16(in[48:], addr.Port())
-	binary.BigEndian.PutUint64(in[50:], uint64(bucket))
+	binary.BigEndian.PutUint16(in[50:], port)
+	binary.BigEndian.PutUint64(in[52:], uint64(bucket))
 	sum := sha256.Sum256(in[:])
 	return binary.BigEndian.Uint64(sum[:8]) | 1 // never 0: 0 means "no cookie"
 }
 
-func (t *Transport) cookieOK(addr netip.AddrPort, c uint64) bool {
+func (t *Transport) cookieOK(addr netip.AddrPort, port uint16, c uint64) bool {
 	b := int64(t.now / cookiePeriod)
-	return c == t.cookie(addr, b) || c == t.cookie(addr, b-1)
-}
-
-// challengeFor is the cookie this device challenges p with now (cached per bucket).
-func (t *Transport) challengeFor(p *peer) uint64 {
-	if b := int64(t.now / cookiePeriod); p.myCookie == 0 || p.myBucket != b {
-		p.myCookie, p.myBucket = t.cookie(p.addr, b), b
-	}
-	return p.myCookie
+	return c == t.cookie(addr, port, b) || c == t.cookie(addr, port, b-1)
 }
 
 // trusts reports whether a datagram from UDP source port port, naming the peer's endpoint port
-// gidPort in its header, is the peer's own.
-func (p *peer) trusts(port, gidPort uint16) bool {
-	return port == gidPort || slices.Contains(p.ports, port)
+// gidPort in its header, is the peer's own at time now.
+func (p *peer) trusts(port, gidPort uint16, now time.Duration) bool {
+	return port == gidPort || now-p.portsHeard < portQuiet && slices.Contains(p.ports, port)
+}
+
+// heardFrom records that a datagram from the peer's UDP source port was taken at now (proving the
+// port, if it was not yet); the ports proven before a silence of portQuiet are forgotten.
+func (p *peer) heardFrom(port uint16, now time.Duration) {
+	if now-p.portsHeard >= portQuiet {
+		p.ports = p.ports[:0]
+	}
+	p.portsHeard = now
+	if port != p.addr.Port() && !slices.Contains(p.ports, port) && len(p.ports) < wire.MaxPorts {
+		p.ports = append(p.ports, port)
+	}
 }
 
 // admit decides what to do with a datagram from src that names gid in its header, when the
 // device keeps no context for gid (p nil), does not trust src for it, or the datagram is sealed
 // by another run of the peer than the current one (otherRun). If the datagram has a COOKIE frame
-// with a valid cookie for gid's endpoint, listing src's port, it returns the context (made if
-// need be, with the listed ports trusted from now on). Otherwise it delivers the datagram's UD
+// listing src's port, with a valid cookie for gid's endpoint and src's port, it returns the
+// context (made if need be; the caller records src's port as proven). Otherwise it delivers the datagram's UD
 // messages (not another run's: they may be replays), takes a CHALLENGE from a source it trusts
 // for p (a new run of the peer challenging us: it must get our cookie, or the two would only
 // challenge each other), challenges the endpoint if anything else came, and returns nil.
@@ -93,22 +107,18 @@ func (t *Transport) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Hea
 		firstCookie := f.Type == wire.TypeCookie && !cookieTried
 		cookieTried = cookieTried || f.Type == wire.TypeCookie
 		switch {
-		case firstCookie && f.Ports.Has(src.Port()) && t.cookieOK(addr, f.Cookie):
+		case firstCookie && f.Ports.Has(src.Port()) && t.cookieOK(addr, src.Port(), f.Cookie):
 			if p == nil {
 				if p = t.peerFor(gid); p == nil {
 					t.counts.RxDrops.Add(1) // MaxPeers, none idle to give way
 					return nil
 				}
 			}
-			p.ports = p.ports[:0]
-			for i := range f.Ports.Len() {
-				p.ports = append(p.ports, f.Ports.At(i))
-			}
 			return p
 		case f.Type == wire.TypeData && f.Data.Flags&wire.FlagUD != 0:
 		case f.Type == wire.TypeChallenge:
-			if p != nil && p.trusts(src.Port(), h.SrcPort) {
-				t.onChallenge(p, f.Cookie)
+			if p != nil && p.trusts(src.Port(), h.SrcPort, t.now) {
+				t.onChallenge(p, f.Cookie, f.Port)
 			}
 		default:
 			stateful = true
@@ -129,37 +139,95 @@ func (t *Transport) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Hea
 		// unchallenged, it could never prove itself).
 		if n >= wire.DatagramHeaderSize+challengeFrameSize || otherRun {
 			s.paths = append(s.paths, pathState{})
-			t.commit(wire.AppendChallenge(t.room(s, 0, challengeFrameSize), t.cookie(addr, int64(t.now/cookiePeriod))))
+			c := t.cookie(addr, src.Port(), int64(t.now/cookiePeriod))
+			t.commit(wire.AppendChallenge(t.room(s, 0, challengeFrameSize), c, src.Port()))
 			t.txq.cur = nil // no other frame joins a stranger's datagram
 		}
 	}
 	return nil
 }
 
-const challengeFrameSize = wire.FrameHeaderSize + wire.CookieSize
+const challengeFrameSize = wire.FrameHeaderSize + wire.ChallengeSize
 
-// onChallenge takes a peer's cookie: a COOKIE frame with it and our source ports rides in every
-// datagram to the peer until the peer answers without challenging us, and what the peer dropped
-// before goes again at once — once per cookie: the peer challenges every datagram that reaches it
-// before the cookie does, and resending the whole flight for each of those challenges was a
-// storm (thousands of packets in a short run). An ACK goes too if we receive the peer's stream:
-// the peer may have dropped our ACKs as well.
-func (t *Transport) onChallenge(p *peer, cookie uint64) {
-	p.echo = true
-	if p.cookie == cookie {
-		return
+// onChallenge takes a peer's challenge to our UDP source port port: a COOKIE frame with the
+// cookie, naming the port, rides in the next echoBudget datagrams to the peer on the path that
+// sends from it (on every path, if none does: a relay between us gives all our paths one port
+// of its own), or until a packet sent there since is acknowledged. On a new cookie, what those
+// paths sent that is not yet acknowledged goes again at once: the peer dropped it. Once per
+// cookie: the peer challenges every datagram that reaches it from the port before the cookie
+// does, and resending the whole flight for each of those challenges was a storm (thousands of
+// packets in a short run). An ACK goes too if we receive the peer's stream: the peer may have
+// dropped our ACKs as well.
+func (t *Transport) onChallenge(p *peer, cookie uint64, port uint16) {
+	if len(p.echo) != len(p.paths) {
+		p.echo = make([]pathEcho, len(p.paths))
 	}
-	p.cookie = cookie
-	s := &p.tx
-	for psn := s.una; psn != s.next; psn++ {
-		if e := s.slot(psn); !e.acked && !e.lost && e.msg != nil {
+	all := !slices.Contains(t.ports, port)
+	resend := false
+	for i := range p.echo {
+		if !all && (i >= len(t.ports) || t.ports[i] != port) {
+			continue
+		}
+		e := &p.echo[i]
+		if e.cookie != cookie {
+			e.cookie, e.resend = cookie, true
+			resend = true
+		}
+		e.port, e.since, e.left = port, t.now, echoBudget
+	}
+	if resend {
+		s := &p.tx
+		for psn := s.una; psn != s.next; psn++ {
+			e := s.slot(psn)
+			if e.acked || e.lost || e.msg == nil || int(e.path) >= len(p.echo) || !p.echo[e.path].resend {
+				continue
+			}
 			e.lost = true
 			s.inflight--
 			s.retx = append(s.retx, psn)
+		}
+		for i := range p.echo {
+			p.echo[i].resend = false
 		}
 	}
 	if p.rx.started {
 		t.oweAck(p, t.now)
 	}
 	t.pump(p)
+}
+
+// pathEcho is a peer's challenge to the UDP source port of one of our paths, echoed in COOKIE
+// frames on that path.
+type pathEcho struct {
+	cookie uint64
+	since  time.Duration // when the challenge came
+	port   uint16        // the port it named
+	left   uint8         // datagrams still to carry it
+	resend bool          // (onChallenge's scratch)
+}
+
+// echoBudget is how many datagrams on a path carry a peer's cookie after its challenge, at most:
+// the peer challenges again any datagram from the port that comes without one.
+const echoBudget = 4
+
+// echoOn returns the cookie to echo in a new datagram to p on path, and the port it names; a
+// cookie of 0 means none. It counts the datagram against the echo's budget.
+func (p *peer) echoOn(path int) (uint64, uint16) {
+	if path >= len(p.echo) {
+		return 0, 0
+	}
+	e := &p.echo[path]
+	if e.left == 0 {
+		return 0, 0
+	}
+	e.left--
+	return e.cookie, e.port
+}
+
+// echoed ends the echo on the path of packet e, which the peer acknowledged, if the packet left
+// after the peer's challenge: the peer takes datagrams from that port.
+func (p *peer) echoed(e *sentPkt) {
+	if int(e.path) < len(p.echo) && e.at >= p.echo[e.path].since {
+		p.echo[e.path].left = 0
+	}
 }

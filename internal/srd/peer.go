@@ -26,17 +26,15 @@ type peer struct {
 	ctrlRR int // path of the last ACK or PROBE_ACK
 
 	replay *seal.Replay // sealed datagrams seen from the peer (with a key only)
-	// Address validation (admit.go). ports: the UDP ports the peer sends from, as its COOKIE
-	// listed them (nil: not known yet, and we challenge it in every datagram until they are).
-	// cookie: the peer's challenge to us, echoed with our ports while echo is set.
-	ports    []uint16
-	cookie   uint64
-	echo     bool
-	myCookie uint64 // our challenge to the peer, for the bucket myBucket
-	myBucket int64
-	seen     time.Duration // when the peer last sent us a datagram we took, or we queued it work
-	slim     bool          // its stream buffers are given back (slim.go)
-	activeAt int           // 1 + its index in Transport.active; 0 while slim
+	// Address validation (admit.go). ports: the UDP source ports of the peer, other than its
+	// endpoint's, proven its own; portsHeard: when a datagram of the peer was last taken. echo:
+	// per path of ours, the peer's challenge to its port.
+	ports      []uint16
+	portsHeard time.Duration
+	echo       []pathEcho
+	seen       time.Duration // when the peer last sent us a datagram we took, or we queued it work
+	slim       bool          // its stream buffers are given back (slim.go)
+	activeAt   int           // 1 + its index in Transport.active; 0 while slim
 }
 
 // pathState is the scoreboard of one of our paths towards a peer.
@@ -93,8 +91,8 @@ func (t *Transport) resetPeer(p *peer, st efaio.Status, inc uint32) {
 	p.inc = inc // before resetTx: the requests it sends again are for the new life
 	p.rx.epoch = 0
 	p.heard = false
-	p.ports, p.cookie, p.echo = nil, 0, false // the new life sends from ports of its own, and challenges anew
-	t.resetTx(p, st, resetRestart)            // the answers were for the peer's earlier life
+	p.ports, p.echo = nil, nil     // the new life sends from ports of its own, and challenges anew
+	t.resetTx(p, st, resetRestart) // the answers were for the peer's earlier life
 }
 
 // pickPath chooses the path for the next packet to p: the current one for a burst of packets,

@@ -29,10 +29,9 @@ func newTxq(max, n int) *Queue {
 }
 
 // segSize is the payload of one DATA frame that keeps a datagram within the path MTU, with room
-// for a COOKIE and a CHALLENGE frame (address validation, while it lasts).
+// for a COOKIE frame (address validation, while it lasts).
 func (t *Transport) segSize() int {
-	return t.maxDatagram() - wire.DatagramHeaderSize - wire.CookieFrameSize(len(t.ports)) - challengeFrameSize -
-		wire.FrameHeaderSize - wire.DataHeaderSize
+	return t.maxDatagram() - wire.DatagramHeaderSize - wire.CookieFrameSize(1) - wire.FrameHeaderSize - wire.DataHeaderSize
 }
 
 // maxDatagram is the most bytes of one plain datagram (sealing adds seal.Overhead).
@@ -73,14 +72,8 @@ func (t *Transport) roomFor(p *peer, path, size, ride int) []byte {
 	h := wire.Header{Path: uint8(path), SrcPort: t.link.LocalAddr().Port(), SrcInc: t.inc, DstInc: p.inc,
 		TxEpoch: p.tx.epoch, RxEpoch: p.rx.epoch}
 	pk.Buf = wire.AppendHeader(pk.Buf[:0], &h)
-	if p.echo {
-		pk.Buf = wire.AppendCookie(pk.Buf, p.cookie, t.ports)
-	}
-	if p.ports == nil && p.tx.busy() {
-		// We reached out to p ourselves and do not know its ports yet: challenge it, so that its
-		// answers, from whichever of its ports, come with a COOKIE listing them (admit.go). UD
-		// traffic alone keeps no stream and asks for nothing.
-		pk.Buf = wire.AppendChallenge(pk.Buf, t.challengeFor(p))
+	if c, port := p.echoOn(path); c != 0 {
+		pk.Buf = wire.AppendCookie(pk.Buf, c, []uint16{port})
 	}
 	fits := size >= wire.FrameHeaderSize+wire.DataHeaderSize && len(pk.Buf)+wire.FrameHeaderSize+wire.AckSize+size <= q.maxLen
 	if fits && ((p.rx.ackDue || ride == ackIfCopy && p.rx.started) && t.carriesAck(p, path) || ride == ackAlways && p.rx.started) {

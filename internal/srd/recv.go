@@ -170,17 +170,15 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 	// A sealed datagram of another run than the peer's current one (another salt) is taken only
 	// with a fresh cookie, as from a stranger: it may be a capture of an earlier run, and taken,
 	// it would pass for the peer's restart and make its salt the current one (docs/security.md).
-	// A port the peer listed is its own only for the life that listed it: a new life (another
-	// source incarnation) lists its ports anew, from any port but its endpoint, so that a process
-	// that binds a port the peer's earlier life listed cannot pass for its restart.
+	// A port the peer proved is its own only for the life that proved it: a new life (another
+	// source incarnation) proves its ports anew, all but its endpoint, so that a process that
+	// binds a port the peer's earlier life proved cannot pass for its restart.
 	otherRun := p != nil && n != nil && p.replay.OtherRun(n.salt)
 	newLife := p != nil && p.inc != 0 && h.SrcInc != p.inc && from.Port() != h.SrcPort
-	admitted := false
-	if p == nil || !p.trusts(from.Port(), h.SrcPort) || otherRun || newLife {
+	if p == nil || !p.trusts(from.Port(), h.SrcPort, now) || otherRun || newLife {
 		if p = t.admit(p, gid, from, &h, frames, pk.N, otherRun); p == nil {
 			return
 		}
-		admitted = true
 	}
 	if n != nil && !p.replay.Fresh(n.salt, n.ctr) {
 		t.counts.Replays.Add(1)
@@ -196,12 +194,9 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		return
 	}
 	if p.inc != 0 && h.SrcInc != p.inc {
-		ports := p.ports
 		t.resetPeer(p, efaio.StatusRemoteAbort, h.SrcInc) // the peer restarted
-		if admitted {
-			p.ports = ports // listed by the new life's cookie in this datagram
-		}
 	}
+	p.heardFrom(from.Port(), now) // (proven by this datagram's cookie, if admitted)
 	p.inc, p.heard, p.seen = h.SrcInc, true, now
 	if epochLess(p.tx.epoch, h.RxEpoch) {
 		// The peer has had a later epoch of our stream than ours: we forgot it (our memo of
@@ -212,7 +207,7 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		t.resetTx(p, efaio.StatusRemoteAbort, resetBehind)
 	}
 	f := &t.frame // (not on the stack: the host's methods take pointers into it)
-	answered, challenged, probed := false, false, false
+	probed := false
 	for len(frames) > 0 {
 		if frames, err = wire.NextFrame(frames, f); err != nil {
 			t.counts.BadPackets.Add(1)
@@ -220,10 +215,8 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		}
 		switch f.Type {
 		case wire.TypeData:
-			answered = true
 			t.onData(p, &h, &f.Data, now)
 		case wire.TypeAck:
-			answered = true
 			if h.RxEpoch == p.tx.epoch {
 				t.onAck(p, &f.Ack, h.TxEpoch, now)
 			}
@@ -244,12 +237,8 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		case wire.TypeReset, wire.TypeCookie:
 			// Handled by the incarnation check and by admit.
 		case wire.TypeChallenge:
-			challenged = true
-			t.onChallenge(p, f.Cookie)
+			t.onChallenge(p, f.Cookie, f.Port)
 		}
-	}
-	if answered && !challenged {
-		p.echo = false // the peer takes our datagrams without a cookie: it knows our ports
 	}
 }
 

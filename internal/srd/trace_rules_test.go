@@ -994,43 +994,226 @@ func TestTraceRequestsWaitForTheBacklog(t *testing.T) {
 	}
 }
 
-// security.md "Source binding": a port the peer listed is trusted for the life that listed it. A
+// security.md "Source binding": a port the peer proved is trusted for the life that proved it. A
 // process that binds it after the peer exits and sends as the peer's next life (another source
 // incarnation) is challenged: nothing is delivered and the peer's state stays; the real next
 // life, from its endpoint, is taken.
-func TestTraceListedPortIsForOneLife(t *testing.T) {
+func TestTraceProvenPortIsForOneLife(t *testing.T) {
 	r := newTrace(t, 1, nil)
-	r.send(0, func(b []byte) []byte { return wire.AppendAck(b, &wire.Ack{}) })
-	cookie := r.cookie
-	r.cookie = 0
-	r.take(wire.TypeChallenge)
-	listed := netip.AddrPortFrom(tracePeer.Addr(), 40000)
-	r.send(0, func(b []byte) []byte {
-		b = wire.AppendCookie(b, cookie, []uint16{tracePeer.Port(), listed.Port()})
-		return wire.AppendAck(b, &wire.Ack{})
-	})
+	r.meet()
+	port := netip.AddrPortFrom(tracePeer.Addr(), 40000)
+	r.provePort(port)
 	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
-	if p == nil || !slices.Contains(p.ports, listed.Port()) {
-		t.Fatal("the cookie's ports are not trusted")
-	}
 	r.recv(5)
-	sendAs := func(from netip.AddrPort, inc uint32) {
-		h := wire.Header{SrcPort: tracePeer.Port(), SrcInc: inc, DstInc: r.tr.inc}
-		b := wire.AppendHeader(nil, &h)
-		b = wire.AppendData(b, &wire.Data{Op: wire.OpSend, Length: 4, DstQPN: 9, QKey: 0x77, Payload: []byte("evil")})
-		wire.PutChecksum(b)
-		r.f.Inject(from, traceDev, b)
-		r.drive()
-	}
-	sendAs(listed, 0xbad)
+	r.sendFrom(port, 0xbad, 0, r.sendFrame("evil"))
 	if cs := r.completions(); len(cs) != 0 || p.inc != r.inc || len(r.take(wire.TypeChallenge)) != 1 {
-		t.Fatalf("from a listed port as a new life: completions %+v, peer incarnation %#x (want %#x), want a challenge only",
+		t.Fatalf("from a proven port as a new life: completions %+v, peer incarnation %#x (want %#x), want a challenge only",
 			cs, p.inc, r.inc)
 	}
-	sendAs(tracePeer, 0x600d)
+	r.sendFrom(tracePeer, 0x600d, 0, r.sendFrame("good"))
 	if cs := r.completions(); len(cs) != 1 || p.inc != 0x600d {
 		t.Fatalf("the new life from its endpoint: completions %+v, peer incarnation %#x", cs, p.inc)
 	}
+	if p.trusts(port.Port(), tracePeer.Port(), r.f.Now()) {
+		t.Fatal("the earlier life's port is still trusted")
+	}
+}
+
+// wire.md "Address validation": a datagram from a port of the peer's IP not yet proven gets a
+// CHALLENGE naming that port, sent to the peer's endpoint; the cookie echoed from that port proves
+// it, and from then on its datagrams are taken.
+func TestTracePortProvenByItsOwnChallenge(t *testing.T) {
+	r := newTrace(t, 1, nil)
+	r.meet()
+	port := netip.AddrPortFrom(tracePeer.Addr(), 40000)
+	// A PROBE's datagram, the smallest a peer sends on a path, is long enough to be challenged.
+	r.sendFrom(port, r.inc, 0, func(b []byte) []byte { return wire.AppendProbe(b, 1, false) })
+	if ch := r.take(wire.TypeChallenge); len(ch) != 1 || len(r.take(wire.TypeProbeAck)) != 0 {
+		t.Fatalf("a PROBE from an unproven port: challenges %+v, want one and no PROBE_ACK", ch)
+	}
+	r.recv(5)
+	r.sendFrom(port, r.inc, 0, r.sendFrame("hold"))
+	ch := r.take(wire.TypeChallenge)
+	if len(ch) != 1 || ch[0].f.Port != port.Port() {
+		t.Fatalf("challenges %+v, want one naming port %d", ch, port.Port())
+	}
+	r.noCompletion()
+	r.sendFrom(port, r.inc, ch[0].f.Cookie, r.sendFrame("hold"))
+	r.wantCompletion(5, efaio.StatusOK)
+	r.recv(6)
+	r.sendFrom(port, r.inc, 0, r.sendFrame("more")) // proven: no cookie needed now
+	r.wantCompletion(6, efaio.StatusOK)
+	if len(r.take(wire.TypeChallenge)) != 0 {
+		t.Fatal("a proven port was challenged")
+	}
+}
+
+// security.md "Source binding": a cookie proves only the port it was sent for. An attacker who
+// captured the peer's datagram with its cookie and sends it again from a port of its own, listing
+// that port, with a READ_REQ ahead in the stream gets one CHALLENGE and no read data: before, the
+// cookie's list of ports was trusted, and the device sent the peer's endpoint 16 KiB for 84 bytes.
+func TestTraceCapturedCookieFromAnotherPort(t *testing.T) {
+	r := newTrace(t, 1, nil)
+	r.meet()
+	port := netip.AddrPortFrom(tracePeer.Addr(), 40000)
+	cookie := r.provePort(port)
+	r.host.mem = make([]byte, 16<<10)
+	evil := netip.AddrPortFrom(tracePeer.Addr(), 40001)
+	before := r.dgrams
+	h := wire.Header{SrcPort: tracePeer.Port(), SrcInc: r.inc, DstInc: r.tr.inc}
+	b := wire.AppendHeader(nil, &h)
+	b = wire.AppendCookie(b, cookie, []uint16{port.Port(), evil.Port()})
+	b = wire.AppendData(b, &wire.Data{Op: wire.OpReadReq, PSN: r.next + 50, MsgID: 1, Length: 16 << 10, SrcQPN: 3, DstQPN: 3})
+	wire.PutChecksum(b)
+	r.f.Inject(evil, traceDev, b)
+	r.advance(time.Millisecond)
+	if d := r.data(); len(d) != 0 {
+		t.Fatalf("%d DATA frames sent for a captured cookie replayed from another port", len(d))
+	}
+	if ch := r.take(wire.TypeChallenge); len(ch) != 1 || ch[0].f.Port != evil.Port() {
+		t.Fatalf("challenges %+v, want one naming port %d", ch, evil.Port())
+	}
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	if p.trusts(evil.Port(), tracePeer.Port(), r.f.Now()) {
+		t.Fatal("the attacker's port is trusted")
+	}
+	if r.dgrams-before > 1 {
+		t.Fatalf("%d datagrams sent, want the one challenge", r.dgrams-before)
+	}
+}
+
+// security.md "Source binding": the proven ports of a peer that falls quiet prove themselves
+// again: the peer may have exited and another process bound them. A READ_REQ from one after
+// portQuiet is challenged, not served. While the peer keeps sending, from any of its sources, its
+// ports stay proven, however long one of them is quiet (a failed path sends only probes).
+func TestTraceQuietPortProvesItselfAgain(t *testing.T) {
+	r := newTrace(t, 1, nil)
+	r.meet()
+	port := netip.AddrPortFrom(tracePeer.Addr(), 40000)
+	r.provePort(port)
+	for range 4 {
+		r.advance(portQuiet / 2)
+		r.send(0, func(b []byte) []byte { return wire.AppendProbe(b, 1, false) }) // from the endpoint
+	}
+	r.take(wire.TypeProbeAck)
+	r.sendFrom(port, r.inc, 0, func(b []byte) []byte { return wire.AppendProbe(b, 2, false) })
+	if len(r.take(wire.TypeChallenge)) != 0 || len(r.take(wire.TypeProbeAck)) != 1 {
+		t.Fatalf("a proven port of a peer that kept sending from its endpoint was not trusted after %v", 2*portQuiet)
+	}
+	r.host.mem = make([]byte, 16<<10)
+	r.advance(portQuiet)
+	d := wire.Data{Op: wire.OpReadReq, PSN: r.next, MsgID: 1, Length: 16 << 10, SrcQPN: 3, DstQPN: 3}
+	r.sendFrom(port, r.inc, 0, func(b []byte) []byte { return wire.AppendData(b, &d) })
+	if got := r.data(); len(got) != 0 {
+		t.Fatalf("%d DATA frames sent for a READ_REQ from a port quiet for %v", len(got), portQuiet)
+	}
+	ch := r.take(wire.TypeChallenge)
+	if len(ch) != 1 || ch[0].f.Port != port.Port() {
+		t.Fatalf("challenges %+v, want one naming port %d", ch, port.Port())
+	}
+	r.sendFrom(port, r.inc, ch[0].f.Cookie, func(b []byte) []byte { return wire.AppendData(b, &d) })
+	if got := r.data(); len(got) == 0 {
+		t.Fatal("no read data once the port proved itself again")
+	}
+}
+
+// wire.md "Address validation": a device challenged for the port of one of its paths echoes the
+// cookie on that path only, sends again at once what that path sent unacknowledged (the peer
+// dropped it), and stops echoing once a packet the path sent since is acknowledged.
+func TestTraceChallengeEchoedOnItsPath(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	ports := []uint16{traceDev.Port(), 4800}
+	r.tr.ports = ports // as a UDP link's sockets would have them (memlink sends every path from one)
+	r.meet()
+	r.recv(1)
+	r.peerData(wire.Data{Op: wire.OpSend, Length: 1, DstQPN: 3, QKey: traceQKey, Payload: []byte{1}})
+	r.wantCompletion(1, efaio.StatusOK)
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	p.pathRR, p.tx.burst = 1, 1 // the next sends go on path 1
+	r.post(2, efaio.OpSend, 100)
+	first := r.data()
+	if len(first) != 1 || first[0].h.Path != 1 {
+		t.Fatalf("sent %+v, want one DATA on path 1", first)
+	}
+	r.take(wire.TypeAck)
+	r.send(0, func(b []byte) []byte { return wire.AppendChallenge(b, 0x1234567, ports[1]) })
+	again := r.data()
+	if len(again) != 1 || again[0].f.Data.PSN != first[0].f.Data.PSN {
+		t.Fatalf("after the challenge sent %+v, want PSN %d again", again, first[0].f.Data.PSN)
+	}
+	wantEchoes := func(n int) {
+		t.Helper()
+		cookies := r.take(wire.TypeCookie)
+		for _, c := range cookies {
+			if c.h.Path != 1 || c.f.Cookie != 0x1234567 || c.f.Ports.Len() != 1 || c.f.Ports.At(0) != ports[1] {
+				t.Fatalf("COOKIE %+v on path %d, want cookie 0x1234567 naming port %d on path 1", c.f, c.h.Path, ports[1])
+			}
+		}
+		if len(cookies) != n {
+			t.Fatalf("%d COOKIEs, want %d", len(cookies), n)
+		}
+	}
+	wantEchoes(min(1, int(again[0].h.Path)))
+	r.ack(again[0].f.Data.PSN+1, nil, again[0].h.Path)
+	r.wantCompletion(2, efaio.StatusOK)
+	p.pathRR, p.tx.burst = 1, 1
+	r.post(3, efaio.OpSend, 100) // on path 1, whose packets since the challenge are not acknowledged
+	d := r.data()
+	if len(d) != 1 || d[0].h.Path != 1 {
+		t.Fatalf("sent %+v, want one DATA on path 1", d)
+	}
+	wantEchoes(1)
+	r.ack(d[0].f.Data.PSN+1, nil, 1)
+	r.wantCompletion(3, efaio.StatusOK)
+	p.pathRR, p.tx.burst = 1, 1
+	r.post(4, efaio.OpSend, 100)
+	if d := r.data(); len(d) != 1 || d[0].h.Path != 1 {
+		t.Fatalf("sent %+v, want one DATA on path 1", d)
+	}
+	wantEchoes(0) // path 1's packet sent since the challenge was acknowledged: the port is proven
+}
+
+// sendFrame returns a frame adder for a SEND of payload to the trace's receive QP, at the peer's
+// next PSN.
+func (r *trace) sendFrame(payload string) func([]byte) []byte {
+	return func(b []byte) []byte {
+		d := wire.Data{PSN: r.next, Op: wire.OpSend, Length: uint32(len(payload)), DstQPN: 9, QKey: 0x77,
+			Payload: []byte(payload)}
+		r.next++
+		return wire.AppendData(b, &d)
+	}
+}
+
+// sendFrom delivers a datagram of the peer from UDP source from as incarnation inc (its header
+// naming the peer's endpoint), with a COOKIE of cookie for from's port first if cookie is not 0,
+// and lets the transport handle it.
+func (r *trace) sendFrom(from netip.AddrPort, inc uint32, cookie uint64, add func([]byte) []byte) {
+	h := wire.Header{SrcPort: tracePeer.Port(), SrcInc: inc, DstInc: r.tr.inc, TxEpoch: r.epoch, RxEpoch: r.devTx}
+	b := wire.AppendHeader(nil, &h)
+	if cookie != 0 {
+		b = wire.AppendCookie(b, cookie, []uint16{from.Port()})
+	}
+	b = add(b)
+	wire.PutChecksum(b)
+	r.f.Inject(from, traceDev, b)
+	r.drive()
+}
+
+// provePort proves the peer's UDP source port port to the transport as a peer would: a datagram
+// from it is challenged, and the cookie comes back from it. It returns the cookie.
+func (r *trace) provePort(port netip.AddrPort) uint64 {
+	r.t.Helper()
+	r.sendFrom(port, r.inc, 0, func(b []byte) []byte { return wire.AppendAck(b, &wire.Ack{}) })
+	ch := r.take(wire.TypeChallenge)
+	if len(ch) != 1 || ch[0].f.Port != port.Port() {
+		r.t.Fatalf("challenges %+v, want one naming port %d", ch, port.Port())
+	}
+	r.sendFrom(port, r.inc, ch[0].f.Cookie, func(b []byte) []byte { return wire.AppendAck(b, &wire.Ack{}) })
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	if p == nil || !p.trusts(port.Port(), tracePeer.Port(), r.f.Now()) {
+		r.t.Fatalf("port %d not proven by its cookie", port.Port())
+	}
+	return ch[0].f.Cookie
 }
 
 // The backlog counts only answers: a device with more than maxBacklog requests of its own queued

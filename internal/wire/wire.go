@@ -1,4 +1,4 @@
-// Package wire holds softefa's SRD-over-UDP wire format, version 3: a datagram header followed
+// Package wire holds softefa's SRD-over-UDP wire format, version 4: a datagram header followed
 // by one or more frames (DATA, ACK, PROBE, PROBE_ACK, RESET, CHALLENGE, COOKIE). docs/wire.md is
 // the specification; this package is one implementation of it.
 //
@@ -15,7 +15,7 @@ import (
 )
 
 // Version is the wire format version this package speaks.
-const Version = 3
+const Version = 4
 
 // Sizes of the fixed parts.
 const (
@@ -23,8 +23,9 @@ const (
 	FrameHeaderSize    = 4
 	DataHeaderSize     = 44 // after the frame header
 	AckSize            = 48 // after the frame header
-	ProbeSize          = 4
-	CookieSize         = 8 // a CHALLENGE's body; a COOKIE adds its sender's source ports
+	ProbeSize          = 10 // a nonce and 6 zero bytes: a PROBE datagram is as long as a CHALLENGE's
+	CookieSize         = 8  // a cookie; a COOKIE frame adds the source ports it is echoed from
+	ChallengeSize      = 10 // a CHALLENGE's body: the cookie and the port it is for
 	MaxPorts           = 255
 	SackWords          = 4 // the ACK's selective-acknowledgement bitmap, in 64-bit words
 )
@@ -36,7 +37,7 @@ const (
 	TypeProbe     = 3
 	TypeProbeAck  = 4
 	TypeReset     = 5
-	TypeChallenge = 6 // "prove you receive at your address": carries a cookie
+	TypeChallenge = 6 // "prove that this port is yours": a cookie, and the port it is for
 	TypeCookie    = 7 // the cookie echoed
 )
 
@@ -192,13 +193,16 @@ func AppendProbe(b []byte, nonce uint32, ack bool) []byte {
 		typ = TypeProbeAck
 	}
 	b = appendFrameHeader(b, typ, FrameHeaderSize+ProbeSize)
-	return binary.BigEndian.AppendUint32(b, nonce)
+	b = binary.BigEndian.AppendUint32(b, nonce)
+	return append(b, 0, 0, 0, 0, 0, 0)
 }
 
-// AppendChallenge appends a CHALLENGE frame carrying cookie.
-func AppendChallenge(b []byte, cookie uint64) []byte {
-	b = appendFrameHeader(b, TypeChallenge, FrameHeaderSize+CookieSize)
-	return binary.BigEndian.AppendUint64(b, cookie)
+// AppendChallenge appends a CHALLENGE frame carrying cookie, to be echoed from UDP source port
+// port.
+func AppendChallenge(b []byte, cookie uint64, port uint16) []byte {
+	b = appendFrameHeader(b, TypeChallenge, FrameHeaderSize+ChallengeSize)
+	b = binary.BigEndian.AppendUint64(b, cookie)
+	return binary.BigEndian.AppendUint16(b, port)
 }
 
 // CookieFrameSize is the size of a COOKIE frame naming n source ports.
@@ -279,7 +283,8 @@ type Frame struct {
 	Ack    Ack
 	Nonce  uint32
 	Cookie uint64
-	Ports  Ports // COOKIE: the sender's source ports (refers into the datagram)
+	Port   uint16 // CHALLENGE: the UDP source port the cookie is to be echoed from
+	Ports  Ports  // COOKIE: the sender's source ports (refers into the datagram)
 }
 
 // ParseHeader checks a datagram's header and checksum and returns the header with the bytes of
@@ -381,7 +386,7 @@ func parseFrame(b []byte, f *Frame) error {
 		}
 		a.HasHorizon = a.Horizon != 0 || body[41] != 0
 	case TypeProbe, TypeProbeAck:
-		if len(body) != ProbeSize {
+		if len(body) != ProbeSize || binary.BigEndian.Uint16(body[4:]) != 0 || binary.BigEndian.Uint32(body[6:]) != 0 {
 			return ErrFrame
 		}
 		f.Nonce = binary.BigEndian.Uint32(body)
@@ -390,10 +395,11 @@ func parseFrame(b []byte, f *Frame) error {
 			return ErrFrame
 		}
 	case TypeChallenge:
-		if len(body) != CookieSize {
+		if len(body) != ChallengeSize {
 			return ErrFrame
 		}
 		f.Cookie = binary.BigEndian.Uint64(body)
+		f.Port = binary.BigEndian.Uint16(body[CookieSize:])
 	case TypeCookie:
 		n := len(body) - CookieSize
 		if n < 2 || n%2 != 0 || n > 2*MaxPorts {

@@ -12,7 +12,7 @@ import (
 // payload, one ACK.
 var image = []byte{
 	// datagram header
-	0x03, 0x02, 0x12, 0xb7, // version 3, path 2, source port 4791
+	0x04, 0x02, 0x12, 0xb7, // version 4, path 2, source port 4791
 	0xde, 0xad, 0xbe, 0xef, // source incarnation
 	0x00, 0x00, 0x00, 0x07, // destination incarnation
 	0x00, 0x03, 0x00, 0x04, // tx epoch 3, rx epoch 4
@@ -146,9 +146,53 @@ func TestRejects(t *testing.T) {
 		t.Fatalf("ack flag for horizon 0 with horizon 33: %v", err)
 	}
 	for _, b := range [][]byte{AppendProbe(nil, 7, false), AppendProbe(nil, 7, true), AppendReset(nil),
-		AppendChallenge(nil, 9), AppendCookie(nil, 9, []uint16{1, 2})} {
+		AppendChallenge(nil, 9, 4791), AppendCookie(nil, 9, []uint16{1, 2})} {
 		if rest, err := NextFrame(b, &f); err != nil || len(rest) != 0 {
 			t.Fatalf("control frame % x: %v", b, err)
+		}
+	}
+}
+
+// A PROBE frame written out by hand from docs/wire.md: the nonce, then 6 bytes that must be zero.
+func TestProbeFrame(t *testing.T) {
+	want := []byte{0x03, 0x00, 0x00, 0x0e, 0x00, 0x00, 0x01, 0x02, 0, 0, 0, 0, 0, 0} // PROBE, 14 bytes, nonce 258
+	if got := AppendProbe(nil, 258, false); !bytes.Equal(got, want) {
+		t.Fatalf("PROBE % x, want % x", got, want)
+	}
+	var f Frame
+	if _, err := NextFrame(want, &f); err != nil || f.Nonce != 258 {
+		t.Fatalf("parsed %+v, %v", f, err)
+	}
+	for i := 8; i < len(want); i++ {
+		bad := append([]byte(nil), want...)
+		bad[i] = 1
+		if _, err := NextFrame(bad, &f); err != ErrFrame {
+			t.Fatalf("a PROBE with byte %d of its zeros set: %v, want ErrFrame", i, err)
+		}
+	}
+}
+
+// A CHALLENGE frame written out by hand from docs/wire.md: the cookie, then the port it is for;
+// any other length is malformed.
+func TestChallengeFrame(t *testing.T) {
+	want := []byte{
+		0x06, 0x00, 0x00, 0x0e, // CHALLENGE, length 4+8+2 = 14
+		0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x09, // cookie
+		0x9c, 0x40, // port 40000
+	}
+	got := AppendChallenge(nil, 0x0102030405060709, 40000)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("CHALLENGE % x, want % x", got, want)
+	}
+	var f Frame
+	if _, err := NextFrame(want, &f); err != nil || f.Cookie != 0x0102030405060709 || f.Port != 40000 {
+		t.Fatalf("parsed %+v, %v", f, err)
+	}
+	for _, n := range []int{12, 13, 15} { // the version 3 form (no port), a short port, a byte more
+		bad := append(append([]byte(nil), want...), 0)[:n]
+		bad[3] = byte(n)
+		if _, err := NextFrame(bad, &f); err != ErrFrame {
+			t.Fatalf("a CHALLENGE of %d bytes: %v, want ErrFrame", n, err)
 		}
 	}
 }
@@ -230,7 +274,7 @@ func FuzzParse(f *testing.F) {
 			case TypeReset:
 				enc = AppendReset(nil)
 			case TypeChallenge:
-				enc = AppendChallenge(nil, fr.Cookie)
+				enc = AppendChallenge(nil, fr.Cookie, fr.Port)
 			case TypeCookie:
 				ports := make([]uint16, fr.Ports.Len())
 				for i := range ports {

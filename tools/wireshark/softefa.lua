@@ -1,4 +1,4 @@
--- Wireshark dissector for softefa's SRD-over-UDP wire format, version 3 (docs/wire.md).
+-- Wireshark dissector for softefa's SRD-over-UDP wire format, version 4 (docs/wire.md).
 --
 -- Load it with:  wireshark -X lua_script:tools/wireshark/softefa.lua
 --           or:  tshark -X lua_script:tools/wireshark/softefa.lua -r capture.pcap
@@ -99,10 +99,11 @@ local function dissect_frame(buf, tree, off)
     t:add(f.ack_flags, buf(b + 41, 1)) -- 1: the horizon 0 is PSN 0, not "none"
     t:add(f.horizon, buf(b + 44, 4))
     summary = "ACK cum=" .. buf(b, 4):uint()
-  elseif (ftype == 3 or ftype == 4) and flen == 8 then
+  elseif (ftype == 3 or ftype == 4) and flen == 14 then
     t:add(f.nonce, buf(b, 4))
-  elseif ftype == 6 and flen == 12 then
+  elseif ftype == 6 and flen == 14 then
     t:add(f.cookie, buf(b, 8))
+    t:add(f.port, buf(b + 8, 2))
   elseif ftype == 7 and flen >= 14 then
     t:add(f.cookie, buf(b, 8))
     for i = b + 8, off + flen - 2, 2 do t:add(f.port, buf(i, 2)) end
@@ -112,7 +113,7 @@ end
 
 local function dissect(buf, pinfo, tree)
   local n = buf:len()
-  if n < 24 or buf(0, 1):uint() ~= 3 then return false end
+  if n < 24 or buf(0, 1):uint() ~= 4 then return false end
   -- Every frame must fit exactly: that is what tells softefa from other UDP traffic.
   local off = 20
   while off < n do
