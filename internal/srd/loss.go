@@ -75,9 +75,14 @@ func (t *Transport) transportTick(now time.Duration) bool {
 }
 
 // checkRTO counts as lost every packet that has waited longer than the retransmission timeout:
-// the fallback for losses no later acknowledgement reveals (the last packets of a burst).
+// the fallback for losses no later acknowledgement reveals (the last packets of a burst). A
+// timeout before the stream's first RTT sample sends the packets again and backs the timer off,
+// but is no loss: the initial timeout is a guess, and a peer slow to answer its first datagrams
+// (a process starting, a first contact's challenge) is the common cause; counted, it cut the
+// window and turned sparse copies on for thousands of packets of a loss-free ping-pong.
 func (t *Transport) checkRTO(p *peer, now time.Duration) {
 	s := &p.tx
+	first := s.srtt == 0
 	fired := 0
 	for psn := s.una; psn != s.next; psn++ {
 		e := s.slot(psn)
@@ -90,17 +95,21 @@ func (t *Transport) checkRTO(p *peer, now time.Duration) {
 		// that, a path that swallows whole bursts is never marked failed (no later packet on it
 		// is acknowledged to reveal the losses), and every timeout goes back to it in turn.
 		e.suspect = e.path + 1
-		e.lost, e.counted = true, true
+		e.lost, e.counted = true, !first
 		s.inflight--
 		s.retx = append(s.retx, psn)
-		s.countFate(true)
+		if !first {
+			s.countFate(true)
+		}
 		fired++
 	}
 	if fired > 0 {
-		s.lossAt = now
 		t.counts.RetransTimeoutEvents.Add(1)
 		rto := s.rto
-		s.cut(fired)
+		if !first {
+			s.lossAt = now
+			s.cut(fired)
+		}
 		s.rto = min(2*rto, maxRTO)
 	}
 }

@@ -240,6 +240,10 @@ func TestTracePathFailsAndIsProbed(t *testing.T) {
 // packet goes on a second path too.
 func TestTraceSparseCopiesAfterLoss(t *testing.T) {
 	r := newTrace(t, 2, nil)
+	r.post(0, efaio.OpSend, 100) // a first round trip, for an RTT sample (a timeout before one is no loss)
+	r.advance(time.Millisecond)
+	r.ack(1, nil, r.data()[0].h.Path)
+	r.wantCompletion(0, efaio.StatusOK)
 	r.post(1, efaio.OpSend, 100)
 	r.data()
 	r.advance(30 * time.Millisecond) // lost: the retransmission timeout sends it again
@@ -247,12 +251,12 @@ func TestTraceSparseCopiesAfterLoss(t *testing.T) {
 	if len(again) == 0 {
 		t.Fatal("no retransmission")
 	}
-	r.ack(1, nil, again[0].h.Path)
+	r.ack(2, nil, again[0].h.Path)
 	r.wantCompletion(1, efaio.StatusOK)
 	r.post(2, efaio.OpSend, 100)
 	d := r.data()
-	if len(d) != 2 || d[0].f.Data.PSN != 1 || d[1].f.Data.PSN != 1 || d[0].h.Path == d[1].h.Path {
-		t.Fatalf("after a loss sent PSNs %v on paths %v, want PSN 1 on both paths", psns(d), paths(d))
+	if len(d) != 2 || d[0].f.Data.PSN != 2 || d[1].f.Data.PSN != 2 || d[0].h.Path == d[1].h.Path {
+		t.Fatalf("after a loss sent PSNs %v on paths %v, want PSN 2 on both paths", psns(d), paths(d))
 	}
 }
 
@@ -481,6 +485,42 @@ func TestTraceSpuriousTimeoutUndone(t *testing.T) {
 				t.Fatalf("real loss: window %v back to %v", p().tx.cwnd, before)
 			}
 		}
+	}
+}
+
+// congestion.md "Reliability": a retransmission timeout before the stream's first RTT sample sends
+// the packet again and backs the timer off, but counts no loss: the window stays, and the packets
+// after it go without sparse copies. (Counted, it turned the copies on for thousands of packets
+// of a ping-pong whose peer was slow to answer its first message.)
+func TestTraceFirstRoundTripTimeoutIsNoLoss(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.post(0, efaio.OpSend, 100)
+	first := r.data()
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	cwnd, rto := p.tx.cwnd, p.tx.rto
+	r.advance(initialRTO + time.Millisecond)
+	again := r.data()
+	if len(again) != 1 || again[0].f.Data.PSN != first[0].f.Data.PSN || p.tx.rto <= rto {
+		t.Fatalf("after the first timeout sent %+v, timer %v (from %v): want PSN %d again and the timer backed off",
+			again, p.tx.rto, rto, first[0].f.Data.PSN)
+	}
+	r.ack(1, nil, again[0].h.Path)
+	r.wantCompletion(0, efaio.StatusOK)
+	if p.tx.cwnd < cwnd || p.tx.lossRate != 0 {
+		t.Fatalf("window %v (from %v), loss rate %v: the first round trip's timeout counted as a loss", p.tx.cwnd, cwnd,
+			p.tx.lossRate)
+	}
+	for i := range 4 {
+		r.post(uint16(1+i), efaio.OpSend, 100)
+		if d := r.data(); len(d) != 1 {
+			t.Fatalf("SEND %d went as %d DATA frames, want 1 (no sparse copies)", 1+i, len(d))
+		}
+		r.advance(100 * time.Microsecond)
+		r.ack(uint32(2+i), nil, 0)
+		r.completions()
+	}
+	if n := r.counts.SparseCopies.Load(); n != 0 {
+		t.Fatalf("%d sparse copies after a first-round-trip timeout", n)
 	}
 }
 
