@@ -304,7 +304,7 @@ func TestSealedReplayFromElsewhere(t *testing.T) {
 }
 
 // carriesOp reports whether datagram d has a DATA frame with operation op.
-func carriesOp(d []byte, op uint8) bool {
+func carriesOp(d []byte, op wire.Op) bool {
 	_, frames, err := wire.ParseHeader(d)
 	var f wire.Frame
 	for err == nil && len(frames) > 0 {
@@ -316,7 +316,7 @@ func carriesOp(d []byte, op uint8) bool {
 }
 
 // onlyFrames reports whether every frame of datagram d is of type typ.
-func onlyFrames(d []byte, typ uint8) bool {
+func onlyFrames(d []byte, typ wire.FrameType) bool {
 	_, frames, err := wire.ParseHeader(d)
 	var f wire.Frame
 	for err == nil && len(frames) > 0 {

@@ -232,6 +232,7 @@ func creditPath(ps *pathState, e *sentPkt, now time.Duration) {
 	if !ps.failed || e.at >= ps.failedAt { // an acknowledgement of a packet from before the failure proves nothing
 		ps.losses, ps.failed = 0, false
 	}
+	ps.unproven = false // the peer took a datagram from the path's port
 	if e.retx != 0 {
 		return
 	}

@@ -150,10 +150,12 @@ func (t *Transport) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Hea
 const challengeFrameSize = wire.FrameHeaderSize + wire.ChallengeSize
 
 // onChallenge takes a peer's challenge to our UDP source port port: a COOKIE frame with the
-// cookie, naming the port, rides in the next echoBudget datagrams to the peer on the path that
-// sends from it (on every path, if none does: a relay between us gives all our paths one port
-// of its own), or until a packet sent there since is acknowledged. On a new cookie, what those
-// paths sent that is not yet acknowledged goes again at once: the peer dropped it. Once per
+// cookie, naming the port, rides in the next echoBudget datagrams to the peer on the paths that
+// send from it (on every path, if none does: a relay between us gives all our paths one port
+// of its own), or until a packet sent there since is acknowledged. A path whose port is not our
+// endpoint's carries it in a PROBE at once, and nothing else until the peer answers the PROBE.
+// On a new cookie, what those paths sent that is not yet acknowledged goes again at once: the
+// peer dropped it. Once per
 // cookie: the peer challenges every datagram that reaches it from the port before the cookie
 // does, and resending the whole flight for each of those challenges was a storm (thousands of
 // packets in a short run). An ACK goes too if we receive the peer's stream: the peer may have
@@ -165,7 +167,7 @@ func (t *Transport) onChallenge(p *peer, cookie uint64, port uint16) {
 	all := !slices.Contains(t.ports, port)
 	resend := false
 	for i := range p.echo {
-		if !all && (i >= len(t.ports) || t.ports[i] != port) {
+		if !all && t.pathPort(i) != port {
 			continue
 		}
 		e := &p.echo[i]
@@ -174,6 +176,13 @@ func (t *Transport) onChallenge(p *peer, cookie uint64, port uint16) {
 			resend = true
 		}
 		e.port, e.since, e.left = port, t.now, echoBudget
+		if !all && port != t.pathPort(0) {
+			// A path of its own: it carries nothing more until the peer has taken the cookie
+			// and answered a PROBE, which carries the cookie now.
+			ps := &p.paths[i]
+			ps.unproven = true
+			t.probe(p, i, t.now)
+		}
 	}
 	if resend {
 		s := &p.tx
@@ -194,6 +203,36 @@ func (t *Transport) onChallenge(p *peer, cookie uint64, port uint16) {
 		t.oweAck(p, t.now)
 	}
 	t.pump(p)
+}
+
+// unprove marks every path of ours to p whose port is not our endpoint's as not proven to p: a
+// new peer knows none of them, and a peer that took nothing from us for portQuiet has forgotten
+// them. They carry PROBEs, at the device's next tick, until the peer's challenge to each has been
+// echoed and the PROBE answered.
+func (t *Transport) unprove(p *peer) {
+	for i := range p.paths {
+		if t.pathPort(i) != t.pathPort(0) {
+			ps := &p.paths[i]
+			ps.unproven, ps.probeSent, ps.probeAt = true, false, t.now
+		}
+	}
+	p.lastTx = t.now
+}
+
+// revalidate unproves p's paths when nothing went to p for portQuiet: p forgets our ports then.
+func (t *Transport) revalidate(p *peer) {
+	if t.now-p.lastTx >= portQuiet {
+		t.unprove(p)
+	}
+}
+
+// pathPort is the UDP source port our path i sends from: a link without ports of its own for its
+// paths sends every path from its endpoint's (link.PathPorter).
+func (t *Transport) pathPort(i int) uint16 {
+	if i < len(t.ports) {
+		return t.ports[i]
+	}
+	return t.ports[0]
 }
 
 // pathEcho is a peer's challenge to the UDP source port of one of our paths, echoed in COOKIE

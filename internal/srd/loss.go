@@ -47,9 +47,8 @@ func (t *Transport) transportTick(now time.Duration) bool {
 	busy := false
 	for _, p := range t.active { // (a slim peer is idle: no timer of its runs, no path is probed)
 		for i := range p.paths {
-			if ps := &p.paths[i]; ps.failed && now >= ps.probeAt {
-				ps.nonce, ps.probeSent, ps.probeAt = uint32(now)^uint32(i)<<24|1, true, now+probeInterval
-				t.commit(wire.AppendProbe(t.room(p, i, wire.FrameHeaderSize+wire.ProbeSize), ps.nonce, false))
+			if ps := &p.paths[i]; !ps.usable() && now >= ps.probeAt {
+				t.probe(p, i, now)
 			}
 		}
 		s := &p.tx
@@ -72,6 +71,15 @@ func (t *Transport) transportTick(now time.Duration) bool {
 		t.pump(p)
 	}
 	return busy
+}
+
+// probe sends a PROBE on path i of p, in a datagram of its own, and schedules the next.
+func (t *Transport) probe(p *peer, i int, now time.Duration) {
+	ps := &p.paths[i]
+	ps.nonce, ps.probeSent, ps.probeAt = uint32(now)^uint32(i)<<24|1, true, now+probeInterval
+	t.txq.cur = nil // a datagram of its own
+	t.commit(wire.AppendProbe(t.room(p, i, wire.FrameHeaderSize+wire.ProbeSize), ps.nonce, false))
+	t.txq.cur = nil
 }
 
 // checkRTO counts as lost every packet that has waited longer than the retransmission timeout:

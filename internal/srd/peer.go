@@ -32,6 +32,7 @@ type peer struct {
 	ports      []uint16
 	portsHeard time.Duration
 	echo       []pathEcho
+	lastTx     time.Duration // when a datagram to the peer was last begun (revalidate)
 	seen       time.Duration // when the peer last sent us a datagram we took, or we queued it work
 	slim       bool          // its stream buffers are given back (slim.go)
 	activeAt   int           // 1 + its index in Transport.active; 0 while slim
@@ -42,14 +43,20 @@ type pathState struct {
 	srtt      time.Duration
 	ackedAt   time.Duration // send time of the latest packet on this path acknowledged
 	failedAt  time.Duration // when it was marked failed
-	probeAt   time.Duration // when to probe a failed path next
+	probeAt   time.Duration // when to probe a failed or unproven path next
 	sent      uint64
 	lost      uint64
 	losses    int32 // consecutive packets lost on this path
 	nonce     uint32
 	failed    bool
 	probeSent bool
+	// unproven: the path's UDP source port is not known to be proven to the peer (admit.go): it
+	// carries nothing but PROBEs until the peer answers one, or acknowledges a packet it carried.
+	unproven bool
 }
+
+// usable reports whether new packets may go on the path.
+func (ps *pathState) usable() bool { return !ps.failed && !ps.unproven }
 
 // NewIncarnation draws a device's incarnation: random, never 0.
 func NewIncarnation(rng io.Reader) uint32 {
@@ -77,6 +84,7 @@ func (t *Transport) peerFor(gid [16]byte) *peer {
 		p.replay = new(seal.Replay)
 	}
 	t.recall(p)
+	t.unprove(p)
 	t.peers[gid] = p
 	t.peerList = append(t.peerList, p)
 	t.activate(p)
@@ -104,16 +112,19 @@ func (t *Transport) pickPath(p *peer, avoid int) int {
 	if n == 1 {
 		return 0
 	}
-	if avoid < 0 && p.tx.burst < burst && !p.paths[p.pathRR].failed {
+	if avoid < 0 && p.tx.burst < burst && p.paths[p.pathRR].usable() {
 		p.tx.burst++
 		return p.pathRR
 	}
 	for i := 1; i <= n; i++ {
 		c := (p.pathRR + i) % n
-		if !p.paths[c].failed && c != avoid {
+		if p.paths[c].usable() && c != avoid {
 			p.pathRR, p.tx.burst = c, 1
 			return c
 		}
+	}
+	if avoid >= 0 && p.paths[avoid].usable() {
+		return avoid // the only usable path
 	}
 	// Every other path has failed: use them anyway, in turn.
 	p.pathRR = (p.pathRR + 1) % n
@@ -139,7 +150,7 @@ func (t *Transport) controlPath(p *peer) int {
 		for range n {
 			p.ctrlRR = (p.ctrlRR + 1) % n
 			ps := &p.paths[p.ctrlRR]
-			if !ps.failed && (!proven || newest > 0 && ps.ackedAt >= recent) {
+			if ps.usable() && (!proven || newest > 0 && ps.ackedAt >= recent) {
 				return p.ctrlRR
 			}
 		}
@@ -170,7 +181,7 @@ func (p *peer) provenSince(now time.Duration) (newest, recent time.Duration) {
 func (t *Transport) carriesAck(p *peer, path int) bool {
 	newest, recent := p.provenSince(t.now)
 	ps := &p.paths[path]
-	return !ps.failed && (newest == 0 || ps.ackedAt >= recent)
+	return ps.usable() && (newest == 0 || ps.ackedAt >= recent)
 }
 
 // pathLoss counts a loss against one of our paths; consecutive losses mark it failed (as long as
@@ -185,7 +196,7 @@ func (t *Transport) pathLoss(p *peer, i int, now time.Duration) {
 	}
 	healthy := 0
 	for j := range p.paths {
-		if j != i && !p.paths[j].failed {
+		if j != i && p.paths[j].usable() {
 			healthy++
 		}
 	}

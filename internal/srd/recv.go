@@ -230,8 +230,8 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 			}
 		case wire.TypeProbeAck:
 			for i := range p.paths {
-				if ps := &p.paths[i]; ps.failed && ps.probeSent && ps.nonce == f.Nonce {
-					ps.failed, ps.losses, ps.probeSent = false, 0, false
+				if ps := &p.paths[i]; !ps.usable() && ps.probeSent && ps.nonce == f.Nonce {
+					ps.failed, ps.unproven, ps.losses, ps.probeSent = false, false, 0, false
 				}
 			}
 		case wire.TypeReset, wire.TypeCookie:

@@ -272,6 +272,7 @@ func (t *Transport) sendUD(dst [16]byte, r *Request) efaio.Status {
 // pump sends what p's window allows: retransmissions first, then new segments. Both count
 // against the congestion window.
 func (t *Transport) pump(p *peer) {
+	t.revalidate(p)
 	s := &p.tx
 	now := t.sendTime()
 	if len(s.retx) > 1 {
@@ -365,7 +366,7 @@ func (t *Transport) copySeg(p *peer, psn uint32, e *sentPkt) {
 	n := len(p.paths)
 	for i := 1; i < n; i++ {
 		path := (int(e.path) + i) % n
-		if !p.paths[path].failed {
+		if p.paths[path].usable() {
 			t.writeSeg(p, psn, e, path, ackIfCopy)
 			p.paths[path].sent++
 			e.copied = true

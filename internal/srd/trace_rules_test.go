@@ -1157,60 +1157,71 @@ func TestTraceQuietPortProvesItselfAgain(t *testing.T) {
 	}
 }
 
-// wire.md "Address validation": a device challenged for the port of one of its paths echoes the
-// cookie on that path only, sends again at once what that path sent unacknowledged (the peer
-// dropped it), and stops echoing once a packet the path sent since is acknowledged.
-func TestTraceChallengeEchoedOnItsPath(t *testing.T) {
+// wire.md "Address validation": a path whose UDP port is not the device's endpoint's carries
+// nothing but PROBEs until it has proved itself to the peer: the peer's challenge to its port is
+// echoed at once in a PROBE on it, the PROBE_ACK puts it in use, and the cookie rides on it until
+// a packet it carried since is acknowledged. After a second with nothing sent to the peer (which
+// forgets the ports of a device it took nothing from for that long) it proves itself again.
+func TestTraceNewPathProvesItself(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	ports := []uint16{traceDev.Port(), 4800}
 	r.tr.ports = ports // as a UDP link's sockets would have them (memlink sends every path from one)
 	r.meet()
-	r.recv(1)
-	r.peerData(wire.Data{Op: wire.OpSend, Length: 1, DstQPN: 3, QKey: traceQKey, Payload: []byte{1}})
-	r.wantCompletion(1, efaio.StatusOK)
+	r.post(1, efaio.OpSend, 100)
 	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
-	p.pathRR, p.tx.burst = 1, 1 // the next sends go on path 1
-	r.post(2, efaio.OpSend, 100)
-	first := r.data()
-	if len(first) != 1 || first[0].h.Path != 1 {
-		t.Fatalf("sent %+v, want one DATA on path 1", first)
+	if d := r.data(); len(d) != 1 || d[0].h.Path != 0 {
+		t.Fatalf("sent %+v, want one DATA on path 0", d)
 	}
-	r.take(wire.TypeAck)
+	probes := r.take(wire.TypeProbe)
+	if len(probes) != 1 || probes[0].h.Path != 1 {
+		t.Fatalf("probes %+v, want one on the unproven path 1", probes)
+	}
+	r.ack(1, nil, 0)
+	r.wantCompletion(1, efaio.StatusOK)
+	// The peer challenges the probe's port: the cookie goes back at once, in a PROBE on path 1.
 	r.send(0, func(b []byte) []byte { return wire.AppendChallenge(b, 0x1234567, ports[1]) })
-	again := r.data()
-	if len(again) != 1 || again[0].f.Data.PSN != first[0].f.Data.PSN {
-		t.Fatalf("after the challenge sent %+v, want PSN %d again", again, first[0].f.Data.PSN)
+	probes, cookies := r.take(wire.TypeProbe), r.take(wire.TypeCookie)
+	if len(probes) != 1 || probes[0].h.Path != 1 || len(cookies) != 1 || cookies[0].dgram != probes[0].dgram ||
+		cookies[0].f.Cookie != 0x1234567 || cookies[0].f.Ports.Len() != 1 || cookies[0].f.Ports.At(0) != ports[1] {
+		t.Fatalf("after the challenge: probes %+v, COOKIEs %+v; want a PROBE on path 1 with the cookie for port %d",
+			probes, cookies, ports[1])
 	}
-	wantEchoes := func(n int) {
-		t.Helper()
-		cookies := r.take(wire.TypeCookie)
-		for _, c := range cookies {
-			if c.h.Path != 1 || c.f.Cookie != 0x1234567 || c.f.Ports.Len() != 1 || c.f.Ports.At(0) != ports[1] {
-				t.Fatalf("COOKIE %+v on path %d, want cookie 0x1234567 naming port %d on path 1", c.f, c.h.Path, ports[1])
-			}
-		}
-		if len(cookies) != n {
-			t.Fatalf("%d COOKIEs, want %d", len(cookies), n)
-		}
-	}
-	wantEchoes(min(1, int(again[0].h.Path)))
-	r.ack(again[0].f.Data.PSN+1, nil, again[0].h.Path)
-	r.wantCompletion(2, efaio.StatusOK)
 	p.pathRR, p.tx.burst = 1, 1
-	r.post(3, efaio.OpSend, 100) // on path 1, whose packets since the challenge are not acknowledged
+	r.post(2, efaio.OpSend, 100)
+	if d := r.data(); len(d) != 1 || d[0].h.Path != 0 {
+		t.Fatalf("sent %+v before the PROBE_ACK, want one DATA on path 0", d)
+	}
+	r.ack(2, nil, 0)
+	r.wantCompletion(2, efaio.StatusOK)
+	r.send(0, func(b []byte) []byte { return wire.AppendProbe(b, probes[0].f.Nonce, true) })
+	p.pathRR, p.tx.burst = 1, 1
+	r.post(3, efaio.OpSend, 100)
 	d := r.data()
 	if len(d) != 1 || d[0].h.Path != 1 {
-		t.Fatalf("sent %+v, want one DATA on path 1", d)
+		t.Fatalf("sent %+v after the PROBE_ACK, want one DATA on path 1", d)
 	}
-	wantEchoes(1)
-	r.ack(d[0].f.Data.PSN+1, nil, 1)
+	if c := r.take(wire.TypeCookie); len(c) != 1 || c[0].dgram != d[0].dgram {
+		t.Fatalf("COOKIEs %+v: the first DATA on path 1 carried none", c)
+	}
+	r.ack(3, nil, 1)
 	r.wantCompletion(3, efaio.StatusOK)
 	p.pathRR, p.tx.burst = 1, 1
 	r.post(4, efaio.OpSend, 100)
-	if d := r.data(); len(d) != 1 || d[0].h.Path != 1 {
-		t.Fatalf("sent %+v, want one DATA on path 1", d)
+	if d := r.data(); len(d) != 1 || d[0].h.Path != 1 || len(r.take(wire.TypeCookie)) != 0 {
+		t.Fatalf("sent %+v: want DATA on path 1 with no COOKIE once a packet of it was acknowledged", d)
 	}
-	wantEchoes(0) // path 1's packet sent since the challenge was acknowledged: the port is proven
+	r.ack(4, nil, 1)
+	r.completions()
+	r.advance(portQuiet)
+	r.take(wire.TypeProbe)
+	p.pathRR, p.tx.burst = 1, 1
+	r.post(5, efaio.OpSend, 100)
+	if d := r.data(); len(d) != 1 || d[0].h.Path != 0 {
+		t.Fatalf("sent %+v after %v of silence, want one DATA on path 0", d, portQuiet)
+	}
+	if probes := r.take(wire.TypeProbe); len(probes) != 1 || probes[0].h.Path != 1 {
+		t.Fatalf("probes %+v after %v of silence, want one on path 1", probes, portQuiet)
+	}
 }
 
 // sendFrame returns a frame adder for a SEND of payload to the trace's receive QP, at the peer's

@@ -274,7 +274,7 @@ func (r *trace) advance(dt time.Duration) {
 
 // take returns the frames of type typ the transport has sent since the last take of that type, in
 // order, and forgets them; other frames stay.
-func (r *trace) take(typ uint8) []traceFrame {
+func (r *trace) take(typ wire.FrameType) []traceFrame {
 	var out []traceFrame
 	keep := r.got[:0]
 	for _, g := range r.got {

@@ -77,7 +77,7 @@ type Counters struct {
 
 // Request is a message one of the host's queue pairs sends to another device.
 type Request struct {
-	Op             uint8 // wire.OpSend, wire.OpWrite or wire.OpReadReq
+	Op             wire.Op // wire.OpSend, wire.OpWrite or wire.OpReadReq
 	SrcQPN, DstQPN uint16
 	QKey           uint32
 	Imm            uint32

@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
+	"strconv"
 )
 
 // Version is the wire format version this package speaks.
@@ -30,26 +31,54 @@ const (
 	SackWords          = 4 // the ACK's selective-acknowledgement bitmap, in 64-bit words
 )
 
+// FrameType is a frame's first byte.
+type FrameType uint8
+
 // Frame types.
 const (
-	TypeData      = 1
-	TypeAck       = 2
-	TypeProbe     = 3
-	TypeProbeAck  = 4
-	TypeReset     = 5
-	TypeChallenge = 6 // "prove that this port is yours": a cookie, and the port it is for
-	TypeCookie    = 7 // the cookie echoed
+	TypeData      FrameType = 1
+	TypeAck       FrameType = 2
+	TypeProbe     FrameType = 3
+	TypeProbeAck  FrameType = 4
+	TypeReset     FrameType = 5
+	TypeChallenge FrameType = 6 // "prove that this port is yours": a cookie, and the port it is for
+	TypeCookie    FrameType = 7 // the cookie echoed
 )
+
+var frameNames = [...]string{TypeData: "DATA", TypeAck: "ACK", TypeProbe: "PROBE", TypeProbeAck: "PROBE_ACK",
+	TypeReset: "RESET", TypeChallenge: "CHALLENGE", TypeCookie: "COOKIE"}
+
+// String is the frame type's name in docs/wire.md, or its number.
+func (t FrameType) String() string {
+	if int(t) < len(frameNames) && frameNames[t] != "" {
+		return frameNames[t]
+	}
+	return "frame type " + strconv.Itoa(int(t))
+}
+
+// Op is the operation a DATA frame carries.
+type Op uint8
 
 // Operations a DATA frame carries.
 const (
-	OpSend     = 0 // a SEND's payload segment
-	OpReadReq  = 1 // an RDMA read request (no payload)
-	OpWrite    = 2 // an RDMA write's payload segment
-	OpReadResp = 3 // a segment of RDMA read data, answering a READ_REQ
-	OpResp     = 4 // the responder's result for a message (Status)
-	OpAbort    = 5 // the requester abandoned message MsgID; this PSN carries nothing else
+	OpSend     Op = 0 // a SEND's payload segment
+	OpReadReq  Op = 1 // an RDMA read request (no payload)
+	OpWrite    Op = 2 // an RDMA write's payload segment
+	OpReadResp Op = 3 // a segment of RDMA read data, answering a READ_REQ
+	OpResp     Op = 4 // the responder's result for a message (Status)
+	OpAbort    Op = 5 // the requester abandoned message MsgID; this PSN carries nothing else
 )
+
+var opNames = [...]string{OpSend: "SEND", OpReadReq: "READ_REQ", OpWrite: "WRITE", OpReadResp: "READ_RESP",
+	OpResp: "RESP", OpAbort: "ABORT"}
+
+// String is the operation's name in docs/wire.md, or its number.
+func (o Op) String() string {
+	if int(o) < len(opNames) {
+		return opNames[o]
+	}
+	return "op " + strconv.Itoa(int(o))
+}
 
 // DATA frame flags.
 const (
@@ -114,7 +143,7 @@ type Data struct {
 	MsgID   uint32 // the message (for READ_RESP and RESP: the message answered)
 	Offset  uint32 // the segment's byte offset in the message
 	Length  uint32 // the message's total payload (READ_REQ, READ_RESP: the bytes read)
-	Op      uint8
+	Op      Op
 	Flags   uint8
 	SrcQPN  uint16
 	DstQPN  uint16
@@ -136,7 +165,7 @@ func AppendData(b []byte, d *Data) []byte {
 	b = binary.BigEndian.AppendUint32(b, d.MsgID)
 	b = binary.BigEndian.AppendUint32(b, d.Offset)
 	b = binary.BigEndian.AppendUint32(b, d.Length)
-	b = append(b, d.Op, d.Flags)
+	b = append(b, byte(d.Op), d.Flags)
 	b = binary.BigEndian.AppendUint16(b, d.SrcQPN)
 	b = binary.BigEndian.AppendUint16(b, d.DstQPN)
 	b = append(b, d.Status, 0)
@@ -188,7 +217,7 @@ func AppendAck(b []byte, a *Ack) []byte {
 
 // AppendProbe appends a PROBE (or, with ack, a PROBE_ACK) frame carrying nonce.
 func AppendProbe(b []byte, nonce uint32, ack bool) []byte {
-	typ := uint8(TypeProbe)
+	typ := TypeProbe
 	if ack {
 		typ = TypeProbeAck
 	}
@@ -270,15 +299,15 @@ func RewriteSource(b []byte, port uint16) bool {
 // AppendReset appends a RESET frame: "I am not the incarnation you addressed".
 func AppendReset(b []byte) []byte { return appendFrameHeader(b, TypeReset, FrameHeaderSize) }
 
-func appendFrameHeader(b []byte, typ uint8, n int) []byte {
-	b = append(b, typ, 0)
+func appendFrameHeader(b []byte, typ FrameType, n int) []byte {
+	b = append(b, byte(typ), 0)
 	return binary.BigEndian.AppendUint16(b, uint16(n))
 }
 
 // Frame is one parsed frame: its type and, for the types that have them, its fields. Payload
 // refers into the datagram.
 type Frame struct {
-	Type   uint8
+	Type   FrameType
 	Data   Data
 	Ack    Ack
 	Nonce  uint32
@@ -337,7 +366,7 @@ func AppendDataHeader(b []byte, d *Data, n int) []byte {
 }
 
 func parseFrame(b []byte, f *Frame) error {
-	f.Type = b[0]
+	f.Type = FrameType(b[0])
 	body := b[FrameHeaderSize:]
 	switch f.Type {
 	case TypeData:
@@ -349,7 +378,7 @@ func parseFrame(b []byte, f *Frame) error {
 			MsgID:   binary.BigEndian.Uint32(body[4:]),
 			Offset:  binary.BigEndian.Uint32(body[8:]),
 			Length:  binary.BigEndian.Uint32(body[12:]),
-			Op:      body[16],
+			Op:      Op(body[16]),
 			Flags:   body[17],
 			SrcQPN:  binary.BigEndian.Uint16(body[18:]),
 			DstQPN:  binary.BigEndian.Uint16(body[20:]),

@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"reflect"
 	"testing"
@@ -120,7 +121,7 @@ func TestRejects(t *testing.T) {
 		"unknown data flag":    func(b []byte) { b[4+17] = 4 },
 		"reserved byte":        func(b []byte) { b[4+23] = 1 },
 		"payload past length":  func(b []byte) { b[4+14], b[4+15] = 0x05, 0x86 },
-		"read request payload": func(b []byte) { b[4+16] = OpReadReq },
+		"read request payload": func(b []byte) { b[4+16] = byte(OpReadReq) },
 		"short data header":    func(b []byte) { b[3] = 40 },
 	} {
 		if err := frame(mod); !errors.Is(err, ErrFrame) {
@@ -301,6 +302,17 @@ func TestAckHorizonZero(t *testing.T) {
 		var f Frame
 		if _, err := NextFrame(b, &f); err != nil || f.Ack != a {
 			t.Errorf("%+v decoded as %+v, %v", a, f.Ack, err)
+		}
+	}
+}
+
+// Frame types and ops print as docs/wire.md names them; unknown values by number.
+func TestNames(t *testing.T) {
+	for v, want := range map[fmt.Stringer]string{TypeData: "DATA", TypeProbeAck: "PROBE_ACK", TypeCookie: "COOKIE",
+		FrameType(0): "frame type 0", FrameType(8): "frame type 8", OpSend: "SEND", OpReadResp: "READ_RESP",
+		OpAbort: "ABORT", Op(6): "op 6"} {
+		if got := v.String(); got != want {
+			t.Errorf("%#v prints %q, want %q", v, got, want)
 		}
 	}
 }
