@@ -152,7 +152,7 @@ func TestFloodFromForgedSources(t *testing.T) {
 		for i := range n {
 			src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 9, byte(i >> 8), byte(i)}), uint16(1000+i%50000))
 			d := wire.AppendHeader(nil, &wire.Header{SrcPort: src.Port(), SrcInc: uint32(i + 1)})
-			d = wire.AppendData(d, &wire.Data{PSN: uint32(i), Op: wire.OpWrite, Length: 64, DstQPN: uint16(b.qp.QPN()),
+			d = wire.AppendData(d, &wire.Data{PSN: wire.PSN(i), Op: wire.OpWrite, Length: 64, DstQPN: uint16(b.qp.QPN()),
 				QKey: qkey, RKey: b.mr.RKey(), RAddr: b.mr.Addr(), Payload: make([]byte, 64)})
 			wire.PutChecksum(d)
 			f.Inject(src, dst, d)
@@ -240,7 +240,7 @@ func TestInjectionFromAnotherPort(t *testing.T) {
 		var forged []byte
 		for i, newInc := range []bool{false, true} {
 			forged = rewriteData(t, reads[0], func(h *wire.Header, d *wire.Data) {
-				d.PSN += 50 + uint32(i)
+				d.PSN += 50 + wire.PSN(i)
 				d.MsgID += 1000 + uint32(i)
 				if newInc {
 					h.SrcInc ^= 0x5a5a

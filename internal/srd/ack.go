@@ -67,7 +67,7 @@ func (p *peer) ack() wire.Ack {
 	a := wire.Ack{Cum: r.cum, Highest: r.highest, Path: r.ackPath}
 	a.Horizon, a.HasHorizon = p.tx.horizon()
 	for i := range wire.SackWords * 64 {
-		if psn := r.cum + 1 + uint32(i); !psnLess(r.highest, psn) && r.seen != nil && r.seen.has(psn) {
+		if psn := r.cum + 1 + wire.PSN(i); !r.highest.Less(psn) && r.seen != nil && r.seen.has(psn) {
 			a.Sack[i/64] |= 1 << (i % 64)
 		}
 	}
@@ -77,13 +77,13 @@ func (p *peer) ack() wire.Ack {
 // onAck takes an acknowledgement of our stream: it frees acknowledged packets, samples the RTT,
 // counts as lost the packets that later ones overtook, adjusts the window and sends what it
 // allows.
-func (t *Transport) onAck(p *peer, a *wire.Ack, epoch uint16, now time.Duration) {
+func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Duration) {
 	s := &p.tx
 	switch {
-	case psnLess(s.next, a.Cum):
+	case s.next.Less(a.Cum):
 		t.counts.BadPackets.Add(1) // acknowledges what we never sent
 		return
-	case psnLess(a.Cum, s.una-rxWindow):
+	case a.Cum.Less(s.una - rxWindow):
 		// Older than the window: a datagram held back, by the network or by a receiving
 		// goroutine that lost the processor for a while with its batch read (the receive loop
 		// and a busy poller read side by side).
@@ -92,16 +92,16 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch uint16, now time.Duration)
 	}
 	s.hzn, s.hasHzn, s.hznEpoch = a.Horizon, a.HasHorizon, epoch
 	tally := ackTally{rtt: -1}
-	ack := func(psn uint32) { t.ackSlot(p, s.slot(psn), now, &tally) }
-	for psn := s.una; psnLess(psn, a.Cum); psn++ {
+	ack := func(psn wire.PSN) { t.ackSlot(p, s.slot(psn), now, &tally) }
+	for psn := s.una; psn.Less(a.Cum); psn++ {
 		ack(psn)
 	}
 	for w, word := range a.Sack {
 		for word != 0 {
 			i := bits.TrailingZeros64(word)
 			word &^= 1 << i
-			psn := a.Cum + 1 + uint32(w*64+i)
-			if psnLess(psn, s.next) && !psnLess(psn, s.una) {
+			psn := a.Cum + 1 + wire.PSN(w*64+i)
+			if psn.Less(s.next) && !psn.Less(s.una) {
 				ack(psn)
 			}
 		}
@@ -132,7 +132,7 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch uint16, now time.Duration)
 	for i := range p.paths {
 		anyAcked = max(anyAcked, p.paths[i].ackedAt)
 	}
-	for psn := s.una; psnLess(psn, s.next); psn++ {
+	for psn := s.una; psn.Less(s.next); psn++ {
 		e := s.slot(psn)
 		if e.acked || e.lost || e.msg == nil {
 			continue

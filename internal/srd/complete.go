@@ -37,7 +37,7 @@ func (t *Transport) cancel(m *Msg) {
 		}
 		s := &m.p.tx
 		s.unsent -= old - m.nseg
-		if s.resp && psnLess(s.next, s.respEnd) {
+		if s.resp && s.next.Less(s.respEnd) {
 			s.recountRespEnd() // a RESP queued behind m takes an earlier PSN now
 		}
 	}
@@ -48,7 +48,7 @@ func (t *Transport) cancel(m *Msg) {
 func (s *txStream) recountRespEnd() {
 	pos := s.next
 	for _, m := range s.queue {
-		pos += m.nseg - m.sent
+		pos = pos.Add(m.nseg - m.sent)
 		if m.kind == kindResp {
 			s.respEnd = pos
 		}
@@ -78,9 +78,9 @@ func (t *Transport) settle(p *peer) {
 	for i := 0; i < len(s.waiting); {
 		m := s.waiting[i]
 		switch {
-		case !m.hasHzn || r.started && r.epoch == m.hEpoch && !psnLess(r.cum, m.horizon):
+		case !m.hasHzn || r.started && r.epoch == m.hEpoch && !r.cum.Less(m.horizon):
 			t.completeReq(m, efaio.StatusOK, false) // takes it out of waiting
-		case r.started && epochLess(m.hEpoch, r.epoch) && s.hznEpoch == r.epoch:
+		case r.started && m.hEpoch.Less(r.epoch) && s.hznEpoch == r.epoch:
 			m.hasHzn, m.horizon, m.hEpoch = s.hasHzn, s.hzn, s.hznEpoch // looked at again with the new horizon
 		default:
 			i++

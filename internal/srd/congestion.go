@@ -27,7 +27,7 @@ func (s *txStream) sampleRTT(rtt time.Duration) {
 // congestion is the window rule (docs/congestion.md): additive increase per acknowledged packet
 // (one per packet in slow start), halving once per round trip with losses.
 func (s *txStream) congestion(newly, lost int) {
-	if s.recovering && !psnLess(s.una, s.recoverPSN) {
+	if s.recovering && !s.una.Less(s.recoverPSN) {
 		s.recovering, s.undo = false, false // the episode is over: what it lost stays lost
 	}
 	if lost > 0 && !s.recovering {

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"slices"
 	"time"
+
+	"github.com/softefa/softefa/internal/wire"
 )
 
 // Peer contexts are bounded (config.Device.MaxPeers) and expire (PeerIdleTimeout): a peer with
@@ -15,9 +17,9 @@ import (
 
 // memo is what a forgotten peer leaves behind.
 type memo struct {
-	inc              uint32 // the peer's incarnation
-	txEpoch, rxEpoch uint16 // our stream's epoch and the peer's
-	rxCum            uint32 // the peer's stream: every PSN below has arrived
+	inc              uint32     // the peer's incarnation
+	txEpoch, rxEpoch wire.Epoch // our stream's epoch and the peer's
+	rxCum            wire.PSN   // the peer's stream: every PSN below has arrived
 	rxStarted        bool
 	salt             uint32 // sealed datagrams: the peer's salt, its highest counter, its old salts
 	top              uint64
@@ -33,7 +35,7 @@ func (p *peer) idle() bool {
 // gap reports whether PSNs beyond the cumulative point have arrived. A memo keeps only the
 // cumulative point: a peer forgotten with a gap would take those PSNs again when they came again
 // (a second completion), or wait for ever for those whose sender saw them acknowledged.
-func (r *rxStream) gap() bool { return r.started && !psnLess(r.highest, r.cum) }
+func (r *rxStream) gap() bool { return r.started && !r.highest.Less(r.cum) }
 
 // dropGap gives up p's stream when it has a gap and p has been quiet past twice its transport
 // timeout: the sender has most likely moved its stream to a new epoch, or is gone; if it is only

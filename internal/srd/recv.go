@@ -16,11 +16,11 @@ import (
 // rxStream is the receiving half of a peer context: which PSNs of the peer's stream have
 // arrived, and the multi-segment messages being put together.
 type rxStream struct {
-	epoch    uint16
+	epoch    wire.Epoch
 	started  bool
-	cum      uint32 // every PSN below has arrived
-	highest  uint32 // highest PSN seen (cum-1 while none beyond cum has)
-	seen     window // which PSNs in [cum, cum+rxWindow) arrived
+	cum      wire.PSN // every PSN below has arrived
+	highest  wire.PSN // highest PSN seen (cum-1 while none beyond cum has)
+	seen     window   // which PSNs in [cum, cum+rxWindow) arrived
 	ackDue   bool
 	ackSince time.Duration // when the ACK became due
 	ackPath  uint8
@@ -32,22 +32,25 @@ type rxStream struct {
 	// of a cancelled message goes again as one); it is forgotten once the cumulative point passes
 	// the latest, which abortQ, every ABORT kept earliest first, finds without a walk of the map
 	// for every frame.
-	aborted map[uint32]uint32
+	aborted map[uint32]wire.PSN
 	abortQ  abortHeap
 }
 
 // abortMark is an ABORT that came before some earlier PSN of the stream.
-type abortMark struct{ psn, msgID uint32 }
+type abortMark struct {
+	psn   wire.PSN
+	msgID uint32
+}
 
 // abortHeap is a min-heap of marks by PSN. Every mark lies in [cum, cum+rxWindow) of its stream,
-// where psnLess is an order.
+// where PSNs are ordered (wire.PSN.Less).
 type abortHeap []abortMark
 
 func (h *abortHeap) push(m abortMark) {
 	q := append(*h, m)
 	for i := len(q) - 1; i > 0; {
 		up := (i - 1) / 2
-		if !psnLess(q[i].psn, q[up].psn) {
+		if !q[i].psn.Less(q[up].psn) {
 			break
 		}
 		q[i], q[up] = q[up], q[i]
@@ -63,10 +66,10 @@ func (h *abortHeap) pop() abortMark {
 	q = q[:last]
 	for i := 0; ; {
 		least, l, r := i, 2*i+1, 2*i+2
-		if l < len(q) && psnLess(q[l].psn, q[least].psn) {
+		if l < len(q) && q[l].psn.Less(q[least].psn) {
 			least = l
 		}
-		if r < len(q) && psnLess(q[r].psn, q[least].psn) {
+		if r < len(q) && q[r].psn.Less(q[least].psn) {
 			least = r
 		}
 		if least == i {
@@ -198,7 +201,7 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 	}
 	p.heardFrom(from.Port(), now) // (proven by this datagram's cookie, if admitted)
 	p.inc, p.heard, p.seen = h.SrcInc, true, now
-	if epochLess(p.tx.epoch, h.RxEpoch) {
+	if p.tx.epoch.Less(h.RxEpoch) {
 		// The peer has had a later epoch of our stream than ours: we forgot it (our memo of
 		// the peer was evicted) and started over below it, and the peer drops what we send as
 		// stale. Move past it now, not after a transport timeout per epoch; what the peer never
@@ -250,7 +253,7 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 	}
 	r := &p.rx
 	if !r.started || h.TxEpoch != r.epoch {
-		if r.started && epochLess(h.TxEpoch, r.epoch) {
+		if r.started && h.TxEpoch.Less(r.epoch) {
 			// From a stream the peer has since abandoned; or the peer forgot its later epoch
 			// (its memo of us was evicted) and started over below it. An ACK tells it which
 			// epoch we are at (its header's rx epoch), so that it moves past it (input).
@@ -267,7 +270,7 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 	r.sinceAck++
 	psn := f.PSN
 	switch {
-	case psnLess(psn, r.cum):
+	case psn.Less(r.cum):
 		return // a duplicate: the ACK tells the sender again
 	case psn-r.cum >= rxWindow:
 		t.counts.RxDrops.Add(1) // beyond the window: the sender must not have sent it yet
@@ -287,7 +290,7 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 	// New data from the peer is progress for our side too: the answers and read data we wait
 	// for may be queued behind it in its stream, so the transport timeout must not run.
 	p.tx.progress = now
-	if psnLess(r.highest, psn) {
+	if r.highest.Less(psn) {
 		r.highest = psn
 	}
 	for r.seen.has(r.cum) {
@@ -311,18 +314,18 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 			t.held--
 			in.Abort()
 		}
-		if !psnLess(psn, r.cum) {
+		if !psn.Less(r.cum) {
 			// A PSN before the ABORT is still to come, perhaps a segment of this message.
 			if r.aborted == nil {
-				r.aborted = make(map[uint32]uint32)
+				r.aborted = make(map[uint32]wire.PSN)
 			}
-			if at, ok := r.aborted[f.MsgID]; !ok || psnLess(at, psn) {
+			if at, ok := r.aborted[f.MsgID]; !ok || at.Less(psn) {
 				r.aborted[f.MsgID] = psn
 			}
 			r.abortQ.push(abortMark{psn, f.MsgID})
 		}
 	}
-	for len(r.abortQ) > 0 && psnLess(r.abortQ[0].psn, r.cum) {
+	for len(r.abortQ) > 0 && r.abortQ[0].psn.Less(r.cum) {
 		// Every segment sent before the ABORT is in (this one handled); a message is forgotten at
 		// its latest ABORT.
 		if m := r.abortQ.pop(); r.aborted[m.msgID] == m.psn {
@@ -398,7 +401,7 @@ func (t *Transport) onReadReq(p *peer, f *wire.Data) {
 // requester; the read completes with its last byte. Data in a newer epoch than the read's earlier
 // data is the whole answer again (the responder's stream timed out and it sent the read data
 // anew, docs/wire.md "Completion"): the count starts over.
-func (t *Transport) onReadResp(p *peer, f *wire.Data, epoch uint16) {
+func (t *Transport) onReadResp(p *peer, f *wire.Data, epoch wire.Epoch) {
 	o := p.tx.reqs[f.MsgID]
 	if o == nil || o.hdr.Op != wire.OpReadReq {
 		return // answered already, or flushed
@@ -465,7 +468,7 @@ func (t *Transport) resetRx(p *peer) {
 	}
 	t.abortInbound(p)
 	r.aborted, r.abortQ = nil, nil
-	r.cum, r.highest, r.started = 0, ^uint32(0), false // (highest cum-1: nothing beyond the cumulative point)
+	r.cum, r.highest, r.started = 0, ^wire.PSN(0), false // (highest cum-1: nothing beyond the cumulative point)
 	if r.seen != nil {
 		clear(r.seen)
 	}

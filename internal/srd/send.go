@@ -50,8 +50,8 @@ type Msg struct {
 	// A READ's data is counted in got for the peer's epoch hEpoch.
 	waits   bool
 	hasHzn  bool // false: the covering ACK named no horizon (no RESP in the peer's epoch)
-	horizon uint32
-	hEpoch  uint16
+	horizon wire.PSN
+	hEpoch  wire.Epoch
 }
 
 // sentPkt is a PSN's slot in the stream: which segment of which message it carries.
@@ -72,14 +72,14 @@ type sentPkt struct {
 
 // txStream is the sending half of a peer context.
 type txStream struct {
-	epoch      uint16
-	next, una  uint32    // PSNs [una, next) are in ring
+	epoch      wire.Epoch
+	next, una  wire.PSN  // PSNs [una, next) are in ring
 	ring       []sentPkt // indexed by psn & (len-1)
 	inflight   int       // sent, not acknowledged, not counted lost
 	cwnd       float64
 	ssthresh   float64
 	recovering bool
-	recoverPSN uint32
+	recoverPSN wire.PSN
 	srtt       time.Duration
 	rttvar     time.Duration
 	minRTT     time.Duration
@@ -87,12 +87,12 @@ type txStream struct {
 	progress   time.Duration // last time the peer acknowledged something, or the stream was idle
 	queue      []*Msg        // messages with segments not yet sent, in order
 	answers    int           // those of them that answer the peer (Msg.answer; onData's backlog)
-	retx       []uint32      // PSNs counted lost, to send again
+	retx       []wire.PSN    // PSNs counted lost, to send again
 	reqs       map[uint32]*Msg
-	waiting    []*Msg // requests acknowledged whole, waiting for the peer's horizon (settle)
-	unsent     uint32 // segments in queue not yet sent once: next+unsent is where the stream ends
-	respEnd    uint32 // the PSN after our latest RESP, queued or sent: our ACKs' horizon
-	resp       bool   // a RESP has been queued in this epoch: respEnd means something (it may be 0)
+	waiting    []*Msg   // requests acknowledged whole, waiting for the peer's horizon (settle)
+	unsent     uint32   // segments in queue not yet sent once: next+unsent is where the stream ends
+	respEnd    wire.PSN // the PSN after our latest RESP, queued or sent: our ACKs' horizon
+	resp       bool     // a RESP has been queued in this epoch: respEnd means something (it may be 0)
 	nextMsg    uint32
 	reoSteps   int           // the reordering allowance, in steps of a quarter of minRTT (reorderWindow)
 	reoClean   int           // loss episodes since the last loss that proved spurious
@@ -108,9 +108,9 @@ type txStream struct {
 	undoRTO                time.Duration
 	undoLeft               int
 	undo                   bool
-	hzn                    uint32 // the horizon of the newest ACK (wire.Ack.Horizon)
-	hasHzn                 bool   // whether it named one (wire.Ack.HasHorizon)
-	hznEpoch               uint16 // and the epoch of the peer's stream it is in
+	hzn                    wire.PSN   // the horizon of the newest ACK (wire.Ack.Horizon)
+	hasHzn                 bool       // whether it named one (wire.Ack.HasHorizon)
+	hznEpoch               wire.Epoch // and the epoch of the peer's stream it is in
 }
 
 // answer reports whether m answers the peer (read data, a RESP) rather than being ours.
@@ -133,7 +133,7 @@ func (s *txStream) queued(m *Msg) {
 		s.answers++
 	}
 	if m.kind == kindResp {
-		s.respEnd, s.resp = s.next+s.unsent, true
+		s.respEnd, s.resp = s.next.Add(s.unsent), true
 	}
 }
 
@@ -144,11 +144,11 @@ func (s *txStream) queued(m *Msg) {
 // peer's cumulative point, and the peer's SENDs and WRITEs would wait for it forever (docs/wire.md,
 // "Completion"). ok is false while no RESP has been queued in this epoch. Either PSN may be 0 (the
 // PSN space ended at a RESP): ok, not the value, says there is a horizon.
-func (s *txStream) horizon() (h uint32, ok bool) {
+func (s *txStream) horizon() (h wire.PSN, ok bool) {
 	switch {
 	case !s.resp:
 		return 0, false
-	case s.respEnd-s.una <= s.next+s.unsent-s.una:
+	case s.una.Dist(s.respEnd) <= s.una.Dist(s.next.Add(s.unsent)):
 		return s.respEnd, true // not yet acknowledged: in [una, end of the stream]
 	}
 	return s.una, true
@@ -161,7 +161,7 @@ func (s *txStream) init() {
 	s.reoSteps = 1
 }
 
-func (s *txStream) slot(psn uint32) *sentPkt { return &s.ring[psn&uint32(len(s.ring)-1)] }
+func (s *txStream) slot(psn wire.PSN) *sentPkt { return &s.ring[uint32(psn)&uint32(len(s.ring)-1)] }
 
 // busy reports whether the stream has anything outstanding.
 func (s *txStream) busy() bool { return s.una != s.next || len(s.queue) > 0 || len(s.reqs) > 0 }
@@ -171,7 +171,7 @@ func (s *txStream) grow() {
 	old := s.ring
 	s.ring = make([]sentPkt, 2*len(old))
 	for psn := s.una; psn != s.next; psn++ {
-		*s.slot(psn) = old[psn&uint32(len(old)-1)]
+		*s.slot(psn) = old[uint32(psn)&uint32(len(old)-1)]
 	}
 }
 
@@ -280,7 +280,7 @@ func (t *Transport) pump(p *peer) {
 		// selective bits reach only 256 PSNs past it. Last in line behind a long list, at a
 		// small window and a backed-off timer, it could wait past the transport timeout.
 		una := s.una
-		byAge := func(a, b uint32) int { return cmp.Compare(a-una, b-una) }
+		byAge := func(a, b wire.PSN) int { return cmp.Compare(una.Dist(a), una.Dist(b)) }
 		if !slices.IsSortedFunc(s.retx, byAge) {
 			slices.SortFunc(s.retx, byAge)
 		}
@@ -289,7 +289,7 @@ func (t *Transport) pump(p *peer) {
 	for taken < len(s.retx) && float64(s.inflight) < max(s.cwnd, 1) {
 		psn := s.retx[taken]
 		taken++
-		if psnLess(psn, s.una) || !psnLess(psn, s.next) {
+		if psn.Less(s.una) || !psn.Less(s.next) {
 			continue
 		}
 		e := s.slot(psn)
@@ -316,7 +316,7 @@ func (t *Transport) pump(p *peer) {
 			t.release(m)
 			continue
 		}
-		if s.next-s.una >= uint32(len(s.ring)) {
+		if s.una.Dist(s.next) >= uint32(len(s.ring)) {
 			if len(s.ring) >= maxCwnd*2 {
 				break
 			}
@@ -344,7 +344,7 @@ func (t *Transport) pump(p *peer) {
 }
 
 // sendSeg writes the DATA frame for slot e (PSN psn) on a path other than avoid when it can.
-func (t *Transport) sendSeg(p *peer, psn uint32, e *sentPkt, now time.Duration, avoid int) {
+func (t *Transport) sendSeg(p *peer, psn wire.PSN, e *sentPkt, now time.Duration, avoid int) {
 	path := t.pickPath(p, avoid)
 	n := t.writeSeg(p, psn, e, path, ackIfOwed)
 	e.at, e.path = now, uint8(path)
@@ -362,7 +362,7 @@ func (t *Transport) sendSeg(p *peer, psn uint32, e *sentPkt, now time.Duration, 
 // retransmission timer (2 ms at least), the whole of a latency-bound exchange's tail under loss;
 // a copy on another path makes that a loss of both. The copy is not in the flight count, and an
 // acknowledgement of either credits no path (which of the two arrived is unknown).
-func (t *Transport) copySeg(p *peer, psn uint32, e *sentPkt) {
+func (t *Transport) copySeg(p *peer, psn wire.PSN, e *sentPkt) {
 	n := len(p.paths)
 	for i := 1; i < n; i++ {
 		path := (int(e.path) + i) % n
@@ -378,7 +378,7 @@ func (t *Transport) copySeg(p *peer, psn uint32, e *sentPkt) {
 
 // writeSeg appends slot e's DATA frame (PSN psn) to a datagram on path and returns how many
 // payload bytes it carries.
-func (t *Transport) writeSeg(p *peer, psn uint32, e *sentPkt, path, ride int) int {
+func (t *Transport) writeSeg(p *peer, psn wire.PSN, e *sentPkt, path, ride int) int {
 	m := e.msg
 	seg := uint64(t.segSize())
 	off := uint64(e.seg) * seg

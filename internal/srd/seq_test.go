@@ -3,38 +3,9 @@ package srd
 import (
 	"math"
 	"testing"
+
+	"github.com/softefa/softefa/internal/wire"
 )
-
-func TestPSNLessWraps(t *testing.T) {
-	for _, c := range []struct {
-		a, b uint32
-		want bool
-	}{
-		{0, 1, true}, {1, 0, false}, {5, 5, false},
-		{math.MaxUint32, 0, true}, {0, math.MaxUint32, false}, // across the wrap
-		{math.MaxUint32 - 10, 10, true}, {10, math.MaxUint32 - 10, false},
-		{0, 1<<31 - 1, true}, {0, 1<<31 + 1, false}, // half the space: the limit
-	} {
-		if got := psnLess(c.a, c.b); got != c.want {
-			t.Errorf("psnLess(%d, %d) = %v, want %v", c.a, c.b, got, c.want)
-		}
-	}
-}
-
-func TestEpochLessWraps(t *testing.T) {
-	for _, c := range []struct {
-		a, b uint16
-		want bool
-	}{
-		{0, 1, true}, {1, 0, false}, {7, 7, false},
-		{math.MaxUint16, 0, true}, {0, math.MaxUint16, false},
-		{0, 1<<15 - 1, true}, {0, 1<<15 + 1, false},
-	} {
-		if got := epochLess(c.a, c.b); got != c.want {
-			t.Errorf("epochLess(%d, %d) = %v, want %v", c.a, c.b, got, c.want)
-		}
-	}
-}
 
 // A receive stream across the PSN wrap: its window takes PSNs in any order, once each, and its
 // cumulative point passes 2^32 - 1 to 0.
@@ -42,8 +13,8 @@ func TestWindowAcrossWrap(t *testing.T) {
 	r := rxStream{seen: make(window, rxWindow/64)}
 	r.cum = math.MaxUint32 - 100
 	start := r.cum
-	arrive := func(psn uint32) bool {
-		if psnLess(psn, r.cum) || psn-r.cum >= rxWindow || r.seen.has(psn) {
+	arrive := func(psn wire.PSN) bool {
+		if psn.Less(r.cum) || psn-r.cum >= rxWindow || r.seen.has(psn) {
 			return false
 		}
 		r.seen.flip(psn)
@@ -54,7 +25,7 @@ func TestWindowAcrossWrap(t *testing.T) {
 		return true
 	}
 	// Odd offsets first, then even ones: every PSN is new once and a duplicate after.
-	for _, parity := range []uint32{1, 0} {
+	for _, parity := range []wire.PSN{1, 0} {
 		for off := parity; off < 300; off += 2 {
 			if !arrive(start + off) {
 				t.Fatalf("PSN %d refused the first time", start+off)

@@ -94,7 +94,7 @@ func (t *Transport) slimPeer(p *peer) {
 		t.rings = append(t.rings, s.ring)
 	}
 	s.ring, s.reqs, s.queue, s.retx, s.waiting = nil, nil, nil, nil, nil
-	if r.seen != nil && (!r.started || psnLess(r.highest, r.cum)) {
+	if r.seen != nil && (!r.started || r.highest.Less(r.cum)) {
 		// Nothing beyond the cumulative point arrived: every bit is clear (window).
 		if len(t.windows) < poolMax {
 			t.windows = append(t.windows, r.seen)

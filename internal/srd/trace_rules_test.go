@@ -64,14 +64,14 @@ func TestTraceRespFails(t *testing.T) {
 func TestTraceSelectiveAckResendsHoleOnAnotherPath(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	d := r.sends(5)
-	if got := psns(d); !slices.Equal(got, []uint32{0, 1, 2, 3, 4}) {
+	if got := psns(d); !slices.Equal(got, []wire.PSN{0, 1, 2, 3, 4}) {
 		t.Fatalf("sent PSNs %v", got)
 	}
 	path := d[0].h.Path
 	if got := paths(d); slices.ContainsFunc(got, func(p uint8) bool { return p != path }) {
 		t.Fatalf("a burst spread over paths %v", got)
 	}
-	r.ack(0, []uint32{1, 2, 3, 4}, path)
+	r.ack(0, []wire.PSN{1, 2, 3, 4}, path)
 	again := r.data()
 	if len(again) != 1 || again[0].f.Data.PSN != 0 || again[0].h.Path == path {
 		t.Fatalf("after PSNs 1-4 acknowledged on path %d: sent %v on paths %v, want PSN 0 on the other path",
@@ -199,7 +199,7 @@ func TestTraceWindowGrowsAndHalves(t *testing.T) {
 	if got := cwnd(); got != start+2 {
 		t.Fatalf("window %v after 2 acknowledged from %v, want +2 (slow start)", got, start)
 	}
-	r.ack(2, []uint32{3}, d[0].h.Path) // PSN 2 lost: sent before 3 on the same path
+	r.ack(2, []wire.PSN{3}, d[0].h.Path) // PSN 2 lost: sent before 3 on the same path
 	if got := cwnd(); got != (start+2)/2 {
 		t.Fatalf("window %v after a loss, want half of %v", got, start+2)
 	}
@@ -212,9 +212,9 @@ func TestTracePathFailsAndIsProbed(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	d := r.sends(4)
 	bad := d[0].h.Path
-	r.ack(0, []uint32{3}, bad)
+	r.ack(0, []wire.PSN{3}, bad)
 	again := r.data()
-	if got := psns(again); !slices.Equal(got, []uint32{0, 1, 2}) || slices.Contains(paths(again), bad) {
+	if got := psns(again); !slices.Equal(got, []wire.PSN{0, 1, 2}) || slices.Contains(paths(again), bad) {
 		t.Fatalf("resent %v on paths %v, want 0-2 off path %d", got, paths(again), bad)
 	}
 	if !r.tr.PathStats()[bad].Failed {
@@ -350,7 +350,7 @@ func TestTraceOwedAckRidesWithoutProvenPath(t *testing.T) {
 // owedAckRidesOnAnswer has the peer send a SEND, which a busy poll takes (completing the receive
 // WR wrid) without acknowledging it at once; the device's answer (WR id answer) must then carry
 // the owed ACK, cumulative point cum, in its own datagram.
-func (r *trace) owedAckRidesOnAnswer(wrid, answer uint16, cum uint32) {
+func (r *trace) owedAckRidesOnAnswer(wrid, answer uint16, cum wire.PSN) {
 	r.t.Helper()
 	send := wire.Data{PSN: r.next, Op: wire.OpSend, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)}
 	r.next++
@@ -382,11 +382,11 @@ func TestTraceAckEvery16Frames(t *testing.T) {
 		r.inject(0, func(b []byte) []byte { return wire.AppendData(b, &send) })
 	}
 	r.drive()
-	var cums []uint32
+	var cums []wire.PSN
 	for _, a := range r.take(wire.TypeAck) {
 		cums = append(cums, a.f.Ack.Cum)
 	}
-	if !slices.Equal(cums, []uint32{16, 32, 40}) {
+	if !slices.Equal(cums, []wire.PSN{16, 32, 40}) {
 		t.Fatalf("ACKs with cumulative points %v, want 16, 32 and 40", cums)
 	}
 }
@@ -419,9 +419,9 @@ func TestTraceSpuriousLossWidensAllowance(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	d := r.sends(4)
 	steps := r.tr.peers[config.GIDFromAddr(tracePeer)].tx.reoSteps
-	r.ack(0, []uint32{3}, d[0].h.Path) // 0-2 counted lost
-	r.data()                           // (sent again)
-	r.ack(4, nil, d[0].h.Path)         // the originals arrive after all
+	r.ack(0, []wire.PSN{3}, d[0].h.Path) // 0-2 counted lost
+	r.data()                             // (sent again)
+	r.ack(4, nil, d[0].h.Path)           // the originals arrive after all
 	if r.counts.SpuriousRetrans.Load() == 0 || r.tr.peers[config.GIDFromAddr(tracePeer)].tx.reoSteps <= steps {
 		t.Fatalf("spurious %d, allowance steps %d (from %d): want the losses taken back and the allowance wider",
 			r.counts.SpuriousRetrans.Load(), r.tr.peers[config.GIDFromAddr(tracePeer)].tx.reoSteps, steps)
@@ -437,7 +437,7 @@ func TestTraceSpuriousLossUndoesCut(t *testing.T) {
 	cwnd := func() float64 { return r.tr.PathStats()[0].Cwnd }
 	d := r.sends(4)
 	before := cwnd()
-	r.ack(0, []uint32{3}, d[0].h.Path)
+	r.ack(0, []wire.PSN{3}, d[0].h.Path)
 	r.data()
 	if cut := cwnd(); cut >= before {
 		t.Fatalf("window %v after losses, want under %v", cut, before)
@@ -516,7 +516,7 @@ func TestTraceFirstRoundTripTimeoutIsNoLoss(t *testing.T) {
 			t.Fatalf("SEND %d went as %d DATA frames, want 1 (no sparse copies)", 1+i, len(d))
 		}
 		r.advance(100 * time.Microsecond)
-		r.ack(uint32(2+i), nil, 0)
+		r.ack(wire.PSN(2+i), nil, 0)
 		r.completions()
 	}
 	if n := r.counts.SparseCopies.Load(); n != 0 {
@@ -582,7 +582,7 @@ func TestTraceLossAcrossPathsWaitsTwoRTTs(t *testing.T) {
 		r.post(uint16(round), efaio.OpSend, 100)
 		d := r.data()
 		r.advance(time.Millisecond)
-		r.ack(uint32(round+1), nil, d[0].h.Path)
+		r.ack(wire.PSN(round+1), nil, d[0].h.Path)
 		r.completions()
 		p := r.tr.peers[config.GIDFromAddr(tracePeer)]
 		p.pathRR, p.tx.burst = (p.pathRR+1)%2, 16 // the next packet goes on the other path
@@ -597,12 +597,12 @@ func TestTraceLossAcrossPathsWaitsTwoRTTs(t *testing.T) {
 	if first[0].h.Path == second[0].h.Path {
 		t.Fatalf("both on path %d", first[0].h.Path)
 	}
-	r.ack(2, []uint32{3}, second[0].h.Path)
+	r.ack(2, []wire.PSN{3}, second[0].h.Path)
 	if again := r.data(); len(again) != 0 {
 		t.Fatalf("PSN 2 sent again at once (%v): its own path has not had two RTTs", psns(again))
 	}
 	r.advance(2500 * time.Microsecond)
-	r.ack(2, []uint32{3}, second[0].h.Path) // the same ACK again, two RTTs later
+	r.ack(2, []wire.PSN{3}, second[0].h.Path) // the same ACK again, two RTTs later
 	if again := r.data(); len(again) != 1 || again[0].f.Data.PSN != 2 {
 		t.Fatalf("sent %v, want PSN 2 again after two RTTs", psns(again))
 	}
@@ -682,7 +682,7 @@ func TestTraceSegmentAfterAbortIsDropped(t *testing.T) {
 	r.meet()
 	r.recv(7)
 	r.recv(8)
-	seg := func(psn uint32, off uint32) {
+	seg := func(psn wire.PSN, off uint32) {
 		d := wire.Data{PSN: psn, Op: wire.OpSend, MsgID: 5, Length: 30, Offset: off, DstQPN: 3, QKey: traceQKey,
 			Payload: make([]byte, 10)}
 		r.send(0, func(b []byte) []byte { return wire.AppendData(b, &d) })
@@ -820,7 +820,7 @@ func TestTraceStreamMovingPastKeepsAnswers(t *testing.T) {
 // horizon PSN 0, which the ACK flags as such (a bare 0 means no RESP). The requester waits for
 // that RESP instead of taking its failed message for a success.
 func TestTraceRespAtTheLastPSN(t *testing.T) {
-	const last = ^uint32(0)
+	const last = ^wire.PSN(0)
 	t.Run("responder", func(t *testing.T) {
 		r := newTrace(t, 2, nil)
 		r.meet()
@@ -905,7 +905,7 @@ func TestTraceReadDataAfterDereg(t *testing.T) {
 					if efaio.Status(d.Status) != efaio.StatusRemoteBadAddress {
 						t.Fatalf("RESP status %d, want %d", d.Status, efaio.StatusRemoteBadAddress)
 					}
-					resps[[2]uint32{uint32(f.h.TxEpoch), d.PSN}] = true
+					resps[[2]uint32{uint32(f.h.TxEpoch), uint32(d.PSN)}] = true
 				}
 			}
 			perEpoch := map[uint32]int{}
@@ -949,7 +949,7 @@ func TestTracePacketsStampedWhenSent(t *testing.T) {
 	if len(d) != 2 || d[0].h.Path != d[1].h.Path {
 		t.Fatalf("sent %+v, want two packets on one path", d)
 	}
-	r.ack(d[0].f.Data.PSN, []uint32{d[1].f.Data.PSN}, d[1].h.Path) // the second overtook the first
+	r.ack(d[0].f.Data.PSN, []wire.PSN{d[1].f.Data.PSN}, d[1].h.Path) // the second overtook the first
 	if again := r.data(); len(again) != 0 {
 		t.Fatalf("sent %v again: a packet sent 10 µs before the one acknowledged counted lost", psns(again))
 	}
@@ -1012,7 +1012,7 @@ func TestTraceRequestsWaitForTheBacklog(t *testing.T) {
 	for sent := 0; sent < reqs; {
 		r.send(0, func(b []byte) []byte {
 			for range 100 {
-				d := wire.Data{Op: wire.OpReadReq, PSN: r.next, MsgID: r.next, Length: 8, SrcQPN: 3, DstQPN: 3}
+				d := wire.Data{Op: wire.OpReadReq, PSN: r.next, MsgID: uint32(r.next), Length: 8, SrcQPN: 3, DstQPN: 3}
 				r.next++
 				b = wire.AppendData(b, &d)
 			}
@@ -1029,7 +1029,7 @@ func TestTraceRequestsWaitForTheBacklog(t *testing.T) {
 	if got := r.tr.counts.RxDrops.Load() - drops; got == 0 {
 		t.Fatal("no request refused past the backlog")
 	}
-	if psnLess(p.rx.cum, maxBacklog) {
+	if p.rx.cum.Less(maxBacklog) {
 		t.Fatalf("cumulative point %d: requests below the backlog were refused", p.rx.cum)
 	}
 }
@@ -1329,7 +1329,7 @@ func TestTraceManyAbortsPastAHole(t *testing.T) {
 	r.recv(7)
 	const n = 3000
 	for i := uint32(1); i <= n; i++ {
-		ab := wire.Data{PSN: i, Op: wire.OpAbort, MsgID: 100 + i}
+		ab := wire.Data{PSN: wire.PSN(i), Op: wire.OpAbort, MsgID: 100 + i}
 		r.inject(uint8(i%2), func(b []byte) []byte { return wire.AppendData(b, &ab) })
 		if i%64 == 0 {
 			r.drive()
@@ -1419,11 +1419,11 @@ func TestTraceMessageForgottenAtItsLatestAbort(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	r.meet()
 	r.recv(7)
-	abort := func(psn, id uint32) {
+	abort := func(psn wire.PSN, id uint32) {
 		ab := wire.Data{PSN: psn, Op: wire.OpAbort, MsgID: id}
 		r.send(1, func(b []byte) []byte { return wire.AppendData(b, &ab) })
 	}
-	seg := func(psn, off uint32) {
+	seg := func(psn wire.PSN, off uint32) {
 		d := wire.Data{PSN: psn, Op: wire.OpSend, MsgID: 5, Length: 30, Offset: off, DstQPN: 3, QKey: traceQKey,
 			Payload: make([]byte, 10)}
 		r.send(0, func(b []byte) []byte { return wire.AppendData(b, &d) })

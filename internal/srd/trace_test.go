@@ -40,14 +40,14 @@ type trace struct {
 	host   fakeHost
 	buf    []byte
 
-	inc     uint32 // the peer's incarnation
-	epoch   uint16 // the peer's stream epoch
-	next    uint32 // the peer's next PSN
-	horizon uint32 // what the peer's ACKs say as their horizon (0: none, unless horizonZero)
+	inc     uint32     // the peer's incarnation
+	epoch   wire.Epoch // the peer's stream epoch
+	next    wire.PSN   // the peer's next PSN
+	horizon wire.PSN   // what the peer's ACKs say as their horizon (0: none, unless horizonZero)
 	// horizonZero: the peer's ACKs name horizon 0 as PSN 0 (its RESP took PSN 2^32-1)
 	horizonZero bool
-	devTx       uint16 // the transport's stream epoch, as its latest DATA said
-	cookie      uint64 // the transport's challenge, echoed in the peer's next datagram
+	devTx       wire.Epoch // the transport's stream epoch, as its latest DATA said
+	cookie      uint64     // the transport's challenge, echoed in the peer's next datagram
 
 	got    []traceFrame // frames the transport sent, in order, not yet taken by the test
 	dgrams int          // datagrams the transport sent
@@ -323,7 +323,7 @@ func (r *trace) meet() {
 
 // ack acknowledges the transport's stream: every PSN below cum, and the PSNs in sack beyond it, as
 // the peer's DATA on path path would be answered.
-func (r *trace) ack(cum uint32, sack []uint32, path uint8) {
+func (r *trace) ack(cum wire.PSN, sack []wire.PSN, path uint8) {
 	a := wire.Ack{Cum: cum, Highest: cum - 1, Path: path, Horizon: r.horizon, HasHorizon: r.horizon != 0 || r.horizonZero}
 	for _, p := range sack {
 		i := p - cum - 1
@@ -334,7 +334,7 @@ func (r *trace) ack(cum uint32, sack []uint32, path uint8) {
 }
 
 // peerData sends one DATA frame of the peer's stream (the next PSN) and returns its PSN.
-func (r *trace) peerData(d wire.Data) uint32 {
+func (r *trace) peerData(d wire.Data) wire.PSN {
 	d.PSN = r.next
 	r.next++
 	r.send(0, func(b []byte) []byte { return wire.AppendData(b, &d) })
@@ -366,8 +366,8 @@ func (r *trace) noCompletion() {
 }
 
 // psns lists the PSNs of DATA frames.
-func psns(fs []traceFrame) []uint32 {
-	var out []uint32
+func psns(fs []traceFrame) []wire.PSN {
+	var out []wire.PSN
 	for _, f := range fs {
 		out = append(out, f.f.Data.PSN)
 	}

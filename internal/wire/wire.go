@@ -31,6 +31,26 @@ const (
 	SackWords          = 4 // the ACK's selective-acknowledgement bitmap, in 64-bit words
 )
 
+// PSN is a DATA frame's place in its sender's packet stream. PSNs wrap at 2^32 and are
+// compared in serial-number arithmetic (RFC 1982): a comes before b when b is less than 2^31
+// ahead of it, so an order holds between PSNs less than half the space apart.
+type PSN uint32
+
+// Less reports whether a comes before b.
+func (a PSN) Less(b PSN) bool { return int32(a-b) < 0 }
+
+// Add is the PSN n after a.
+func (a PSN) Add(n uint32) PSN { return a + PSN(n) }
+
+// Dist is how far b is ahead of a (b - a, wrapping): the number of PSNs from a up to b.
+func (a PSN) Dist(b PSN) uint32 { return uint32(b - a) }
+
+// Epoch numbers a packet stream's restarts: 16 bits that wrap, compared as PSNs are.
+type Epoch uint16
+
+// Less reports whether epoch a comes before b.
+func (a Epoch) Less(b Epoch) bool { return int16(a-b) < 0 }
+
 // FrameType is a frame's first byte.
 type FrameType uint8
 
@@ -103,8 +123,8 @@ type Header struct {
 	SrcPort uint16 // the sender's device port; with the source IP it names the sender's GID
 	SrcInc  uint32 // the sender's incarnation
 	DstInc  uint32 // the receiver's incarnation as the sender knows it; 0 if unknown
-	TxEpoch uint16 // epoch of the sender's packet stream, which this datagram's DATA frames are in
-	RxEpoch uint16 // epoch of the receiver's packet stream, which this datagram's ACK frames answer
+	TxEpoch Epoch  // epoch of the sender's packet stream, which this datagram's DATA frames are in
+	RxEpoch Epoch  // epoch of the receiver's packet stream, which this datagram's ACK frames answer
 }
 
 // AppendHeader appends a datagram header.
@@ -113,8 +133,8 @@ func AppendHeader(b []byte, h *Header) []byte {
 	b = binary.BigEndian.AppendUint16(b, h.SrcPort)
 	b = binary.BigEndian.AppendUint32(b, h.SrcInc)
 	b = binary.BigEndian.AppendUint32(b, h.DstInc)
-	b = binary.BigEndian.AppendUint16(b, h.TxEpoch)
-	b = binary.BigEndian.AppendUint16(b, h.RxEpoch)
+	b = binary.BigEndian.AppendUint16(b, uint16(h.TxEpoch))
+	b = binary.BigEndian.AppendUint16(b, uint16(h.RxEpoch))
 	return append(b, 0, 0, 0, 0) // the checksum, filled in by PutChecksum
 }
 
@@ -139,7 +159,7 @@ func checksumOK(b []byte) bool {
 
 // Data is a DATA frame's header fields; Payload follows them.
 type Data struct {
-	PSN     uint32 // position in the sender's packet stream (unused with FlagUD)
+	PSN     PSN    // position in the sender's packet stream (unused with FlagUD)
 	MsgID   uint32 // the message (for READ_RESP and RESP: the message answered)
 	Offset  uint32 // the segment's byte offset in the message
 	Length  uint32 // the message's total payload (READ_REQ, READ_RESP: the bytes read)
@@ -161,7 +181,7 @@ func (d *Data) Whole() bool { return d.Offset == 0 && len(d.Payload) == int(d.Le
 // AppendData appends a DATA frame with d's fields and payload.
 func AppendData(b []byte, d *Data) []byte {
 	b = appendFrameHeader(b, TypeData, FrameHeaderSize+DataHeaderSize+len(d.Payload))
-	b = binary.BigEndian.AppendUint32(b, d.PSN)
+	b = binary.BigEndian.AppendUint32(b, uint32(d.PSN))
 	b = binary.BigEndian.AppendUint32(b, d.MsgID)
 	b = binary.BigEndian.AppendUint32(b, d.Offset)
 	b = binary.BigEndian.AppendUint32(b, d.Length)
@@ -188,11 +208,11 @@ func AppendData(b []byte, d *Data) []byte {
 // On the wire a horizon of 0 means none, unless the flag AckHorizonZero says it is PSN 0 (a RESP
 // ended the PSN space, at 2^32-1): docs/wire.md, "ACK".
 type Ack struct {
-	Cum        uint32
-	Highest    uint32
+	Cum        PSN
+	Highest    PSN
 	Sack       [SackWords]uint64
 	Path       uint8
-	Horizon    uint32
+	Horizon    PSN
 	HasHorizon bool
 }
 
@@ -202,8 +222,8 @@ const AckHorizonZero = 1
 // AppendAck appends an ACK frame.
 func AppendAck(b []byte, a *Ack) []byte {
 	b = appendFrameHeader(b, TypeAck, FrameHeaderSize+AckSize)
-	b = binary.BigEndian.AppendUint32(b, a.Cum)
-	b = binary.BigEndian.AppendUint32(b, a.Highest)
+	b = binary.BigEndian.AppendUint32(b, uint32(a.Cum))
+	b = binary.BigEndian.AppendUint32(b, uint32(a.Highest))
 	for _, w := range a.Sack {
 		b = binary.BigEndian.AppendUint64(b, w)
 	}
@@ -212,7 +232,7 @@ func AppendAck(b []byte, a *Ack) []byte {
 		flags = AckHorizonZero
 	}
 	b = append(b, a.Path, flags, 0, 0)
-	return binary.BigEndian.AppendUint32(b, a.Horizon)
+	return binary.BigEndian.AppendUint32(b, uint32(a.Horizon))
 }
 
 // AppendProbe appends a PROBE (or, with ack, a PROBE_ACK) frame carrying nonce.
@@ -330,8 +350,8 @@ func ParseHeader(b []byte) (Header, []byte, error) {
 		return h, nil, ErrChecksum
 	}
 	h = Header{Path: b[1], SrcPort: binary.BigEndian.Uint16(b[2:]), SrcInc: binary.BigEndian.Uint32(b[4:]),
-		DstInc: binary.BigEndian.Uint32(b[8:]), TxEpoch: binary.BigEndian.Uint16(b[12:]),
-		RxEpoch: binary.BigEndian.Uint16(b[14:])}
+		DstInc: binary.BigEndian.Uint32(b[8:]), TxEpoch: Epoch(binary.BigEndian.Uint16(b[12:])),
+		RxEpoch: Epoch(binary.BigEndian.Uint16(b[14:]))}
 	if len(b) == DatagramHeaderSize {
 		return h, nil, ErrFrame // a datagram carries at least one frame
 	}
@@ -374,7 +394,7 @@ func parseFrame(b []byte, f *Frame) error {
 			return ErrFrame
 		}
 		f.Data = Data{
-			PSN:     binary.BigEndian.Uint32(body[0:]),
+			PSN:     PSN(binary.BigEndian.Uint32(body[0:])),
 			MsgID:   binary.BigEndian.Uint32(body[4:]),
 			Offset:  binary.BigEndian.Uint32(body[8:]),
 			Length:  binary.BigEndian.Uint32(body[12:]),
@@ -403,13 +423,13 @@ func parseFrame(b []byte, f *Frame) error {
 			return ErrFrame
 		}
 		a := &f.Ack
-		a.Cum = binary.BigEndian.Uint32(body[0:])
-		a.Highest = binary.BigEndian.Uint32(body[4:])
+		a.Cum = PSN(binary.BigEndian.Uint32(body[0:]))
+		a.Highest = PSN(binary.BigEndian.Uint32(body[4:]))
 		for i := range SackWords {
 			a.Sack[i] = binary.BigEndian.Uint64(body[8+8*i:])
 		}
 		a.Path = body[40]
-		a.Horizon = binary.BigEndian.Uint32(body[44:])
+		a.Horizon = PSN(binary.BigEndian.Uint32(body[44:]))
 		if body[41] != 0 && a.Horizon != 0 {
 			return ErrFrame // the flag speaks of a horizon 0 only
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"math"
 	"reflect"
 	"testing"
 )
@@ -313,6 +314,37 @@ func TestNames(t *testing.T) {
 		OpAbort: "ABORT", Op(6): "op 6"} {
 		if got := v.String(); got != want {
 			t.Errorf("%#v prints %q, want %q", v, got, want)
+		}
+	}
+}
+
+func TestPSNLessWraps(t *testing.T) {
+	for _, c := range []struct {
+		a, b PSN
+		want bool
+	}{
+		{0, 1, true}, {1, 0, false}, {5, 5, false},
+		{math.MaxUint32, 0, true}, {0, math.MaxUint32, false}, // across the wrap
+		{math.MaxUint32 - 10, 10, true}, {10, math.MaxUint32 - 10, false},
+		{0, 1<<31 - 1, true}, {0, 1<<31 + 1, false}, // half the space: the limit
+	} {
+		if got := c.a.Less(c.b); got != c.want {
+			t.Errorf("%d.Less(%d) = %v, want %v", c.a, c.b, got, c.want)
+		}
+	}
+}
+
+func TestEpochLessWraps(t *testing.T) {
+	for _, c := range []struct {
+		a, b Epoch
+		want bool
+	}{
+		{0, 1, true}, {1, 0, false}, {7, 7, false},
+		{math.MaxUint16, 0, true}, {0, math.MaxUint16, false},
+		{0, 1<<15 - 1, true}, {0, 1<<15 + 1, false},
+	} {
+		if got := c.a.Less(c.b); got != c.want {
+			t.Errorf("%d.Less(%d) = %v, want %v", c.a, c.b, got, c.want)
 		}
 	}
 }
