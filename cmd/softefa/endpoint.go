@@ -182,14 +182,21 @@ func destroyIf(ok bool, f func() error) error {
 
 // post runs one QPEx session with one WR to the peer's QP qpn.
 func (e *endpoint) post(qp *verbs.QP, wrid uint64, qpn uint32, build func(x *verbs.QPEx)) error {
+	return e.postN(qp, 1, wrid, qpn, build)
+}
+
+// postN posts n WRs, each with WR id wrid and built by build, in one session (one doorbell).
+func (e *endpoint) postN(qp *verbs.QP, n int, wrid uint64, qpn uint32, build func(x *verbs.QPEx)) error {
 	x, err := qp.ToQPEx()
 	if err != nil {
 		return err
 	}
 	x.WRStart()
-	x.WRID, x.WRFlags = wrid, verbs.SendSignaled
-	build(x)
-	x.WRSetUDAddr(e.ah, qpn, perfQKey)
+	for range n {
+		x.WRID, x.WRFlags = wrid, verbs.SendSignaled
+		build(x)
+		x.WRSetUDAddr(e.ah, qpn, perfQKey)
+	}
 	return x.WRComplete()
 }
 

@@ -47,6 +47,7 @@ type perfOpts struct {
 	duration   time.Duration
 	qps        int
 	txDepth    int
+	postList   int
 	mtu        int
 	paths      int
 	json       bool
@@ -102,6 +103,8 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 	fs.Var((*secondsFlag)(&o.duration), "D", "run for this long instead of -n iterations: seconds as perftest (2), or a Go duration (1m30s)")
 	fs.IntVar(&o.qps, "q", 1, "number of QPs, 1 to 64 (bandwidth tests)")
 	fs.IntVar(&o.txDepth, "t", 128, "tx depth: WRs outstanding per QP, 1 to 4096 (bandwidth tests)")
+	fs.IntVar(&o.postList, "l", 32, "post list: WRs posted at once, with one doorbell, 1 to 4096 (bandwidth tests;\n"+
+		"perftest's default is 1, a doorbell per WR)")
 	fs.IntVar(&o.mtu, "mtu", 0, "path MTU, 576 to 65535 (0: 9001 on loopback, else 1500)")
 	fs.IntVar(&o.paths, "paths", 4, "paths (UDP source ports) per device, 1 to 255")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of the table (the client prints the result)")
@@ -158,6 +161,10 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 		return nil, fmt.Errorf("-t %d: tx depth 1 to %d", o.txDepth, maxTxDepth)
 	case lat && set["t"]:
 		return nil, errors.New("-t: the latency tests keep one WR outstanding")
+	case o.postList < 1 || o.postList > maxTxDepth:
+		return nil, fmt.Errorf("-l %d: a post list of 1 to %d WRs", o.postList, maxTxDepth)
+	case lat && set["l"]:
+		return nil, errors.New("-l: the latency tests post one WR at a time")
 	case o.mtu != 0 && (o.mtu < 576 || o.mtu > 65535):
 		return nil, fmt.Errorf("--mtu %d: a path MTU is 576 to 65535 (0: the default)", o.mtu)
 	case o.paths < 1 || o.paths > 255:
@@ -595,7 +602,13 @@ func (e *endpoint) bandwidth(o *perfOpts, sh *hello) (*result, error) {
 		postedAt := time.Now() // (one clock read for the round's posts)
 		for i, qp := range e.qps {
 			for outstanding[i] < o.txDepth && more() {
-				err := e.post(qp, uint64(i), sh.QPNs[i], func(x *verbs.QPEx) {
+				// Up to a post list of WRs in one session: one doorbell, and the device's step
+				// takes them together (small ones share datagrams).
+				k := min(o.txDepth-outstanding[i], o.postList)
+				if o.duration == 0 {
+					k = min(k, o.iters-posted)
+				}
+				err := e.postN(qp, k, uint64(i), sh.QPNs[i], func(x *verbs.QPEx) {
 					switch o.test {
 					case "send_bw":
 						x.WRSend()
@@ -609,9 +622,11 @@ func (e *endpoint) bandwidth(o *perfOpts, sh *hello) (*result, error) {
 				if err != nil {
 					return res, err
 				}
-				outstanding[i]++
-				posted++
-				peak.posted(postedAt)
+				outstanding[i] += k
+				posted += k
+				for range k {
+					peak.posted(postedAt)
+				}
 			}
 		}
 		wcs, err := e.poll(o.timeout)
