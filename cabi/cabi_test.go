@@ -218,7 +218,7 @@ func TestSysfsTree(t *testing.T) {
 		t.Fatal(err)
 	}
 	read := func(p string) string {
-		b, err := os.ReadFile(filepath.Join(dir, p))
+		b, err := os.ReadFile(filepath.Join(dir, "sys", p))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -234,7 +234,7 @@ func TestSysfsTree(t *testing.T) {
 		t.Errorf("gid %q", got)
 	}
 	for link, base := range map[string]string{"class/infiniband/efa_0/device": "0000:00:06.0", "class/infiniband/efa_0/device/driver": "efa"} {
-		p, err := filepath.EvalSymlinks(filepath.Join(dir, link))
+		p, err := filepath.EvalSymlinks(filepath.Join(dir, "sys", link))
 		if err != nil || filepath.Base(p) != base {
 			t.Errorf("%s resolves to %q (%v), want …/%s", link, p, err, base)
 		}
