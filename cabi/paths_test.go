@@ -81,6 +81,11 @@ func TestPaths(t *testing.T) {
 			opendir dev: uverbs_softefa0(c)
 			opendir types: 0
 			fdopendir pci: class device driver(l) infiniband infiniband_verbs local_cpulist local_cpus modalias numa_node subsystem_device subsystem_vendor vendor`},
+		{"parents", `
+			opendir sys class: infiniband infiniband_verbs
+			opendir /dev: infiniband
+			fdopendir pci0000:00: 0000:00:06.0
+			opendir drivers: efa`},
 		{"scandir", `
 			scandir verbs: abi_version uverbs_softefa0
 			scandir dev: uverbs_softefa0`},
@@ -152,8 +157,9 @@ func TestPathsTools(t *testing.T) {
 	s := setupOrSkip(t, "sh", "ls", "find", "cat")
 	sh := func(t *testing.T, cmd string) string { t.Helper(); return run(t, s, "", time.Minute, "sh", "-c", cmd) }
 	t.Run("ls", func(t *testing.T) {
-		out := sh(t, "ls -l /dev/infiniband /sys/class/infiniband")
+		out := sh(t, "ls -l /dev/infiniband /sys/class/infiniband; ls /sys/class /dev")
 		for _, want := range []string{
+			"\ninfiniband\ninfiniband_verbs\n",
 			"crw-rw-rw- 1 ", " 231, 250 ",
 			" efa_0 -> ../../devices/pci0000:00/0000:00:06.0/infiniband/efa_0\n",
 		} {
@@ -163,15 +169,20 @@ func TestPathsTools(t *testing.T) {
 		}
 	})
 	t.Run("find", func(t *testing.T) {
-		out := sh(t, "find /sys/class/infiniband/efa_0/ -name tx_bytes; find /dev/infiniband -type c; find -L /sys/class/infiniband -maxdepth 3 -name vendor")
-		want := "/sys/class/infiniband/efa_0/ports/1/hw_counters/tx_bytes\n/dev/infiniband/uverbs_softefa0\n/sys/class/infiniband/efa_0/device/vendor\n"
+		out := sh(t, "find /sys/class/infiniband/efa_0/ -name tx_bytes; find /dev/infiniband -type c; "+
+			"find -L /sys/class/infiniband -maxdepth 3 -name vendor; find /sys/class /sys/devices/pci0000:00 -path '*06.0/vendor'")
+		want := "/sys/class/infiniband/efa_0/ports/1/hw_counters/tx_bytes\n/dev/infiniband/uverbs_softefa0\n" +
+			"/sys/class/infiniband/efa_0/device/vendor\n/sys/devices/pci0000:00/0000:00:06.0/vendor\n"
 		if out != want {
 			t.Errorf("find: got\n%s\nwant\n%s", out, want)
 		}
 	})
 	t.Run("cat", func(t *testing.T) {
-		out := sh(t, "cd /sys/class/infiniband/efa_0 && cat device/vendor device/device ports/1/gid_attrs/types/0 ports/1/hw_counters/lifespan")
-		if want := "0x1d0f\n0xefa1\nIB/RoCE v1\n10\n"; out != want {
+		// The subshell is a fork of a shell that made its device (its [ -d ] looked): its paths
+		// are its parent's tree.
+		out := sh(t, "cd /sys/class/infiniband/efa_0 && cat device/vendor device/device ports/1/gid_attrs/types/0 ports/1/hw_counters/lifespan; "+
+			"[ -d /sys/class/infiniband ] && (cd /sys/class/infiniband/efa_0/device && cat ../0000:00:06.0/infiniband/efa_0/ports/1/rate)")
+		if want := "0x1d0f\n0xefa1\nIB/RoCE v1\n10\n100 Gb/sec (4X EDR)\n"; out != want {
 			t.Errorf("cat: got %q, want %q", out, want)
 		}
 	})

@@ -24,6 +24,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +39,7 @@
 
 // The mapped directories. The PCI address is the one cabi.Prepare gives the tree; the
 // /sys/dev/char entry is named after the node's numbers (SOFTEFA_DEV_RDEV).
-static char dev_char[64];
+static char dev_char[64], dev_char_name[32]; // /sys/dev/char/231:250, 231:250
 static const char *mapped[] = {
 	"/sys/class/infiniband",
 	"/sys/class/infiniband_verbs",
@@ -48,9 +50,10 @@ static const char *mapped[] = {
 };
 
 // The first components a relative path may start with to reach a mapped directory from one
-// above it; any other relative path is left to the kernel without a look at its directory.
+// above it, or to climb out of one; any other relative path is left to the kernel without a look
+// at its directory.
 static const char *const steps[] = {
-	"sys", "dev", "class", "devices", "bus", "pci", "drivers", "efa", "char", "infiniband",
+	"..", "sys", "dev", "class", "devices", "bus", "pci", "drivers", "efa", "char", "infiniband",
 	"infiniband_verbs", "pci0000:00", "0000:00:06.0",
 };
 
@@ -68,6 +71,9 @@ REAL_FN(int, faccessat, int, const char *, int, int)
 REAL_FN(int, euidaccess, const char *, int)
 REAL_FN(int, eaccess, const char *, int)
 REAL_FN(DIR *, opendir, const char *)
+REAL_FN(DIR *, fdopendir, int)
+REAL_FN(int, closedir, DIR *)
+REAL_FN(void, rewinddir, DIR *)
 REAL_FN(struct dirent *, readdir, DIR *)
 REAL_FN(struct dirent64 *, readdir64, DIR *)
 REAL_FN(int, scandir, const char *, struct dirent ***, int (*)(const struct dirent *),
@@ -97,10 +103,13 @@ REAL_FN(ssize_t, llistxattr, const char *, char *, size_t)
 __attribute__((constructor)) static void paths_init(void) {
 	const char *r = getenv("SOFTEFA_DEV_RDEV");
 	unsigned maj, min;
-	if (r && sscanf(r, "%u:%u", &maj, &min) == 2)
+	if (r && sscanf(r, "%u:%u", &maj, &min) == 2) {
 		snprintf(dev_char, sizeof(dev_char), "/sys/dev/char/%u:%u", maj, min);
-	else
+		snprintf(dev_char_name, sizeof(dev_char_name), "%u:%u", maj, min);
+	} else {
 		strcpy(dev_char, "/sys/dev/char/-");
+		strcpy(dev_char_name, "-");
+	}
 }
 
 static int is_dev(const char *path) {
@@ -158,15 +167,21 @@ static const char *map_abs(const char *p, char *buf, size_t n, int make) {
 }
 
 // in_tree is the path p names outside the tree when p is in the tree (the part after its root),
-// or NULL.
+// or NULL. The tree is this process's, or, with per-process devices, any tree under
+// SOFTEFA_SYSFS_ROOT: a working directory or fd inherited from a parent is in the parent's.
 static const char *in_tree(const char *p) {
 	size_t rl;
 	const char *root = tree_root(0, &rl);
-	if (!root || strncmp(p, root, rl) != 0)
+	if (root && strncmp(p, root, rl) == 0 && (p[rl] == 0 || p[rl] == '/'))
+		return p[rl] ? p + rl : "/";
+	const char *all = getenv("SOFTEFA_SYSFS_ROOT");
+	size_t al = all ? strlen(all) : 0;
+	if (!al || strncmp(p, all, al) != 0 || p[al] != '/')
 		return NULL;
-	if (p[rl] == 0)
-		return "/";
-	return p[rl] == '/' ? p + rl : NULL;
+	const char *q = strchr(p + al + 1, '/'); // past the process's directory
+	if (q && (strncmp(q, "/sys", 4) == 0 || strncmp(q, "/dev", 4) == 0) && (q[4] == 0 || q[4] == '/'))
+		return q;
+	return NULL;
 }
 
 // dir_path is the directory dirfd names (the working directory for AT_FDCWD), as the kernel
@@ -194,6 +209,34 @@ static int first_step(const char *p) {
 	return 0;
 }
 
+// clean makes the absolute path p lexical: no empty, "." or ".." components (".." at the root
+// stays at the root), in place.
+static void clean(char *p) {
+	char *w = p;
+	for (const char *r = p; *r;) {
+		while (*r == '/')
+			r++;
+		size_t n = strcspn(r, "/");
+		if (n == 0 || (n == 1 && r[0] == '.')) {
+			r += n;
+			continue;
+		}
+		if (n == 2 && r[0] == '.' && r[1] == '.') {
+			while (w > p && *--w != '/')
+				;
+			r += n;
+			continue;
+		}
+		*w++ = '/';
+		memmove(w, r, n);
+		w += n;
+		r += n;
+	}
+	if (w == p)
+		*w++ = '/';
+	*w = 0;
+}
+
 const char *softefa_path_at(int dirfd, const char *path, char *buf, unsigned long n, int *dev) {
 	*dev = 0;
 	if (!softefa_shim_dev_path() || !path)
@@ -211,9 +254,15 @@ const char *softefa_path_at(int dirfd, const char *path, char *buf, unsigned lon
 	const char *d = shown ? shown : dir;
 	if (snprintf(full, sizeof(full), "%s/%s", strcmp(d, "/") == 0 ? "" : d, path) >= (int)sizeof(full))
 		return path;
+	clean(full);
 	*dev = is_dev(full);
-	if (shown) // in the tree already: the kernel resolves the rest there
-		return path;
+	if (shown) {
+		// In the tree: the kernel resolves the rest there, unless it climbs out of the mapped
+		// directories, whose parents are the host's (fts climbs back with "..").
+		if (is_mapped(full) || strlen(full) >= n)
+			return path;
+		return strcpy(buf, full);
+	}
 	const char *m = map_abs(full, buf, n, !*dev);
 	return m == full ? path : m;
 }
@@ -271,14 +320,130 @@ int eaccess(const char *path, int mode) {
 	return real_eaccess(path, mode);
 }
 
+// Listings of the directories above the mapped ones show them, as the host's would: /sys/class
+// lists infiniband and infiniband_verbs, /dev lists infiniband, and so on, after the host's own
+// entries (an entry the host has already is not shown twice). A listing is the stream of one
+// DIR made by opendir or fdopendir of such a directory; readdir gives the added entries when the
+// host's run out.
+struct parent {
+	const char *dir, *name;
+	unsigned char type;
+};
+static const struct parent parents[] = {
+	{"/sys/class", "infiniband", DT_DIR},
+	{"/sys/class", "infiniband_verbs", DT_DIR},
+	{"/sys/devices/pci0000:00", "0000:00:06.0", DT_DIR},
+	{"/sys/bus/pci/drivers", "efa", DT_DIR},
+	{"/sys/dev/char", dev_char_name, DT_LNK},
+	{"/dev", "infiniband", DT_DIR},
+};
+enum { NPARENTS = sizeof(parents) / sizeof(parents[0]), MAX_LISTINGS = 64 };
+
+struct listing {
+	DIR *dir;
+	const char *path; // the parent's dir
+	unsigned seen;    // parents[i] the host listed, or that were given already
+	struct dirent ent;
+};
+static struct listing listings[MAX_LISTINGS];
+static _Atomic int nlistings; // listings in use: readdir looks only when there are some
+static pthread_mutex_t listings_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static const char *parent_dir(const char *path) {
+	for (size_t i = 0; i < NPARENTS; i++)
+		if (strcmp(path, parents[i].dir) == 0)
+			return parents[i].dir;
+	return NULL;
+}
+
+// listed registers dir, a stream of the directory path, when path is a parent.
+static DIR *listed(DIR *dir, const char *path) {
+	const char *p;
+	if (!dir || !softefa_shim_dev_path() || !(p = parent_dir(path)))
+		return dir;
+	pthread_mutex_lock(&listings_mu);
+	for (int i = 0; i < MAX_LISTINGS; i++)
+		if (!listings[i].dir) {
+			listings[i] = (struct listing){.dir = dir, .path = p};
+			atomic_fetch_add(&nlistings, 1);
+			break;
+		} // (more than MAX_LISTINGS at once: the host's entries alone)
+	pthread_mutex_unlock(&listings_mu);
+	return dir;
+}
+
+// listing_of is dir's listing, or NULL; called with listings_mu held.
+static struct listing *listing_of(DIR *dir) {
+	for (int i = 0; i < MAX_LISTINGS; i++)
+		if (listings[i].dir == dir)
+			return &listings[i];
+	return NULL;
+}
+
+// listing_next notes e, the host's next entry of l's directory, or, at the end (e NULL), gives
+// the next parent entry the host did not list.
+static struct dirent *listing_next(struct listing *l, struct dirent *e) {
+	for (size_t i = 0; i < NPARENTS; i++) {
+		if (l->path != parents[i].dir || (l->seen & 1u << i))
+			continue;
+		if (e) {
+			if (strcmp(e->d_name, parents[i].name) == 0)
+				l->seen |= 1u << i;
+			continue;
+		}
+		l->seen |= 1u << i;
+		memset(&l->ent, 0, sizeof(l->ent));
+		l->ent.d_ino = 1 + i;
+		l->ent.d_reclen = sizeof(l->ent);
+		l->ent.d_type = parents[i].type;
+		strncpy(l->ent.d_name, parents[i].name, sizeof(l->ent.d_name) - 1);
+		return &l->ent;
+	}
+	return e;
+}
+
 DIR *opendir(const char *path) {
+	const char *given = path;
 	MAP_AT(AT_FDCWD, path);
 	if (isdev_) {
 		errno = ENOTDIR;
 		return NULL;
 	}
 	resolve_opendir();
-	return real_opendir(path);
+	return listed(real_opendir(path), given);
+}
+
+DIR *fdopendir(int fd) {
+	resolve_fdopendir();
+	DIR *d = real_fdopendir(fd);
+	char dir[PATH_MAX];
+	if (d && softefa_shim_dev_path() && dir_path(fd, dir, sizeof(dir)) == 0)
+		listed(d, dir);
+	return d;
+}
+
+int closedir(DIR *dir) {
+	pthread_mutex_lock(&listings_mu);
+	struct listing *l = listing_of(dir);
+	if (l) {
+		l->dir = NULL;
+		atomic_fetch_sub(&nlistings, 1);
+	}
+	pthread_mutex_unlock(&listings_mu);
+	resolve_closedir();
+	return real_closedir(dir);
+}
+
+void rewinddir(DIR *dir) {
+	if (atomic_load_explicit(&nlistings, memory_order_relaxed)) {
+		pthread_mutex_lock(&listings_mu);
+		struct listing *l = listing_of(dir);
+		if (l)
+			l->seen = 0;
+		pthread_mutex_unlock(&listings_mu);
+	}
+	resolve_rewinddir();
+	real_rewinddir(dir);
 }
 
 // node_dir reports whether fd is the tree's /dev/infiniband.
@@ -293,12 +458,27 @@ static int node_entry(const char *name, unsigned char type, DIR *dir) {
 	return type == DT_REG && softefa_shim_dev_path() && strcmp(name, node_name()) == 0 && node_dir(dirfd(dir));
 }
 
+// listed_next is what readdir gives after the host's entry e of dir (listing_next).
+static struct dirent *listed_next(DIR *dir, struct dirent *e) {
+	if (!atomic_load_explicit(&nlistings, memory_order_relaxed))
+		return e;
+	pthread_mutex_lock(&listings_mu);
+	struct listing *l = listing_of(dir);
+	if (l)
+		e = listing_next(l, e);
+	pthread_mutex_unlock(&listings_mu);
+	return e;
+}
+
+// readdir64 is readdir on x86-64 and arm64 (glibc makes one an alias of the other).
+_Static_assert(sizeof(struct dirent) == sizeof(struct dirent64), "dirent layout");
+
 struct dirent *readdir(DIR *dir) {
 	resolve_readdir();
 	struct dirent *e = real_readdir(dir);
 	if (e && node_entry(e->d_name, e->d_type, dir))
 		e->d_type = DT_CHR;
-	return e;
+	return listed_next(dir, e);
 }
 
 struct dirent64 *readdir64(DIR *dir) {
@@ -306,7 +486,7 @@ struct dirent64 *readdir64(DIR *dir) {
 	struct dirent64 *e = real_readdir64(dir);
 	if (e && node_entry(e->d_name, e->d_type, dir))
 		e->d_type = DT_CHR;
-	return e;
+	return (struct dirent64 *)listed_next(dir, (struct dirent *)e);
 }
 
 // glibc's scandir lists with its own opendir and readdir, which are not interposed: the

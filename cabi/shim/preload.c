@@ -314,7 +314,6 @@ static void load_engine(void) {
 
 // Paths (paths.c): every call that names a path maps it first. PATH_AT leaves in path the one to
 // use, and in isdev_ whether it names the device node.
-static char *sysfs_root(void);
 
 #define PATH_AT(dirfd, path)                                                                       \
 	char pathbuf_[4096];                                                                       \
@@ -1095,15 +1094,17 @@ int softefa_shim_dev_fd(int fd) { return dev_fd(fd); }
 void softefa_shim_counter_read(const char *path) { counter_read(path); }
 const char *softefa_shim_dev_path(void) { return dev_path; }
 
+// softefa_shim_sysfs is the tree the process's paths map into. A child forked after its parent
+// made its device keeps the parent's tree for its paths (it inherits the parent's working
+// directory and fds, which may be in it), though it cannot use the device; its counters are not
+// brought up to date.
 const char *softefa_shim_sysfs(int make) {
-	if (make)
-		return sysfs_root();
-	if (forked_child)
-		return NULL;
 	resolve_getenv();
-	if (REAL(getenv)("SOFTEFA_SYSFS_ROOT"))
-		return atomic_load(&sysfs_made) ? proc_sysfs : NULL;
-	return REAL(getenv)("SYSFS_PATH");
+	if (!REAL(getenv)("SOFTEFA_SYSFS_ROOT"))
+		return REAL(getenv)("SYSFS_PATH"); // --addr: the launcher's tree
+	if (atomic_load(&sysfs_made))
+		return proc_sysfs;
+	return make && !forked_child ? sysfs_root() : NULL;
 }
 int softefa_shim_forked(void) { return forked_child; }
 

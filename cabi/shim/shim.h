@@ -19,7 +19,7 @@ HIDDEN void softefa_shim_await_cq(int fd, uint32_t handle, uint64_t off); // pol
 HIDDEN int softefa_shim_debug(void);         // SOFTEFA_DEBUG=1: diagnostics on stderr
 HIDDEN int softefa_shim_dev_fd(int fd);      // fd names the device node (this process's, or an orphan)
 HIDDEN const char *softefa_shim_dev_path(void); // the node's path (SOFTEFA_DEV_PATH); NULL: the shim is inert
-// The process's SYSFS_PATH, or NULL; with make, a process without a device makes it first.
+// The tree the paths map into (SYSFS_PATH), or NULL; with make, a process without a device makes it first.
 HIDDEN const char *softefa_shim_sysfs(int make);
 HIDDEN void softefa_shim_counter_read(const char *path); // path, in the tree, is being opened
 

@@ -86,6 +86,27 @@ static void list(const char *name, DIR *d) {
 	printf("%s: %s\n", name, names);
 }
 
+// has prints which of names (space-separated) the listing d holds.
+static void has(const char *name, DIR *d, const char *names) {
+	if (!d) {
+		printf("%s: %s\n", name, strerror(errno));
+		return;
+	}
+	char want[256], got[256] = "";
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		snprintf(want, sizeof(want), " %s ", names);
+		char key[260];
+		snprintf(key, sizeof(key), " %s ", e->d_name);
+		if (strstr(want, key)) {
+			strncat(got, " ", sizeof(got) - strlen(got) - 1);
+			strncat(got, e->d_name, sizeof(got) - strlen(got) - 1);
+		}
+	}
+	closedir(d);
+	printf("%s:%s\n", name, got);
+}
+
 static void link_of(const char *name, ssize_t n, char *buf) {
 	if (n < 0)
 		printf("%s: %s\n", name, strerror(errno));
@@ -281,6 +302,10 @@ int main(void) {
 	list("opendir dev", opendir("/dev/infiniband"));
 	list("opendir types", opendir(IB "/ports/1/gid_attrs/types"));
 	list("fdopendir pci", fdopendir(openat(sysdir, "devices/pci0000:00/0000:00:06.0", O_RDONLY | O_DIRECTORY)));
+	has("opendir sys class", opendir("/sys/class"), "infiniband infiniband_verbs");
+	has("opendir /dev", opendir("/dev"), "infiniband");
+	has("fdopendir pci0000:00", fdopendir(openat(sysdir, "devices/pci0000:00", O_RDONLY | O_DIRECTORY)), "0000:00:06.0");
+	has("opendir drivers", opendir("/sys/bus/pci/drivers"), "efa");
 	struct dirent **ents;
 	int n = scandir("/sys/class/infiniband_verbs", &ents, no_dots, alphasort);
 	if (n < 0) {
