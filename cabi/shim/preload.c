@@ -2,7 +2,8 @@
 // emulated for one software EFA device per process (see docs/cabi.md).
 //
 // It intercepts the open, stat, ioctl, write, close and socket calls that concern the device
-// node named by SOFTEFA_DEV_PATH and answers them itself or through the Go engine, a c-shared
+// node named by SOFTEFA_DEV_PATH (every call that names a path maps it first: paths.c) and
+// answers them itself or through the Go engine, a c-shared
 // library (SOFTEFA_ENGINE) that it loads on the first open of the node, so that programs which
 // never open the device (children such as ls) never start a Go runtime. Every other call goes
 // straight to libc after one bitmap test.
