@@ -8,16 +8,16 @@
 // answered here, and opening it O_RDWR opens the device (preload.c).
 //
 // Covered: what preload.c maps (open, openat and their 64-bit and fortified forms, the stat
-// family and statx) and the calls below: fopen and freopen, access, faccessat (glibc's faccessat2 behind it),
-// euidaccess and eaccess, opendir (fdopendir needs nothing: its fd was opened by a mapped
-// openat), readdir (a listing of /dev/infiniband shows the node as a character device), scandir
-// and scandirat, readlink and readlinkat, realpath and canonicalize_file_name (which answer the
-// path as the host would name it, not the tree's), chdir and getcwd, and the xattr reads ls -l
-// makes. A relative path is mapped when it names one of these directories from a directory
-// above it (a dirfd or the working directory on /sys, say); from inside the tree, the kernel
-// resolves it. Not covered: calls glibc makes inside itself (nftw, glob, fts_open; their
-// starting path is not mapped) and system calls made directly (syscall(SYS_openat2, ...),
-// syscall(SYS_statx, ...)), which no preloaded library sees.
+// family and statx) and the calls below: fopen and freopen, access, faccessat (and glibc's
+// faccessat2 system call behind it), euidaccess and eaccess, opendir and fdopendir (listings of
+// the directories above the mapped ones show them), readdir (a listing of /dev/infiniband shows
+// the node as a character device), scandir and scandirat, readlink and readlinkat, realpath and
+// canonicalize_file_name (which answer the path as the host names it, not the tree's), chdir
+// and getcwd, and the xattr reads ls -l makes. A relative path is mapped when it leads into
+// one of these directories from a directory above it (a dirfd or the working directory on /sys,
+// say) or climbs out of one; within the tree, the kernel resolves it. Not covered: calls glibc
+// makes inside itself (nftw, glob, fts_open) and system calls made directly
+// (syscall(SYS_openat2, ...), syscall(SYS_statx, ...)), which no preloaded library sees.
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>

@@ -52,6 +52,8 @@ static void read_fd(const char *name, int fd) {
 	printf("%s: %s\n", name, buf);
 }
 
+// list prints the entries of d but the dot files, sorted, with (c) after a character device and
+// (l) after a link, as readdir types them.
 static void list(const char *name, DIR *d) {
 	if (!d) {
 		printf("%s: %s\n", name, strerror(errno));
@@ -60,8 +62,7 @@ static void list(const char *name, DIR *d) {
 	char names[4096] = "";
 	struct dirent *e;
 	int n = 0;
-	// sorted by the caller's eye: entries of these directories are few; print in a fixed order
-	char *ents[128];
+	char *ents[128]; // the listing's entries, sorted below (they are few) for a fixed line
 	while ((e = readdir(d)) && n < 128) {
 		if (e->d_name[0] == '.')
 			continue;
