@@ -167,6 +167,9 @@ func TestPathsTools(t *testing.T) {
 				t.Errorf("ls -l lacks %q:\n%s", want, out)
 			}
 		}
+		if strings.Contains(out, " 1970 ") {
+			t.Errorf("ls -l shows the node made in 1970:\n%s", out)
+		}
 	})
 	t.Run("find", func(t *testing.T) {
 		out := sh(t, "find /sys/class/infiniband/efa_0/ -name tx_bytes; find /dev/infiniband -type c; "+

@@ -32,6 +32,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shim.h"
@@ -811,8 +812,9 @@ ssize_t recvmsg(int fd, struct msghdr *msg, int flags) {
 	return REAL(recvmsg)(fd, msg, flags);
 }
 
-// The device node as stat(2) describes it: a character device with the sysfs dev numbers (for
-// struct stat and struct stat64 alike).
+// The device node as stat(2) describes it: a character device with the sysfs dev numbers, made
+// when the host booted, as devtmpfs makes a driver's nodes (for struct stat and struct stat64
+// alike).
 #define FAKE_STAT(st)                                                                              \
 	do {                                                                                       \
 		memset((st), 0, sizeof(*(st)));                                                    \
@@ -820,7 +822,16 @@ ssize_t recvmsg(int fd, struct msghdr *msg, int flags) {
 		(st)->st_nlink = 1;                                                                \
 		(st)->st_rdev = dev_rdev;                                                          \
 		(st)->st_blksize = 4096;                                                           \
+		(st)->st_atime = (st)->st_mtime = (st)->st_ctime = boot_time();                    \
 	} while (0)
+
+// boot_time is when the host booted, in seconds since the epoch.
+static time_t boot_time(void) {
+	struct timespec now, up;
+	clock_gettime(CLOCK_REALTIME, &now);
+	clock_gettime(CLOCK_BOOTTIME, &up);
+	return now.tv_sec - up.tv_sec;
+}
 
 static int at_is_dev(int dirfd, const char *path, int flags) {
 	return is_dev(path) || ((flags & AT_EMPTY_PATH) && path && !*path && dev_fd(dirfd));
@@ -993,6 +1004,7 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 		stx->stx_blksize = 4096;
 		stx->stx_rdev_major = major(dev_rdev);
 		stx->stx_rdev_minor = minor(dev_rdev);
+		stx->stx_atime.tv_sec = stx->stx_mtime.tv_sec = stx->stx_ctime.tv_sec = boot_time();
 		return 0;
 	}
 	resolve_statx();
