@@ -88,7 +88,8 @@ func TestPaths(t *testing.T) {
 			opendir drivers: efa`},
 		{"scandir", `
 			scandir verbs: abi_version uverbs_softefa0
-			scandir dev: uverbs_softefa0`},
+			scandir dev: uverbs_softefa0
+			scandir sys class: infiniband infiniband_verbs`},
 		{"readlink", `
 			readlink ibdev: ../../devices/pci0000:00/0000:00:06.0/infiniband/efa_0
 			readlink device: ../../../0000:00:06.0

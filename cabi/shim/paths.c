@@ -490,34 +490,71 @@ struct dirent64 *readdir64(DIR *dir) {
 }
 
 // glibc's scandir lists with its own opendir and readdir, which are not interposed: the
-// directory is mapped here and the node's entry typed after.
+// directory is mapped here and the listing finished after (scanned).
 static int is_node_dir(const char *mapped_path) {
 	const char *h = in_tree(mapped_path);
 	return h && strcmp(h, "/dev/infiniband") == 0;
 }
 
-int scandir(const char *path, struct dirent ***list, int (*filter)(const struct dirent *),
-	    int (*compar)(const struct dirent **, const struct dirent **)) {
-	MAP_AT(AT_FDCWD, path);
-	resolve_scandir();
-	int r = real_scandir(path, list, filter, compar);
-	if (r > 0 && path[0] == '/' && is_node_dir(path))
+typedef int (*scan_filter)(const struct dirent *);
+typedef int (*scan_compar)(const struct dirent **, const struct dirent **);
+
+// scanned finishes scandir's listing of given (as the program named it; path as mapped), the r
+// entries in *list: the node's entry is typed DT_CHR, and a listing of a directory above the
+// mapped ones gets their entries the host lacks, filtered and sorted as scandir would.
+static int scanned(const char *given, const char *path, struct dirent ***list, int r, scan_filter filter,
+		   scan_compar compar) {
+	if (r < 0 || path[0] != '/')
+		return r;
+	if (is_node_dir(path))
 		for (int i = 0; i < r; i++)
 			if ((*list)[i]->d_type == DT_REG && strcmp((*list)[i]->d_name, node_name()) == 0)
 				(*list)[i]->d_type = DT_CHR;
+	const char *p = parent_dir(given);
+	int added = 0;
+	for (size_t i = 0; p && i < NPARENTS; i++) {
+		int listed = parents[i].dir != p;
+		for (int j = 0; j < r && !listed; j++)
+			listed = strcmp((*list)[j]->d_name, parents[i].name) == 0;
+		if (listed)
+			continue;
+		struct dirent *e = calloc(1, sizeof(*e));
+		struct dirent **grown = e ? realloc(*list, (r + 1) * sizeof(*grown)) : NULL;
+		if (!grown) {
+			free(e);
+			break;
+		}
+		*list = grown;
+		e->d_ino = 1 + i;
+		e->d_reclen = sizeof(*e);
+		e->d_type = parents[i].type;
+		strncpy(e->d_name, parents[i].name, sizeof(e->d_name) - 1);
+		if (filter && !filter(e)) {
+			free(e);
+			continue;
+		}
+		(*list)[r++] = e;
+		added = 1;
+	}
+	if (added && compar)
+		qsort(*list, r, sizeof(**list), (int (*)(const void *, const void *))compar);
 	return r;
+}
+
+int scandir(const char *path, struct dirent ***list, scan_filter filter, scan_compar compar) {
+	const char *given = path;
+	MAP_AT(AT_FDCWD, path);
+	resolve_scandir();
+	return scanned(given, path, list, real_scandir(path, list, filter, compar), filter, compar);
 }
 
 int scandir64(const char *path, struct dirent64 ***list, int (*filter)(const struct dirent64 *),
 	      int (*compar)(const struct dirent64 **, const struct dirent64 **)) {
+	const char *given = path;
 	MAP_AT(AT_FDCWD, path);
 	resolve_scandir64();
-	int r = real_scandir64(path, list, filter, compar);
-	if (r > 0 && path[0] == '/' && is_node_dir(path))
-		for (int i = 0; i < r; i++)
-			if ((*list)[i]->d_type == DT_REG && strcmp((*list)[i]->d_name, node_name()) == 0)
-				(*list)[i]->d_type = DT_CHR;
-	return r;
+	return scanned(given, path, (struct dirent ***)list, real_scandir64(path, list, filter, compar),
+		       (scan_filter)filter, (scan_compar)compar);
 }
 
 int scandirat(int dirfd, const char *path, struct dirent ***list, int (*filter)(const struct dirent *),

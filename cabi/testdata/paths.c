@@ -322,6 +322,16 @@ int main(void) {
 	}
 	n = scandir("/dev/infiniband", &ents, no_dots, alphasort);
 	printf("scandir dev: %s\n", n == 1 && ents[0]->d_type == DT_CHR ? ents[0]->d_name : "wrong");
+	n = scandir("/sys/class", &ents, no_dots, alphasort);
+	printf("scandir sys class:");
+	for (int i = 0; i < n; i++) {
+		if (strncmp(ents[i]->d_name, "infiniband", 10) == 0)
+			printf(" %s%s", ents[i]->d_name, i > 0 && strcmp(ents[i - 1]->d_name, ents[i]->d_name) >= 0 ? "(unsorted)" : "");
+		free(ents[i]);
+	}
+	printf("\n");
+	if (n >= 0)
+		free(ents);
 
 	link_of("readlink ibdev", readlink(IB, buf, sizeof(buf)), buf);
 	link_of("readlink device", readlink(IB "/device", buf, sizeof(buf)), buf);
