@@ -218,7 +218,7 @@ func TestSysfsTree(t *testing.T) {
 		t.Fatal(err)
 	}
 	read := func(p string) string {
-		b, err := os.ReadFile(filepath.Join(dir, p))
+		b, err := os.ReadFile(filepath.Join(dir, "sys", p))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -234,10 +234,40 @@ func TestSysfsTree(t *testing.T) {
 		t.Errorf("gid %q", got)
 	}
 	for link, base := range map[string]string{"class/infiniband/efa_0/device": "0000:00:06.0", "class/infiniband/efa_0/device/driver": "efa"} {
-		p, err := filepath.EvalSymlinks(filepath.Join(dir, link))
+		p, err := filepath.EvalSymlinks(filepath.Join(dir, "sys", link))
 		if err != nil || filepath.Base(p) != base {
 			t.Errorf("%s resolves to %q (%v), want …/%s", link, p, err, base)
 		}
+	}
+	// The links read as the kernel's do.
+	for link, want := range map[string]string{
+		"class/infiniband/efa_0":                 "../../devices/pci0000:00/0000:00:06.0/infiniband/efa_0",
+		"class/infiniband_verbs/uverbs_x":        "../../devices/pci0000:00/0000:00:06.0/infiniband_verbs/uverbs_x",
+		"dev/char/231:250":                       "../../devices/pci0000:00/0000:00:06.0/infiniband_verbs/uverbs_x",
+		"class/infiniband/efa_0/device":          "../../../0000:00:06.0",
+		"class/infiniband_verbs/uverbs_x/device": "../../../0000:00:06.0",
+		"devices/pci0000:00/0000:00:06.0/driver": "../../../bus/pci/drivers/efa",
+		"bus/pci/drivers/efa/0000:00:06.0":       "../../../../devices/pci0000:00/0000:00:06.0",
+	} {
+		if got, err := os.Readlink(filepath.Join(dir, "sys", link)); got != want {
+			t.Errorf("%s -> %q (%v), want %q", link, got, err, want)
+		}
+	}
+	for p, want := range map[string]string{
+		"class/infiniband/efa_0/device/vendor":                "0x1d0f",
+		"class/infiniband/efa_0/device/device":                "0xefa2",
+		"class/infiniband/efa_0/ports/1/gid_attrs/types/0":    "IB/RoCE v1",
+		"class/infiniband/efa_0/ports/1/rate":                 "100 Gb/sec (4X EDR)",
+		"class/infiniband/efa_0/ports/1/hw_counters/tx_bytes": "0",
+		"class/infiniband/efa_0/hw_counters/keep_alive_rcvd":  "0",
+		"class/infiniband/efa_0/ports/1/hw_counters/lifespan": "10",
+	} {
+		if got := read(p); got != want {
+			t.Errorf("%s: %q, want %q", p, got, want)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(dir, s.DevPath())); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("the node's stand-in %s: %v", s.DevPath(), err)
 	}
 }
 

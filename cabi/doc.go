@@ -2,7 +2,8 @@
 
 // Package cabi runs unmodified programs built against rdma-core (libibverbs and libefa) on a
 // softefa device, by emulating the kernel underneath them (docs/cabi.md): a C preload shim
-// (shim/preload.c) intercepts the device node's open, stat, ioctl, write and close; the Go engine,
+// (shim/preload.c) intercepts the device node's open, stat, ioctl, write and close, and maps the
+// device's /sys and /dev paths into the process's tree (shim/paths.c); the Go engine,
 // built as a C shared library (libengine), answers the uverbs commands with package
 // internal/uverbs; a generated sysfs tree, named by SYSFS_PATH, makes libibverbs find the device.
 //

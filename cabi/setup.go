@@ -68,7 +68,7 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 	}}
 	sysfs := filepath.Join(dir, "none") // what a reader that bypasses the shim sees: no device
 	if o.Addr.IsValid() {
-		sysfs = dir
+		sysfs = filepath.Join(dir, "sys")
 		if err := s.Sysfs.Write(dir); err != nil {
 			os.RemoveAll(dir)
 			return nil, err
@@ -134,20 +134,21 @@ func userfaultfdWorks() bool {
 	return unix.Madvise(b, unix.MADV_POPULATE_READ) == nil
 }
 
-// WriteProcessSysfs writes the sysfs tree of one process's device (name, gid, PCI part id) into
-// a new directory under root and returns it; the engine library calls it when the shim asks.
-func WriteProcessSysfs(root, name string, gid [16]byte, partID uint32) (string, error) {
+// WriteProcessSysfs writes the sysfs tree of one process's device (name, gid, PCI part id, link
+// speed) into a new directory under root and returns the tree's sys directory, what SYSFS_PATH
+// names; the engine library calls it when the shim asks.
+func WriteProcessSysfs(root, name string, gid [16]byte, partID uint32, speedGbps int) (string, error) {
 	dir, err := os.MkdirTemp(root, fmt.Sprintf("pid%d-", os.Getpid()))
 	if err != nil {
 		return "", err
 	}
 	s := Sysfs{IBDev: name, Uverbs: uverbsName, Major: uverbsMajor, Minor: uverbsMinor, GID: gid,
-		VendorPartID: partID, PCIAddr: "0000:00:06.0"}
+		VendorPartID: partID, PCIAddr: "0000:00:06.0", SpeedGbps: speedGbps}
 	if err := s.Write(dir); err != nil {
 		os.RemoveAll(dir)
 		return "", err
 	}
-	return dir, nil
+	return filepath.Join(dir, "sys"), nil
 }
 
 // Environ returns the current environment with s's variables replacing any of the same name.

@@ -187,8 +187,9 @@ func softefa_sysfs(buf *C.char, n C.size_t) C.int {
 	if err != nil {
 		return fail(err)
 	}
-	dir, err := cabi.WriteProcessSysfs(os.Getenv("SOFTEFA_SYSFS_ROOT"), d.Engine().Config().Name,
-		d.Engine().GID(), d.Engine().Config().VendorPartID)
+	cfg := d.Engine().Config()
+	dir, err := cabi.WriteProcessSysfs(os.Getenv("SOFTEFA_SYSFS_ROOT"), cfg.Name, d.Engine().GID(),
+		cfg.VendorPartID, cfg.LinkSpeedGbps)
 	if err != nil {
 		return fail(err)
 	}
@@ -198,6 +199,53 @@ func softefa_sysfs(buf *C.char, n C.size_t) C.int {
 	out := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
 	out[copy(out, dir)] = 0
 	return 0
+}
+
+// softefa_sysfs_counter is the program opening path, a file of its sysfs tree: when that is a
+// port counter (ports/1/hw_counters/NAME), the file is rewritten with the counter's value now, as
+// the kernel's hw_stat_device_show reads the device when the file is read. A file written whole
+// under another name and renamed over the old one: a reader that opened it before sees the old
+// value whole. The new file is made at the tree's root, beside sys/, so that no listing of the
+// counters shows it. Other paths, and errors, leave the file as it was.
+//
+//export softefa_sysfs_counter
+func softefa_sysfs_counter(path *C.char) {
+	p, err := filepath.EvalSymlinks(C.GoString(path)) // as the tree has it: …/sys/devices/…
+	if err != nil {
+		return
+	}
+	dir, name := filepath.Dir(p), filepath.Base(p)
+	root, _, ok := strings.Cut(p, "/sys/devices/")
+	if !ok || filepath.Base(dir) != "hw_counters" || filepath.Base(filepath.Dir(filepath.Dir(dir))) != "ports" {
+		return
+	}
+	state.Lock()
+	d := state.dev
+	state.Unlock()
+	if d == nil {
+		return
+	}
+	v, ok := d.HWCounter(name)
+	if !ok {
+		return
+	}
+	f, err := os.CreateTemp(root, "."+name+"-")
+	if err != nil {
+		return
+	}
+	_, err = fmt.Fprintf(f, "%d\n", v)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), p)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
 }
 
 //export softefa_ioctl

@@ -2,7 +2,8 @@
 // emulated for one software EFA device per process (see docs/cabi.md).
 //
 // It intercepts the open, stat, ioctl, write, close and socket calls that concern the device
-// node named by SOFTEFA_DEV_PATH and answers them itself or through the Go engine, a c-shared
+// node named by SOFTEFA_DEV_PATH (every call that names a path maps it first: paths.c) and
+// answers them itself or through the Go engine, a c-shared
 // library (SOFTEFA_ENGINE) that it loads on the first open of the node, so that programs which
 // never open the device (children such as ls) never start a Go runtime. Every other call goes
 // straight to libc after one bitmap test.
@@ -31,6 +32,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shim.h"
@@ -183,6 +185,7 @@ static void (*eng_arm_cq)(int fd, uint32_t handle);
 static int (*eng_poll_net)(void);
 static void (*eng_dup)(int fd, int nfd);
 static int (*eng_sysfs)(char *buf, size_t n);
+static void (*eng_sysfs_counter)(const char *path);
 static int (*eng_ioctl)(int fd, unsigned long req, void *arg);
 static int (*eng_netlink)(int peer, uint32_t port, const void *buf, size_t n);
 static int64_t (*eng_db_page)(int fd, int64_t off);
@@ -290,6 +293,7 @@ static void load_engine(void) {
 	eng_poll_net = (int (*)(void))dlsym(h, "softefa_poll_net");
 	eng_dup = (void (*)(int, int))dlsym(h, "softefa_dup");
 	eng_sysfs = (int (*)(char *, size_t))dlsym(h, "softefa_sysfs");
+	eng_sysfs_counter = (void (*)(const char *))dlsym(h, "softefa_sysfs_counter");
 	eng_ioctl = (int (*)(int, unsigned long, void *))dlsym(h, "softefa_ioctl");
 	eng_netlink = (int (*)(int, uint32_t, const void *, size_t))dlsym(h, "softefa_netlink");
 	eng_db_page = (int64_t (*)(int, int64_t))dlsym(h, "softefa_db_page");
@@ -299,7 +303,7 @@ static void load_engine(void) {
 	eng_await_cq = (void (*)(int, uint32_t, uint64_t))dlsym(h, "softefa_await_cq");
 	eng_exit = (void (*)(void))dlsym(h, "softefa_exit");
 	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq || !eng_poll_net || !eng_dup ||
-	    !eng_sysfs || !eng_ioctl || !eng_netlink || !eng_db_page || !eng_db_trapped || !eng_db_rung ||
+	    !eng_sysfs || !eng_sysfs_counter || !eng_ioctl || !eng_netlink || !eng_db_page || !eng_db_trapped || !eng_db_rung ||
 	    !eng_cq_ring || !eng_await_cq || !eng_exit) {
 		fprintf(stderr, "softefa: %s lacks the engine entry points\n", lib);
 		eng_err = ENODEV;
@@ -310,31 +314,24 @@ static void load_engine(void) {
 	atexit(at_exit);
 }
 
-// Direct reads of the device's sysfs (docs/cabi.md, "Sysfs"): a path under
-// /sys/class/infiniband or /sys/class/infiniband_verbs, which libibverbs reads under SYSFS_PATH
-// but tools read directly (rdma-core's tests `cat` a port's pkeys), names the same file of the
-// process's own tree. The first such lookup in a process that has no device yet makes it one, as
-// the first lookup of SYSFS_PATH does.
-static char *sysfs_root(void);
+// Paths (paths.c): every call that names a path maps it first. PATH_AT leaves in path the one to
+// use, and in isdev_ whether it names the device node.
 
-static const char *sys_path(const char *path, char *buf, size_t n) {
-	static const char ib[] = "/sys/class/infiniband", verbs[] = "/sys/class/infiniband_verbs";
-	if (!dev_path || !path || strncmp(path, ib, sizeof(ib) - 1) != 0)
-		return path;
-	const char *rest = path + sizeof(ib) - 1;
-	if (*rest != '/' && *rest != 0 && strncmp(path, verbs, sizeof(verbs) - 1) != 0)
-		return path;
-	if (*rest == '_' && path[sizeof(verbs) - 1] != '/' && path[sizeof(verbs) - 1] != 0)
-		return path;
-	char *root = sysfs_root();
-	if (!root || snprintf(buf, n, "%s%s", root, path + 4) >= (int)n) // path + 4: "/class/..."
-		return path;
-	return buf;
+#define PATH_AT(dirfd, path)                                                                       \
+	char pathbuf_[4096];                                                                       \
+	int isdev_;                                                                                \
+	path = softefa_path_at(dirfd, path, pathbuf_, sizeof(pathbuf_), &isdev_)
+
+// counter_read is the program opening path, a file of its tree: a hw_counters file gets the
+// counter's value now (softefa_sysfs_counter).
+static void counter_read(const char *path) {
+	if (!engine_loaded || forked_child || !path || !strstr(path, "/hw_counters/"))
+		return;
+	sigset_t old;
+	enter(&old);
+	eng_sysfs_counter(path);
+	leave(&old);
 }
-
-#define SYS_REDIRECT(path)                                                                         \
-	char sysbuf_[4096];                                                                        \
-	path = sys_path(path, sysbuf_, sizeof(sysbuf_))
 
 static int open_dev(int flags) {
 	if (forked_child) {
@@ -367,73 +364,80 @@ static mode_t open_mode(int flags, va_list ap) {
 }
 
 int open(const char *path, int flags, ...) {
-	SYS_REDIRECT(path);
+	PATH_AT(AT_FDCWD, path);
 	va_list ap;
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
 	va_end(ap);
-	if (is_dev(path))
+	if (isdev_)
 		return open_dev(flags);
+	counter_read(path);
 	resolve_open();
 	return REAL(open)(path, flags, mode);
 }
 
 int open64(const char *path, int flags, ...) {
-	SYS_REDIRECT(path);
+	PATH_AT(AT_FDCWD, path);
 	va_list ap;
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
 	va_end(ap);
-	if (is_dev(path))
+	if (isdev_)
 		return open_dev(flags);
+	counter_read(path);
 	resolve_open64();
 	return REAL(open64)(path, flags, mode);
 }
 
 int openat(int dirfd, const char *path, int flags, ...) {
-	SYS_REDIRECT(path);
+	PATH_AT(dirfd, path);
 	va_list ap;
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
 	va_end(ap);
-	if (is_dev(path))
+	if (isdev_)
 		return open_dev(flags);
+	counter_read(path);
 	resolve_openat();
 	return REAL(openat)(dirfd, path, flags, mode);
 }
 
 int openat64(int dirfd, const char *path, int flags, ...) {
-	SYS_REDIRECT(path);
+	PATH_AT(dirfd, path);
 	va_list ap;
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
 	va_end(ap);
-	if (is_dev(path))
+	if (isdev_)
 		return open_dev(flags);
+	counter_read(path);
 	resolve_openat64();
 	return REAL(openat64)(dirfd, path, flags, mode);
 }
 
 int __open_2(const char *path, int flags) {
-	SYS_REDIRECT(path);
-	if (is_dev(path))
+	PATH_AT(AT_FDCWD, path);
+	if (isdev_)
 		return open_dev(flags);
+	counter_read(path);
 	resolve___open_2();
 	return REAL(__open_2)(path, flags);
 }
 
 int __open64_2(const char *path, int flags) {
-	SYS_REDIRECT(path);
-	if (is_dev(path))
+	PATH_AT(AT_FDCWD, path);
+	if (isdev_)
 		return open_dev(flags);
+	counter_read(path);
 	resolve___open64_2();
 	return REAL(__open64_2)(path, flags);
 }
 
 int __openat_2(int dirfd, const char *path, int flags) {
-	SYS_REDIRECT(path);
-	if (is_dev(path))
+	PATH_AT(dirfd, path);
+	if (isdev_)
 		return open_dev(flags);
+	counter_read(path);
 	resolve___openat_2();
 	return REAL(__openat_2)(dirfd, path, flags);
 }
@@ -563,6 +567,7 @@ int fcntl64(int fd, int cmd, ...) {
 // or a test runner gets a device, and a process that never looks for one pays nothing.
 static char proc_sysfs[4096];
 static pthread_once_t sysfs_once = PTHREAD_ONCE_INIT;
+static _Atomic int sysfs_made; // proc_sysfs is the process's tree
 
 static void make_sysfs(void) {
 	pthread_once(&eng_once, load_engine);
@@ -575,7 +580,9 @@ static void make_sysfs(void) {
 	if (r < 0) {
 		fprintf(stderr, "softefa: no device for this process: %s\n", strerror(-r));
 		proc_sysfs[0] = 0;
+		return;
 	}
+	atomic_store(&sysfs_made, 1);
 }
 
 static char *sysfs_path_for(const char *name) {
@@ -805,8 +812,9 @@ ssize_t recvmsg(int fd, struct msghdr *msg, int flags) {
 	return REAL(recvmsg)(fd, msg, flags);
 }
 
-// The device node as stat(2) describes it: a character device with the sysfs dev numbers (for
-// struct stat and struct stat64 alike).
+// The device node as stat(2) describes it: a character device with the sysfs dev numbers, made
+// when the host booted, as devtmpfs makes a driver's nodes (for struct stat and struct stat64
+// alike).
 #define FAKE_STAT(st)                                                                              \
 	do {                                                                                       \
 		memset((st), 0, sizeof(*(st)));                                                    \
@@ -814,15 +822,24 @@ ssize_t recvmsg(int fd, struct msghdr *msg, int flags) {
 		(st)->st_nlink = 1;                                                                \
 		(st)->st_rdev = dev_rdev;                                                          \
 		(st)->st_blksize = 4096;                                                           \
+		(st)->st_atime = (st)->st_mtime = (st)->st_ctime = boot_time();                    \
 	} while (0)
+
+// boot_time is when the host booted, in seconds since the epoch.
+static time_t boot_time(void) {
+	struct timespec now, up;
+	clock_gettime(CLOCK_REALTIME, &now);
+	clock_gettime(CLOCK_BOOTTIME, &up);
+	return now.tv_sec - up.tv_sec;
+}
 
 static int at_is_dev(int dirfd, const char *path, int flags) {
 	return is_dev(path) || ((flags & AT_EMPTY_PATH) && path && !*path && dev_fd(dirfd));
 }
 
 int stat(const char *path, struct stat *st) {
-	SYS_REDIRECT(path);
-	if (is_dev(path)) {
+	PATH_AT(AT_FDCWD, path);
+	if (isdev_) {
 		FAKE_STAT(st);
 		return 0;
 	}
@@ -831,8 +848,8 @@ int stat(const char *path, struct stat *st) {
 }
 
 int lstat(const char *path, struct stat *st) {
-	SYS_REDIRECT(path);
-	if (is_dev(path)) {
+	PATH_AT(AT_FDCWD, path);
+	if (isdev_) {
 		FAKE_STAT(st);
 		return 0;
 	}
@@ -850,8 +867,8 @@ int fstat(int fd, struct stat *st) {
 }
 
 int fstatat(int dirfd, const char *path, struct stat *st, int flags) {
-	SYS_REDIRECT(path);
-	if (at_is_dev(dirfd, path, flags)) {
+	PATH_AT(dirfd, path);
+	if (isdev_ || at_is_dev(dirfd, path, flags)) {
 		FAKE_STAT(st);
 		return 0;
 	}
@@ -860,8 +877,8 @@ int fstatat(int dirfd, const char *path, struct stat *st, int flags) {
 }
 
 int stat64(const char *path, struct stat64 *st) {
-	SYS_REDIRECT(path);
-	if (is_dev(path)) {
+	PATH_AT(AT_FDCWD, path);
+	if (isdev_) {
 		FAKE_STAT(st);
 		return 0;
 	}
@@ -870,8 +887,8 @@ int stat64(const char *path, struct stat64 *st) {
 }
 
 int lstat64(const char *path, struct stat64 *st) {
-	SYS_REDIRECT(path);
-	if (is_dev(path)) {
+	PATH_AT(AT_FDCWD, path);
+	if (isdev_) {
 		FAKE_STAT(st);
 		return 0;
 	}
@@ -889,8 +906,8 @@ int fstat64(int fd, struct stat64 *st) {
 }
 
 int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
-	SYS_REDIRECT(path);
-	if (at_is_dev(dirfd, path, flags)) {
+	PATH_AT(dirfd, path);
+	if (isdev_ || at_is_dev(dirfd, path, flags)) {
 		FAKE_STAT(st);
 		return 0;
 	}
@@ -900,8 +917,8 @@ int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
 
 // The glibc < 2.33 entry points behind stat(2) and friends.
 int __xstat(int ver, const char *path, struct stat *st) {
-	SYS_REDIRECT(path);
-	if (is_dev(path)) {
+	PATH_AT(AT_FDCWD, path);
+	if (isdev_) {
 		FAKE_STAT(st);
 		return 0;
 	}
@@ -910,8 +927,8 @@ int __xstat(int ver, const char *path, struct stat *st) {
 }
 
 int __lxstat(int ver, const char *path, struct stat *st) {
-	SYS_REDIRECT(path);
-	if (is_dev(path)) {
+	PATH_AT(AT_FDCWD, path);
+	if (isdev_) {
 		FAKE_STAT(st);
 		return 0;
 	}
@@ -929,8 +946,8 @@ int __fxstat(int ver, int fd, struct stat *st) {
 }
 
 int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags) {
-	SYS_REDIRECT(path);
-	if (at_is_dev(dirfd, path, flags)) {
+	PATH_AT(dirfd, path);
+	if (isdev_ || at_is_dev(dirfd, path, flags)) {
 		FAKE_STAT(st);
 		return 0;
 	}
@@ -939,8 +956,8 @@ int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags)
 }
 
 int __xstat64(int ver, const char *path, struct stat64 *st) {
-	SYS_REDIRECT(path);
-	if (is_dev(path)) {
+	PATH_AT(AT_FDCWD, path);
+	if (isdev_) {
 		FAKE_STAT(st);
 		return 0;
 	}
@@ -949,8 +966,8 @@ int __xstat64(int ver, const char *path, struct stat64 *st) {
 }
 
 int __lxstat64(int ver, const char *path, struct stat64 *st) {
-	SYS_REDIRECT(path);
-	if (is_dev(path)) {
+	PATH_AT(AT_FDCWD, path);
+	if (isdev_) {
 		FAKE_STAT(st);
 		return 0;
 	}
@@ -968,8 +985,8 @@ int __fxstat64(int ver, int fd, struct stat64 *st) {
 }
 
 int __fxstatat64(int ver, int dirfd, const char *path, struct stat64 *st, int flags) {
-	SYS_REDIRECT(path);
-	if (at_is_dev(dirfd, path, flags)) {
+	PATH_AT(dirfd, path);
+	if (isdev_ || at_is_dev(dirfd, path, flags)) {
 		FAKE_STAT(st);
 		return 0;
 	}
@@ -978,8 +995,8 @@ int __fxstatat64(int ver, int dirfd, const char *path, struct stat64 *st, int fl
 }
 
 int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *stx) {
-	SYS_REDIRECT(path);
-	if (at_is_dev(dirfd, path, flags)) {
+	PATH_AT(dirfd, path);
+	if (isdev_ || at_is_dev(dirfd, path, flags)) {
 		memset(stx, 0, sizeof(*stx));
 		stx->stx_mask = STATX_BASIC_STATS;
 		stx->stx_mode = S_IFCHR | 0666;
@@ -987,6 +1004,7 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 		stx->stx_blksize = 4096;
 		stx->stx_rdev_major = major(dev_rdev);
 		stx->stx_rdev_minor = minor(dev_rdev);
+		stx->stx_atime.tv_sec = stx->stx_mtime.tv_sec = stx->stx_ctime.tv_sec = boot_time();
 		return 0;
 	}
 	resolve_statx();
@@ -1083,8 +1101,24 @@ static void arm(int fd, uint32_t handle) {
 	leave(&old);
 }
 
-// What dbtrap.c needs of this file (shim.h).
+// What dbtrap.c and paths.c need of this file (shim.h).
 int softefa_shim_ours(int fd) { return ours(fd); }
+int softefa_shim_dev_fd(int fd) { return dev_fd(fd); }
+void softefa_shim_counter_read(const char *path) { counter_read(path); }
+const char *softefa_shim_dev_path(void) { return dev_path; }
+
+// softefa_shim_sysfs is the tree the process's paths map into. A child forked after its parent
+// made its device keeps the parent's tree for its paths (it inherits the parent's working
+// directory and fds, which may be in it), though it cannot use the device; its counters are not
+// brought up to date.
+const char *softefa_shim_sysfs(int make) {
+	resolve_getenv();
+	if (!REAL(getenv)("SOFTEFA_SYSFS_ROOT"))
+		return REAL(getenv)("SYSFS_PATH"); // --addr: the launcher's tree
+	if (atomic_load(&sysfs_made))
+		return proc_sysfs;
+	return make && !forked_child ? sysfs_root() : NULL;
+}
 int softefa_shim_forked(void) { return forked_child; }
 
 long softefa_shim_db_page(int fd, long long off) {

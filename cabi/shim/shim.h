@@ -1,5 +1,6 @@
-// The preload shim's two parts: preload.c (the kernel surface, the ops wrappers) and dbtrap.c (the
-// doorbell traps, docs/cabi.md "Doorbells"), and what each gives the other.
+// The preload shim's three parts: preload.c (the kernel surface, the ops wrappers), dbtrap.c (the
+// doorbell traps, docs/cabi.md "Doorbells") and paths.c (the device's paths, docs/cabi.md
+// "Paths"), and what each gives the others.
 #ifndef SOFTEFA_SHIM_H
 #define SOFTEFA_SHIM_H
 
@@ -16,10 +17,20 @@ HIDDEN long long softefa_shim_db_rung(int fd, uint32_t handle); // Kick; the CQs
 HIDDEN long softefa_shim_cq_ring(int fd, long long off);       // the CQ whose ring off is, or -1
 HIDDEN void softefa_shim_await_cq(int fd, uint32_t handle, uint64_t off); // poll until the entry at off is written
 HIDDEN int softefa_shim_debug(void);         // SOFTEFA_DEBUG=1: diagnostics on stderr
+HIDDEN int softefa_shim_dev_fd(int fd);      // fd names the device node (this process's, or an orphan)
+HIDDEN const char *softefa_shim_dev_path(void); // the node's path (SOFTEFA_DEV_PATH); NULL: the shim is inert
+// The tree the paths map into (SYSFS_PATH), or NULL; with make, a process without a device makes it first.
+HIDDEN const char *softefa_shim_sysfs(int make);
+HIDDEN void softefa_shim_counter_read(const char *path); // path, in the tree, is being opened
 
 // From dbtrap.c.
 HIDDEN void softefa_trap_install(void);              // once, after the engine is loaded
 HIDDEN int softefa_trap_covers(int fd, uint32_t handle); // that QP's doorbell stores trap
 HIDDEN void softefa_trap_forget_fd(int fd);          // fd is being closed: drop its CQ mappings
+
+// From paths.c.
+// The path an *at call (dirfd, path) is to use: path mapped into the process's tree, in buf when
+// it is; *dev says whether it names the device node.
+HIDDEN const char *softefa_path_at(int dirfd, const char *path, char *buf, unsigned long n, int *dev);
 
 #endif

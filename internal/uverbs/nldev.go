@@ -458,6 +458,17 @@ func (d *Device) hwCounters() []struct {
 	}
 }
 
+// HWCounter is the value of the port counter EFA's driver names name (as hw_counters/name in
+// sysfs shows it), and whether there is one of that name.
+func (d *Device) HWCounter(name string) (uint64, bool) {
+	for _, c := range d.hwCounters() {
+		if c.name == name {
+			return c.v, true
+		}
+	}
+	return 0, false
+}
+
 // nlHWCounters is stat_get_doit's port counters (fill_stat_hwcounters).
 func (d *Device) nlHWCounters(b []byte) []byte {
 	b = d.nlDevHandle(b)
