@@ -110,8 +110,12 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 		*s.slot(s.una) = sentPkt{}
 		s.una++
 	}
+	timedOut := time.Duration(-1)
 	if tally.newly > 0 {
-		s.progress = now
+		if s.rtoAt != 0 {
+			timedOut = s.rtoLine // (checkRTO)
+		}
+		s.progress, s.rtoAt = now, 0
 	}
 	if tally.rtt >= 0 {
 		s.sampleRTT(tally.rtt)
@@ -125,7 +129,9 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 	// is taken to keep its own order, with a reordering allowance of an eighth of the RTT), or
 	// when one sent no earlier on any path has and the packet has waited two of its own path's
 	// RTTs (paths differ in delay, but one that far behind has dropped it: this is what finds a
-	// dead path within a few RTTs).
+	// dead path within a few RTTs). The first acknowledgement of anything after the retransmission
+	// timer fired also counts as lost every packet that had waited the timeout then (timedOut):
+	// the timer sent only the oldest again, as a probe (checkRTO).
 	lost := 0
 	reo := s.reorderWindow()
 	var anyAcked time.Duration
@@ -138,7 +144,8 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 			continue
 		}
 		ps := &p.paths[e.path]
-		if e.at+reo >= ps.ackedAt && (anyAcked < e.at || now-e.at <= 2*cmp.Or(ps.srtt, s.srtt)+reo) {
+		revealed := e.at+reo < ps.ackedAt || anyAcked >= e.at && now-e.at > 2*cmp.Or(ps.srtt, s.srtt)+reo
+		if !revealed && e.at > timedOut {
 			continue
 		}
 		e.lost, e.counted = true, true
@@ -146,7 +153,11 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 		s.retx = append(s.retx, psn)
 		s.countFate(true)
 		lost++
-		t.pathLoss(p, int(e.path), now)
+		if revealed {
+			t.pathLoss(p, int(e.path), now)
+		} else {
+			e.suspect = e.path + 1 // timed out: held against its path only if it turns up by another (ackSlot)
+		}
 	}
 	if lost > 0 {
 		s.lossAt = now
@@ -211,7 +222,7 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 		tally.rtt = now - e.at // a copy left with the packet: its arrival times the round trip as well
 	}
 	if !e.copied { // either copy of a copied packet may be the one that arrived: credit no path
-		creditPath(&p.paths[e.path], e, now)
+		creditPath(&p.paths[e.path], e, now, s.minRTT)
 		p.echoed(e)
 	}
 	m := e.msg
@@ -228,12 +239,20 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 
 // creditPath records on the path that carried e that it was acknowledged: the path is healthy
 // again, and (if e went once) an RTT sample and the send time of its latest acknowledged packet.
-func creditPath(ps *pathState, e *sentPkt, now time.Duration) {
+// A packet that went more than once gives no RTT sample (which copy arrived is unknown, Karn's
+// rule), but when its acknowledgement came at least minRTT after its latest copy went, that copy
+// is taken to have arrived (RACK's rule, RFC 8985): its send time counts as acknowledged, so
+// that packets sent before it and still unacknowledged count as lost (onAck). This is what
+// makes a retransmission timeout's probe reveal the other losses of a tail (checkRTO).
+func creditPath(ps *pathState, e *sentPkt, now, minRTT time.Duration) {
 	if !ps.failed || e.at >= ps.failedAt { // an acknowledgement of a packet from before the failure proves nothing
 		ps.losses, ps.failed = 0, false
 	}
 	ps.unproven = false // the peer took a datagram from the path's port
 	if e.retx != 0 {
+		if minRTT > 0 && now-e.at >= minRTT {
+			ps.ackedAt = max(ps.ackedAt, e.at)
+		}
 		return
 	}
 	if rtt := now - e.at; ps.srtt == 0 {

@@ -84,6 +84,8 @@ type txStream struct {
 	rttvar     time.Duration
 	minRTT     time.Duration
 	rto        time.Duration
+	rtoAt      time.Duration // when the retransmission timer last fired (checkRTO); 0 after progress
+	rtoLine    time.Duration // the packets sent up to then had waited the timeout when it fired
 	progress   time.Duration // last time the peer acknowledged something, or the stream was idle
 	queue      []*Msg        // messages with segments not yet sent, in order
 	answers    int           // those of them that answer the peer (Msg.answer; onData's backlog)
@@ -296,15 +298,7 @@ func (t *Transport) pump(p *peer) {
 		if e.acked || !e.lost || e.msg == nil {
 			continue
 		}
-		e.lost = false
-		if m := e.msg; m.kind == kindRequest && m.done && m.owner == nil && m.answered {
-			// The answer proved the peer has every segment: nothing to send again.
-			s.inflight++ // ack() takes it back out
-			t.ackSlot(p, e, now, &ackTally{})
-			continue
-		}
-		e.retx++
-		t.sendSeg(p, psn, e, now, int(e.path))
+		t.sendAgain(p, psn, e, now)
 	}
 	s.retx = s.retx[:copy(s.retx, s.retx[taken:])]
 	done := 0
@@ -341,6 +335,19 @@ func (t *Transport) pump(p *peer) {
 	n := copy(s.queue, s.queue[done:])
 	clear(s.queue[n:]) // let go of the messages moved past
 	s.queue = s.queue[:n]
+}
+
+// sendAgain sends slot e, counted lost, again (on another path than its last, if one is usable).
+func (t *Transport) sendAgain(p *peer, psn wire.PSN, e *sentPkt, now time.Duration) {
+	e.lost = false
+	if m := e.msg; m.kind == kindRequest && m.done && m.owner == nil && m.answered {
+		// The answer proved the peer has every segment: nothing to send again.
+		p.tx.inflight++ // ack() takes it back out
+		t.ackSlot(p, e, now, &ackTally{})
+		return
+	}
+	e.retx++
+	t.sendSeg(p, psn, e, now, int(e.path))
 }
 
 // sendSeg writes the DATA frame for slot e (PSN psn) on a path other than avoid when it can.

@@ -475,8 +475,12 @@ func TestTraceSpuriousTimeoutUndone(t *testing.T) {
 		}
 		if spurious {
 			r.ack(4, nil, sent[0].h.Path) // the originals' acknowledgement, just late
-			if p().tx.cwnd < before || p().tx.rto != rto {
-				t.Fatalf("spurious timeout: window %v (was %v), timer %v (was %v): want both back", p().tx.cwnd, before, p().tx.rto, rto)
+			// The window is back; the timer is not backed off (the packets not sent again time
+			// the late round trip: the timer follows the estimate).
+			s := &p().tx
+			if s.cwnd < before || s.rto != min(max(s.srtt+4*s.rttvar, minRTO), maxRTO) {
+				t.Fatalf("spurious timeout: window %v (was %v), timer %v (estimate %v + 4 × %v): want the window back and no backoff",
+					s.cwnd, before, s.rto, s.srtt, s.rttvar)
 			}
 		} else {
 			r.advance(time.Millisecond) // the copies sent again make the round trip: a real loss
@@ -484,6 +488,49 @@ func TestTraceSpuriousTimeoutUndone(t *testing.T) {
 			if p().tx.cwnd >= before {
 				t.Fatalf("real loss: window %v back to %v", p().tx.cwnd, before)
 			}
+		}
+	}
+}
+
+// congestion.md "Reliability": a retransmission timeout sends only the packet sent longest ago, as
+// a probe. A peer that was held up and then acknowledges everything gets nothing else twice; a
+// peer that lost them all acknowledges the probe, which shows the others lost: they go again at
+// once, not one timeout at a time.
+func TestTraceTimeoutProbesOnce(t *testing.T) {
+	for _, stalled := range []bool{true, false} {
+		r := newTrace(t, 2, nil)
+		r.post(0, efaio.OpSend, 100) // an RTT sample of 1 ms: the timer is 2 ms (its least)
+		first := r.data()
+		r.advance(time.Millisecond)
+		r.ack(1, nil, first[0].h.Path)
+		r.completions()
+		for i := range 8 {
+			r.post(uint16(1+i), efaio.OpSend, 100)
+		}
+		sent := r.data()
+		if len(sent) != 8 {
+			t.Fatalf("sent %d DATA frames, want 8", len(sent))
+		}
+		var again []traceFrame
+		for len(again) == 0 { // until the timer fires
+			r.advance(100 * time.Microsecond)
+			again = r.data()
+		}
+		if len(again) != 1 || again[0].f.Data.PSN != 1 {
+			t.Fatalf("the timer sent PSNs %v, want only 1", psns(again))
+		}
+		r.advance(time.Millisecond) // the probe's round trip
+		if stalled {
+			r.ack(9, nil, sent[7].h.Path) // everything arrived, late
+			r.advance(20 * time.Millisecond)
+			if d := r.data(); len(d) != 0 {
+				t.Fatalf("after the held-up peer acknowledged everything, sent PSNs %v again", psns(d))
+			}
+			continue
+		}
+		r.ack(2, nil, again[0].h.Path) // the probe arrived: the others were lost
+		if d := r.data(); !slices.Equal(psns(d), []wire.PSN{2, 3, 4, 5, 6, 7, 8}) {
+			t.Fatalf("after the probe's acknowledgement sent PSNs %v, want the rest, 2 to 8, at once", psns(d))
 		}
 	}
 }
