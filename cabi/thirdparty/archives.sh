@@ -100,7 +100,7 @@ archive_check() {
 }
 
 archive_get() {
-  local name=$1 sum src url part err
+  local name=$1 sum src url part err dirs
   sum=$(archive_sum "$name") || return 1
   src=$(archive_source "$name" "${2:-}") || return 1
   if [ "${src#download }" = "$src" ]; then
@@ -111,9 +111,11 @@ archive_get() {
   url=${src#download }
   mkdir -p "$softefa_cache/archives" || return 1
   part=$(mktemp "$softefa_cache/archives/.$name.XXXXXX") || return 1
-  archive_log "$name: not in $(archive_dirs "${2:-}" | paste -sd' ' | sed 's/ /, /g'); downloading $url"
+  dirs=$(archive_dirs "${2:-}")
+  archive_log "$name: not in ${dirs//$'\n'/, }; downloading $url"
   if err=$(archive_download "$name" "$url" "$part" 2>&1); then
     if archive_check "$part" "$sum"; then
+      chmod 644 "$part" # mktemp made it private
       mv "$part" "$softefa_cache/archives/$name"
       echo "$softefa_cache/archives/$name"
       return 0
