@@ -62,10 +62,12 @@ func TestDestroyedQPRefusesEverything(t *testing.T) {
 	a.empty() // nothing was posted
 }
 
-// Posts racing a Destroy: each is either refused with EINVAL or completes (flushed); none is
-// taken and lost. Run with -race, this checks that Destroy and the posts synchronise.
+// Posts racing a Destroy: each is either refused with EINVAL or leaves one entry (its flush, which
+// polling drops, as it drops every entry of a destroyed QP); none is taken and lost. Run with -race, this checks that Destroy and the posts synchronise.
 func TestDestroyRacesPosts(t *testing.T) {
-	a, _ := newLoop(t, loopOpts{cap: verbs.QPCap{MaxSendWR: 8, MaxRecvWR: 1024, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	// The CQ holds a flush for every receive the queue can take: one of 256 overran when more
+	// than 256 posts got in before the Destroy.
+	a, _ := newLoop(t, loopOpts{cqe: 1024, cap: verbs.QPCap{MaxSendWR: 8, MaxRecvWR: 1024, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	qp := a.qp
 	a.qp, a.x = nil, nil
 	const posters, tries = 4, 2000
@@ -103,11 +105,7 @@ func TestDestroyRacesPosts(t *testing.T) {
 	for _, n := range accepted {
 		total += n
 	}
-	for _, wc := range waitWC(t, a.cq, total) {
-		if wc.Status != verbs.WCWRFlushErr {
-			t.Fatalf("completion %+v", wc)
-		}
-	}
+	waitDropped(t, a.cq, total)
 	a.empty()
 }
 

@@ -306,8 +306,8 @@ func TestAHDestroyedInFlight(t *testing.T) {
 	})
 }
 
-// Destroying a QP, or moving it to ERR, completes every outstanding WR with WR_FLUSH_ERR and the
-// WR's own wr_id.
+// Moving a QP to ERR completes every outstanding WR with WR_FLUSH_ERR and the WR's own wr_id.
+// Destroying it flushes them too, but polling drops those entries (EINVAL), as libefa does.
 func TestFlushOnDestroyAndErr(t *testing.T) {
 	for _, destroy := range []bool{true, false} {
 		synctest.Test(t, func(t *testing.T) {
@@ -327,6 +327,14 @@ func TestFlushOnDestroyAndErr(t *testing.T) {
 				_, err := a.qp.PostRecv([]verbs.RecvWR{{WRID: 1}})
 				wantErrno(t, err, syscall.EINVAL)
 				wantErrno(t, a.post(1, b, func(x *verbs.QPEx) { x.WRSend() }), syscall.EINVAL)
+			}
+			if destroy {
+				waitDropped(t, a.cq, 5)
+				a.empty()
+				b.recv(30, 0, 100)
+				time.Sleep(10 * time.Millisecond)
+				b.empty() // nothing of the flushed sends arrives
+				return
 			}
 			got := map[uint64]verbs.WCOpcode{}
 			for _, wc := range waitWC(t, a.cq, 5) {
@@ -348,36 +356,49 @@ func TestFlushOnDestroyAndErr(t *testing.T) {
 	}
 }
 
-// A completion a destroyed QP left behind is its own, even once a new QP holds the number: polling
-// delivers it with the old QP's WR id (its CQ keeps the old QP's books until the entry is
-// consumed), and the new QP's completions still work.
+// A completion a destroyed QP left behind is dropped, as libefa drops it, also once a new QP holds
+// the number: polling consumes it and reports EINVAL (CQ.BadCompletions), so the new QP never
+// sees it under its number, however its WRs' request ids line up with the old QP's (the same pool
+// index; with 64-bit request ids, the same wr_id). The new QP's own completions still work.
 func TestStaleGenerationDropped(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		a, b := newLoop(t, loopOpts{sameCtx: true, rnrRetry: -1,
-			cfg: func(c *config.Device) { c.QPNTableSize = 4 }}) // QPNs 2 and 3 only
-		a.send(1, b, 0, 100)
-		synctest.Wait()
-		old := a.qp.QPN()
-		check(t, a.qp.Destroy()) // its flushed completion waits in a.cq
-		attr := verbs.QPInitAttrEx{SendCQ: a.cq, RecvCQ: a.cq, QPType: verbs.QPTDriver, PD: a.pd,
-			Cap:      verbs.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1},
-			CompMask: verbs.QPInitAttrPD | verbs.QPInitAttrSendOpsFlags, SendOpsFlags: verbs.SendOpsSend}
-		a.qp = must[*verbs.QP](t)(efadv.CreateQPEx(a.ctx, &attr, &efadv.QPInitAttr{}))
-		if a.qp.QPN() != old {
-			t.Fatalf("new QP got %d, want the freed %d", a.qp.QPN(), old)
-		}
-		wantWC(t, a.one(), 1, verbs.WCWRFlushErr, verbs.WCSend)
-		if a.cq.BadCompletions() != 0 {
-			t.Fatalf("%d completions dropped", a.cq.BadCompletions())
-		}
-		a.empty()
-		a.x = must[*verbs.QPEx](t)(a.qp.ToQPEx())
-		a.toRTS(-1)
-		b.recv(2, 0, 100)
-		a.send(3, b, 0, 100)
-		wantWC(t, a.one(), 3, verbs.WCSuccess, verbs.WCSend)
-		wantWC(t, b.one(), 2, verbs.WCSuccess, verbs.WCRecv)
-	})
+	for _, id64 := range []bool{false, true} {
+		synctest.Test(t, func(t *testing.T) {
+			a, b := newLoop(t, loopOpts{sameCtx: true, rnrRetry: -1,
+				cfg: func(c *config.Device) { c.QPNTableSize = 4; c.RequestID64 = id64 }}) // QPNs 2 and 3 only
+			a.send(1, b, 0, 100) // parked: b has no receive
+			a.recv(2, 0, 100)
+			synctest.Wait()
+			old := a.qp.QPN()
+			check(t, a.qp.Destroy()) // its two flushed completions wait in a.cq
+			attr := verbs.QPInitAttrEx{SendCQ: a.cq, RecvCQ: a.cq, QPType: verbs.QPTDriver, PD: a.pd,
+				Cap:      verbs.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1},
+				CompMask: verbs.QPInitAttrPD | verbs.QPInitAttrSendOpsFlags, SendOpsFlags: verbs.SendOpsSend}
+			a.qp = must[*verbs.QP](t)(efadv.CreateQPEx(a.ctx, &attr, &efadv.QPInitAttr{}))
+			if a.qp.QPN() != old {
+				t.Fatalf("new QP got %d, want the freed %d", a.qp.QPN(), old)
+			}
+			a.x = must[*verbs.QPEx](t)(a.qp.ToQPEx())
+			a.toRTS(-1)
+			a.recv(2, 0, 100) // the index the old QP's receive had
+			b.recv(3, 0, 100)
+			a.send(1, b, 0, 100) // the index, and the wr_id, the old QP's send had
+			synctest.Wait()
+			wc := make([]verbs.WC, 4)
+			for i := range 2 {
+				if n, err := a.cq.Poll(wc); n != 0 || !errors.Is(err, syscall.EINVAL) {
+					t.Fatalf("poll %d: %d completions (first %+v), %v; want the old QP's entries dropped with EINVAL", i, n, wc[0], err)
+				}
+			}
+			if a.cq.BadCompletions() != 2 {
+				t.Fatalf("%d completions dropped, want 2", a.cq.BadCompletions())
+			}
+			wantWC(t, a.one(), 1, verbs.WCSuccess, verbs.WCSend)
+			wantWC(t, b.one(), 3, verbs.WCSuccess, verbs.WCRecv)
+			check(t, a.qp.Modify(&verbs.QPAttr{QPState: verbs.QPSErr}, verbs.QPAttrState))
+			wantWC(t, a.one(), 2, verbs.WCWRFlushErr, verbs.WCRecv) // the new QP's receive, still outstanding
+			a.empty()
+		})
+	}
 }
 
 // UD QPs: a GRH in front of the payload; undeliverable messages are dropped silently and the

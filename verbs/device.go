@@ -154,7 +154,7 @@ type Context struct {
 	closed  bool
 
 	// qps maps a QP number to the context's live QP for polling: libefa's qp_table. A destroyed
-	// QP leaves it at once; its flush completions are matched through its CQs' graves.
+	// QP leaves it at once; its CQs' graves mark the entries it left, which polling drops.
 	qps []atomic.Pointer[QP]
 
 	mrMu sync.RWMutex

@@ -37,6 +37,13 @@
 // Request ids follow libefa: a send or receive WR takes an index from its queue's pool, and the
 // WQE's 16-bit req_id is that index with the QP number's generation above it; a completion whose
 // generation does not match, or that names an unknown QP, is consumed and reported as EINVAL.
+// So is every entry a destroyed QP left in a CQ, its flush completions included, as libefa drops
+// them (efa_poll_sub_cq finds no QP, or one of another generation, in its QP table): the QP's
+// number may already belong to a new QP, which must not see them under its number. Each CQ marks
+// where a destroyed QP's entries end (the producer count at the destroy), so the drop does not
+// rest on the generation alone, which aliases after a few reuses (2^(16-log2 entries)
+// generations) and is not in a 64-bit request id. To see a QP's last completions, poll before
+// destroying it, or move it to ERR and poll its flushes first.
 // With config.Device.RequestID64 the send queue carries the whole 64-bit wr_id in the WQE and the
 // CQE instead. A send-queue slot frees when its completion is polled, not when the device is done
 // with it: a full send queue is ENOMEM.
@@ -60,10 +67,8 @@
 // # Differences from C
 //
 // EFA has no SRQ, XRC, RSS, TSO, atomics, memory windows or parent domains; the Go structs leave
-// those fields out, and asking for them by mask is EOPNOTSUPP or EINVAL as libefa answers. A
-// destroyed QP's outstanding WRs complete as WCWRFlushErr and those completions can still be
-// polled (libefa drops them); CQ.Destroy refuses with EBUSY, where C would block, while completion
-// events are unacknowledged. An inline send through PostSend reads its SGEs through the
+// those fields out, and asking for them by mask is EOPNOTSUPP or EINVAL as libefa answers.
+// CQ.Destroy refuses with EBUSY, where C would block, while completion events are unacknowledged. An inline send through PostSend reads its SGEs through the
 // registered regions of the context, so an SGE outside every region is EINVAL rather than a
 // stray memory read. ToQPEx of a QP created without send-ops flags is EOPNOTSUPP where C returns
 // NULL. ReadSLID is 16 bits wide, as WC.SLID is (C widens it to 32). Where C would crash or

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"runtime"
+	"syscall"
 	"testing"
 	"time"
 
@@ -213,6 +214,42 @@ func waitWC(t testing.TB, cq *verbs.CQ, n int) []verbs.WC {
 		}
 	}
 	return out
+}
+
+// waitDropped polls cq until it has dropped n more entries (EINVAL: entries a destroyed QP left)
+// and returns the last error; a completion delivered instead fails the test.
+func waitDropped(t testing.TB, cq *verbs.CQ, n int) error {
+	t.Helper()
+	want := cq.BadCompletions() + uint64(n)
+	var wc [1]verbs.WC
+	var last error
+	deadline := time.Now().Add(20 * time.Second)
+	for spins := 0; cq.BadCompletions() < want; spins++ {
+		k, err := cq.Poll(wc[:])
+		if k > 0 {
+			t.Fatalf("completion %+v, want only entries dropped", wc[0])
+		}
+		if err != nil {
+			if !errors.Is(err, syscall.EINVAL) {
+				t.Fatalf("poll: %v", err)
+			}
+			last = err
+			continue
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d entries dropped after 20 s", n-int(want-cq.BadCompletions()), n)
+		}
+		if waitHook != nil {
+			waitHook()
+			continue
+		}
+		if spins < 1000 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(10 * time.Microsecond)
+		}
+	}
+	return last
 }
 
 // spinOne polls cq into wc until it holds one successful completion. It allocates nothing, for

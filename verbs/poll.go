@@ -31,8 +31,10 @@ type WC struct {
 var errEmpty = errors.New("verbs: CQ empty")
 
 // Poll reads up to len(wc) completions (ibv_poll_cq) and returns how many it read. An entry for a
-// QP this context does not know, or from an earlier holder of a reused QP number, is consumed and
-// dropped; if it is the first entry, Poll returns EINVAL, as libefa does.
+// QP this context does not know, or one a destroyed QP left (its flush completions, whether or
+// not a new QP has its number since), is consumed and dropped; if it is the first entry, Poll
+// returns EINVAL, as libefa does (efa_poll_sub_cq: no QP in the QP table's slot, or a req_id of
+// another generation). CQ.BadCompletions counts them.
 //
 // A Poll that finds the CQ empty takes what the network holds for the device, on the caller's
 // goroutine, and looks again (busy polling: no handoff from the device's receive goroutine).
@@ -95,10 +97,14 @@ func (cq *CQ) take(slot []byte, hdr uint32) error {
 		live = qp.books.Load()
 	}
 	q, ok := cq.graveFor(c.QPN, cq.cc-1) // an entry written before its QP went or was reset
-	if !ok {
-		if live == nil {
-			return cq.invalid("CQE for unknown QP %d", c.QPN)
-		}
+	switch {
+	case ok && q.sq == nil:
+		// libefa finds no QP, or one of another generation, in its table: either way the
+		// entry is not the live QP's, whatever number it has now.
+		return cq.invalid("CQE of destroyed QP %d", c.QPN)
+	case !ok && live == nil:
+		return cq.invalid("CQE for unknown QP %d", c.QPN)
+	case !ok:
 		q = *live
 	}
 	cq.curUD = q.ud
@@ -132,27 +138,40 @@ type qpRef struct {
 	ud      bool
 }
 
-// grave is the request-id books of a destroyed QP, or of a QP's life before a move to RESET,
-// kept by each of its CQs until the consumer has passed fence, the CQ's producer count when the
-// QP went or was reset: the entries before it that name the QP (its flush completions, or those
-// of WRs posted before the reset) are its own, the entries after it belong to whichever QP, or
-// life of the QP, has the number since. Nothing else of the QP is kept, and the grave goes once
-// the consumer passes the fence.
+// grave marks the entries a destroyed QP, or a QP's life before a move to RESET, left in a CQ.
+// Each of the QP's CQs keeps one until the consumer has passed fence, the CQ's producer count
+// when the QP went or was reset: the entries before it that name the QP (its flush completions,
+// or those of WRs posted before the reset) are its own, the entries after it belong to whichever
+// QP, or life of the QP, has the number since. A reset QP's grave keeps its request-id books, and
+// its entries complete the WRs they name; a destroyed QP's keeps no books (sq and rq are nil),
+// and its entries are dropped as libefa drops them (CQ.Poll). The grave goes once the consumer
+// passes the fence.
 type grave struct {
 	qpRef
 	qpn   uint16
 	fence uint16
 }
 
-// bury keeps qp's current books for the entries it left in cq below fence; nothing if there are
-// none.
-func (cq *CQ) bury(qp *QP, fence uint16) {
+// bury keeps qp's current books for the entries it left in cq below fence, or, when the QP is
+// destroyed (dead), marks those entries as ones to drop; nothing if there are none.
+func (cq *CQ) bury(qp *QP, fence uint16, dead bool) {
 	cq.graveMu.Lock()
 	defer cq.graveMu.Unlock()
 	if !cq.before(uint16(atomic.LoadUint32(cq.db)), fence) {
 		return // the consumer has every entry the QP left
 	}
-	cq.graves = append(cq.graves, grave{qpRef: *qp.books.Load(), qpn: uint16(qp.qpn), fence: fence})
+	if dead { // the entries of its lives before a reset are dropped too
+		for i := range cq.graves {
+			if cq.graves[i].qpn == uint16(qp.qpn) {
+				cq.graves[i].qpRef = qpRef{}
+			}
+		}
+	}
+	g := grave{qpn: uint16(qp.qpn), fence: fence}
+	if !dead {
+		g.qpRef = *qp.books.Load()
+	}
+	cq.graves = append(cq.graves, g)
 	cq.nGraves.Store(int32(len(cq.graves)))
 }
 

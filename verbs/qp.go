@@ -450,8 +450,8 @@ func (qp *QP) renew() {
 		qp.rq.reset()
 		return
 	}
-	qp.sendCQ.bury(qp, qp.sendCQ.produced())
-	qp.recvCQ.bury(qp, qp.recvCQ.produced())
+	qp.sendCQ.bury(qp, qp.sendCQ.produced(), false)
+	qp.recvCQ.bury(qp, qp.recvCQ.produced(), false)
 	qp.newBooks(qp.sq.cnt, qp.rq.cnt) // after the graves: polling reads the books before them (CQ.next)
 }
 
@@ -488,8 +488,10 @@ func (qp *QP) Query(mask QPAttrMask) (QPAttr, QPInitAttr, error) {
 	return attr, init, nil
 }
 
-// Destroy destroys the QP (ibv_destroy_qp) in any state. Work requests still outstanding complete
-// with WCWRFlushErr; those completions can still be polled from the QP's CQs. It takes both
+// Destroy destroys the QP (ibv_destroy_qp) in any state. Work requests still outstanding get no
+// completion: the device writes flush entries for them, and polling drops those and any other
+// entry the QP left unpolled (EINVAL, CQ.BadCompletions), as libefa does, so that a QP given the
+// number later never sees them under its own. Poll before destroying to see them. It takes both
 // queue locks (waiting for a post under way); with a QPEx session open it fails with EBUSY and
 // changes nothing (end the session first). Afterwards every post, QPEx session, Modify, Query
 // and a second Destroy are EINVAL.
@@ -502,11 +504,12 @@ func (qp *QP) Destroy() error {
 		return err
 	}
 	qp.dead.Store(true)
-	// The flush completions the device just wrote are matched through the CQs' graves; the
-	// number is free for the next QP, and nothing of this one stays reachable from the context.
+	// The entries it left, with the flush completions the device just wrote, are marked in the
+	// CQs' graves to be dropped; the number is free for the next QP, and nothing of this one
+	// stays reachable from the context.
 	sendFence, recvFence := qp.e.Fences()
-	qp.sendCQ.bury(qp, sendFence)
-	qp.recvCQ.bury(qp, recvFence)
+	qp.sendCQ.bury(qp, sendFence, true)
+	qp.recvCQ.bury(qp, recvFence, true)
 	qp.ctx.qps[qp.qpn].CompareAndSwap(qp, nil)
 	qp.ctx.release()
 	return nil

@@ -682,8 +682,8 @@ func TestAllPathsDownThenUp(t *testing.T) {
 	})
 }
 
-// A QP destroyed with a large write in flight over the network: the WR is flushed, the responder
-// lets go of the half-received message, and a new QP works.
+// A QP destroyed with a large write in flight over the network: the WR is flushed (its entry
+// dropped by polling), the responder lets go of the half-received message, and a new QP works.
 func TestQPDestroyedInFlightRemote(t *testing.T) {
 	inWorlds(t, 42, func(t *testing.T, w *world) {
 		f := w.f
@@ -699,10 +699,7 @@ func TestQPDestroyedInFlightRemote(t *testing.T) {
 		w.sleep(10 * time.Millisecond)
 		check(t, a.qp.Destroy())
 		a.qp = nil
-		wc := waitWC(t, a.cq, 1)[0]
-		if wc.WRID != 1 || wc.Status != verbs.WCWRFlushErr {
-			t.Fatalf("completion %+v, want the write flushed", wc)
-		}
+		waitDropped(t, a.cq, 1) // the write's flush
 		w.sleep(200 * time.Millisecond)
 		// The responder took a receive for the write with immediate and let it go on ABORT.
 		if got := waitWC(t, b.cq, 1)[0]; got.WRID != 9 || efaio.Status(got.VendorErr) != efaio.StatusRemoteAbort {

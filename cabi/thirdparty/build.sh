@@ -6,16 +6,21 @@
 #   cabi/thirdparty/build.sh            build, or reuse the cached build; prints the prefix last
 #   cabi/thirdparty/build.sh --prefix   print the prefix the archives map to, build nothing
 #                                       (exit status 1 when that prefix is not built yet)
+#   cabi/thirdparty/build.sh --archive NAME
+#                                       print where archive NAME would come from (a path, or
+#                                       "download URL"), fetch nothing
 #
 # Environment:
-#   SOFTEFA_THIRDPARTY   directory holding the archives (default /work/shared/thirdparty)
+#   SOFTEFA_THIRDPARTY   directory holding the archives, looked at first (then
+#                        ../shared/thirdparty beside the clone, then earlier downloads; else they
+#                        are downloaded from the projects' release pages: archives.sh)
 #   SOFTEFA_STACK_CACHE  cache root (default /var/cache/softefa-stack as root, else
 #                        ${XDG_CACHE_HOME:-~/.cache}/softefa-stack)
 #   JOBS                 parallel jobs (default: the number of CPUs)
 #
-# The archives are checked against the SHA-256 sums in this directory. The result is cached
-# outside the clone under CACHE/<key>, the key being a hash of the archives' sums and of this
-# recipe's version, so a second run with the same archives does nothing. Nothing is installed
+# The archives are checked against their SHA-256 sums in SHA256SUMS, wherever they come from. The
+# result is cached outside the clone under CACHE/<key>, the key being a hash of the two archives'
+# sums and of this recipe's version, so a second run with the same archives does nothing. Nothing is installed
 # into /usr or /usr/local: every install goes through a staging DESTDIR and is refused if any
 # file lands outside the prefix (rdma-core's install_manifest.txt is checked the same way).
 # Debian's own rdma-core and libfabric packages are not touched and keep working beside it.
@@ -25,25 +30,26 @@ set -euo pipefail
 RECIPE=1
 
 here=$(cd "$(dirname "$0")" && pwd)
-src=${SOFTEFA_THIRDPARTY:-/work/shared/thirdparty}
-if [ -n "${SOFTEFA_STACK_CACHE:-}" ]; then
-  cache=$SOFTEFA_STACK_CACHE
-elif [ "$(id -u)" = 0 ]; then
-  cache=/var/cache/softefa-stack
-else
-  cache=${XDG_CACHE_HOME:-$HOME/.cache}/softefa-stack
-fi
+. "$here/archives.sh"
+cache=$softefa_cache
 rdma=rdma-core-64.0
 fab=libfabric-2.6.0
 
-key=$( (cat "$here/SHA256SUMS"; echo "recipe $RECIPE") | sha256sum | cut -c1-16)
+# The key hashes these two archives' lines of SHA256SUMS, in the file's order, as it did when
+# they were the file's only lines: the sums of other scripts' archives do not move it.
+sums=$(grep -E "  ($rdma|$fab)\.tar\.gz\$" "$here/SHA256SUMS")
+key=$( (echo "$sums"; echo "recipe $RECIPE") | sha256sum | cut -c1-16)
 prefix=$cache/$key
 
-if [ "${1:-}" = --prefix ]; then
+case "${1:-}" in
+--prefix)
   echo "$prefix"
   [ -e "$prefix/.complete" ]
-  exit
-fi
+  exit ;;
+--archive)
+  archive_source "${2:?--archive needs an archive name}"
+  exit ;;
+esac
 
 log() { echo "build-stack: $*" >&2; }
 
@@ -61,8 +67,9 @@ for tool in cmake ninja pkg-config cython3 autoreconf automake libtoolize make c
   }
 done
 
-log "checking the archives in $src against $here/SHA256SUMS"
-(cd "$src" && sha256sum --quiet -c "$here/SHA256SUMS") || { log "checksum mismatch"; exit 1; }
+rdma_tgz=$(archive_get "$rdma.tar.gz") || exit 1
+fab_tgz=$(archive_get "$fab.tar.gz") || exit 1
+log "archives (checked against $here/SHA256SUMS): $rdma_tgz $fab_tgz"
 
 mkdir -p "$cache"
 exec 9>"$cache/.lock"
@@ -79,8 +86,8 @@ trap 'rm -rf "$work"' EXIT
 stage=$work/stage
 rm -rf "$prefix"
 
-tar -C "$work" -xzf "$src/$rdma.tar.gz"
-tar -C "$work" -xzf "$src/$fab.tar.gz"
+tar -C "$work" -xzf "$rdma_tgz"
+tar -C "$work" -xzf "$fab_tgz"
 
 # Debian's interpreter (it has Cython; a pyenv one does not). Every path rdma-core would put
 # outside the prefix (pyverbs into the interpreter's dist-packages, systemd helpers into /lib,
@@ -149,7 +156,7 @@ mv "$stage$prefix" "$prefix"
 cp "$work/$rdma/build/install_manifest.txt" "$prefix/rdma-core-install_manifest.txt"
 cat >"$prefix/.complete" <<EOT
 rdma-core 64.0 and libfabric 2.6.0 (with fabtests), recipe $RECIPE
-$(cat "$here/SHA256SUMS")
+$sums
 EOT
 log "built: $prefix"
 echo "$prefix"

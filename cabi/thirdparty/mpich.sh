@@ -9,46 +9,53 @@
 #   cabi/thirdparty/mpich.sh            build, or reuse the cached build; prints the prefix last
 #   cabi/thirdparty/mpich.sh --prefix   print the prefix, build nothing (exit status 1 when it is
 #                                       not built yet)
+#   cabi/thirdparty/mpich.sh --archive  print where the archive would come from, fetch nothing
 #
 # Environment:
-#   SOFTEFA_MPICH_SRC    directory holding mpich_4.0.2.orig.tar.xz (default: fetched with
-#                        apt-get source from deb.debian.org, bookworm, into the build directory;
-#                        SOFTEFA_DEBIAN_MIRROR names another mirror)
+#   SOFTEFA_MPICH_SRC    directory holding mpich_4.0.2.orig.tar.xz, looked at first; then
+#                        SOFTEFA_THIRDPARTY, ../shared/thirdparty beside the clone and earlier
+#                        downloads (archives.sh); else it is fetched with apt-get source from
+#                        deb.debian.org, bookworm (without apt-get: from the mirror's pool), and
+#                        kept in CACHE/archives; SOFTEFA_DEBIAN_MIRROR names another mirror
 #   SOFTEFA_STACK_CACHE  cache root, as for build.sh
 #   JOBS                 parallel jobs (default: the number of CPUs)
 #
-# The archive is checked against the SHA-256 sum below (the one Debian's mpich_4.0.2-3.dsc
-# gives). The configuration: no shared-memory module (--with-ch4-shmmods=none: ranks on one host
-# talk through libfabric, so every rank uses the device), no Fortran, C++ bindings or ROMIO, the
+# The archive is checked against its SHA-256 sum in SHA256SUMS (the one Debian's mpich_4.0.2-3.dsc
+# gives). It is Debian's orig tarball, not MPICH's own release file: MPICH publishes a .tar.gz,
+# which Debian recompressed, so that sum cannot check a download from mpich.org, and no such
+# download is tried.
+#
+# The configuration: no shared-memory module (--with-ch4-shmmods=none: ranks on one host talk
+# through libfabric, so every rank uses the device), no Fortran, C++ bindings or ROMIO, the
 # dataloop datatype engine (yaksa's generated code alone takes longer to build than the rest),
 # no hwloc, and the hydra process manager (mpiexec). Without hwloc MPICH knows nothing of NIC and
 # memory locality, which it only uses to choose among NICs and bind memory: with it, MPICH 4.0.2
 # asserts in MPI_Init ("mpir_hwtopo.c at line 560: io_device") that the PCI device libfabric
 # names for the NIC is in the host's topology, and softefa's device is not a PCI device of the
-# host (docs/cabi.md, "MPICH"). Nothing is installed outside the
-# prefix: the install goes through a staging DESTDIR and is refused if any file lands elsewhere.
+# host (docs/cabi.md, "MPICH"). Nothing is installed outside the prefix: the install goes
+# through a staging DESTDIR and is refused if any file lands elsewhere.
 set -euo pipefail
 
 # Bump when the recipe below changes what gets built.
 RECIPE=2
 archive=mpich_4.0.2.orig.tar.xz
-sum=b27039f964afeb6b8a3e009c56b441cbe368c26d6d6476ad3bb7190996875860
 
-if [ -n "${SOFTEFA_STACK_CACHE:-}" ]; then
-  cache=$SOFTEFA_STACK_CACHE
-elif [ "$(id -u)" = 0 ]; then
-  cache=/var/cache/softefa-stack
-else
-  cache=${XDG_CACHE_HOME:-$HOME/.cache}/softefa-stack
-fi
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/archives.sh"
+cache=$softefa_cache
+sum=$(archive_sum "$archive")
 key=$(echo "$sum recipe $RECIPE" | sha256sum | cut -c1-16)
 prefix=$cache/mpich-$key
 
-if [ "${1:-}" = --prefix ]; then
+case "${1:-}" in
+--prefix)
   echo "$prefix"
   [ -e "$prefix/.complete" ]
-  exit
-fi
+  exit ;;
+--archive)
+  archive_source "$archive" "${SOFTEFA_MPICH_SRC:-}"
+  exit ;;
+esac
 
 log() { echo "build-mpich: $*" >&2; }
 
@@ -79,21 +86,9 @@ trap 'rm -rf "$work"' EXIT
 stage=$work/stage
 rm -rf "$prefix"
 
-if [ -n "${SOFTEFA_MPICH_SRC:-}" ]; then
-  cp "$SOFTEFA_MPICH_SRC/$archive" "$work/"
-else
-  # apt-get source with a sources list of our own: the host's apt configuration is not touched.
-  log "fetching Debian's mpich source package"
-  mkdir -p "$work/apt/lists/partial"
-  echo "deb-src ${SOFTEFA_DEBIAN_MIRROR:-http://deb.debian.org/debian} bookworm main" >"$work/apt/sources.list"
-  apt=(-o "Dir::Etc::SourceList=$work/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
-    -o "Dir::State::Lists=$work/apt/lists")
-  apt-get "${apt[@]}" update >"$work/apt.log" 2>&1 || { tail -20 "$work/apt.log" >&2; exit 1; }
-  (cd "$work" && apt-get "${apt[@]}" source --download-only mpich=4.0.2-3 >>"$work/apt.log" 2>&1) ||
-    { tail -20 "$work/apt.log" >&2; exit 1; }
-fi
-echo "$sum  $work/$archive" | sha256sum --quiet -c - || { log "checksum mismatch: $archive"; exit 1; }
-tar -C "$work" -xJf "$work/$archive"
+txz=$(archive_get "$archive" "${SOFTEFA_MPICH_SRC:-}") || exit 1
+log "archive (checked against $here/SHA256SUMS): $txz"
+tar -C "$work" -xJf "$txz"
 
 # MPICH's configure adds `pkg-config --static --libs libfabric` to every link: Debian's
 # libfabric.pc lists its static dependencies there (psm, psm2, rdmacm), which are not installed
