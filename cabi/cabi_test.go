@@ -507,7 +507,7 @@ func TestRdmaTool(t *testing.T) {
 		want []string
 	}{
 		{"rdma link show -j", []string{`[{"ifindex":0,"ifname":"efa_0","port":1,"state":"ACTIVE","physical_state":"LINK_UP"}]`}},
-		{"rdma dev", []string{"0: efa_0: node_type ca fw 0.0.0.0 node_guid "}},
+		{"rdma dev", []string{"0: efa_0: node_type unspecified fw 0.0.0.0 node_guid "}},
 		{"rdma link", []string{"link efa_0/1 state ACTIVE physical_state LINK_UP"}},
 		{"rdma resource", []string{"0: efa_0: pd 0 cq 0 qp 0 cm_id 0 mr 0 ctx 0 srq 0"}},
 		{"rdma statistic show link efa_0/1", []string{"link efa_0/1 tx_bytes 0 tx_pkts 0 rx_bytes 0", "rdma_read_resp_bytes 0", "impaired_remote_conn_events 0"}},
@@ -559,7 +559,7 @@ func TestSysfsDirect(t *testing.T) {
 	s := setupOrSkip(t, "sh", "cat")
 	out := run(t, s, "", time.Minute, "sh", "-c",
 		"cat /sys/class/infiniband/efa_0/ports/1/pkeys/0 /sys/class/infiniband_verbs/abi_version /sys/class/infiniband/efa_0/node_type")
-	if want := "0xffff\n6\n1: CA\n"; out != want {
+	if want := "0xffff\n6\n7: unspecified\n"; out != want { // RDMA_NODE_UNSPECIFIED, as on EFA
 		t.Fatalf("got %q, want %q", out, want)
 	}
 }

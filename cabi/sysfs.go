@@ -40,7 +40,7 @@ func (s *Sysfs) Write(root string) error {
 		"class/infiniband_verbs/" + s.Uverbs + "/ibdev":           s.IBDev,
 		"class/infiniband_verbs/" + s.Uverbs + "/dev":             fmt.Sprintf("%d:%d", s.Major, s.Minor),
 		"class/infiniband_verbs/" + s.Uverbs + "/abi_version":     fmt.Sprint(uverbs.EFAABIVersion),
-		filepath.Join(ibdev, "node_type"):                         "1: CA",
+		filepath.Join(ibdev, "node_type"):                         uverbs.NodeTypeSysfs,
 		filepath.Join(ibdev, "node_guid"):                         hexGroups(g[:]),
 		filepath.Join(ibdev, "ports/1/gids/0"):                    hexGroups(s.GID[:]),
 		filepath.Join(ibdev, "ports/1/pkeys/0"):                   "0xffff",
