@@ -233,6 +233,9 @@ func TestSysfsTree(t *testing.T) {
 	if got := read("class/infiniband/efa_0/ports/1/gids/0"); got != "0000:0000:0000:0000:0000:0000:0000:0001" {
 		t.Errorf("gid %q", got)
 	}
+	if got := read("class/infiniband/efa_0/node_type"); got != "7: unspecified" { // RDMA_NODE_UNSPECIFIED, as EFA's driver sets
+		t.Errorf("node_type %q", got)
+	}
 	for link, base := range map[string]string{"class/infiniband/efa_0/device": "0000:00:06.0", "class/infiniband/efa_0/device/driver": "efa"} {
 		p, err := filepath.EvalSymlinks(filepath.Join(dir, link))
 		if err != nil || filepath.Base(p) != base {
@@ -550,6 +553,21 @@ func TestInstalledRun(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "hca_id:\tefa_0") {
 		t.Fatalf("ibv_devinfo through the installed softefa lacks efa_0:\n%s", out)
+	}
+}
+
+// TestDeviceAccess checks the device node with access(2) and faccessat(2) (Python's os.access
+// with and without effective_ids), as UCX does before it opens a device: readable, writable, not
+// executable, like the crw-rw-rw- node stat(2) describes.
+func TestDeviceAccess(t *testing.T) {
+	s := setupOrSkip(t, "python3")
+	out := run(t, s, "", time.Minute, "python3", "-c", `import os
+p = "/dev/infiniband/uverbs_softefa0"
+for e in (False, True):
+    print(os.access(p, os.R_OK | os.W_OK, effective_ids=e), os.access(p, os.F_OK, effective_ids=e),
+          os.access(p, os.X_OK, effective_ids=e))`)
+	if want := "True True False\nTrue True False\n"; out != want {
+		t.Fatalf("got %q, want %q", out, want)
 	}
 }
 

@@ -1,11 +1,11 @@
 // softefa's LD_PRELOAD shim: the kernel surface that the real libibverbs and libefa touch,
 // emulated for one software EFA device per process (see docs/cabi.md).
 //
-// It intercepts the open, stat, ioctl, write, close and socket calls that concern the device
-// node named by SOFTEFA_DEV_PATH and answers them itself or through the Go engine, a c-shared
-// library (SOFTEFA_ENGINE) that it loads on the first open of the node, so that programs which
-// never open the device (children such as ls) never start a Go runtime. Every other call goes
-// straight to libc after one bitmap test.
+// It intercepts the open, stat, access, ioctl, write, close and socket calls that concern the
+// device node named by SOFTEFA_DEV_PATH and answers them itself or through the Go engine, a
+// c-shared library (SOFTEFA_ENGINE) that it loads on the first open of the node, so that programs
+// which never open the device (children such as ls) never start a Go runtime. Every other call
+// goes straight to libc after one bitmap test.
 //
 // The fd a program gets for the node is a memfd created by the engine: libefa's mmap(2) of
 // ring and doorbell keys works on it unintercepted, and the engine maps the same offsets.
@@ -173,6 +173,10 @@ DECLARE_REAL(int, __lxstat64, int, const char *, struct stat64 *)
 DECLARE_REAL(int, __fxstat64, int, int, struct stat64 *)
 DECLARE_REAL(int, __fxstatat64, int, int, const char *, struct stat64 *, int)
 DECLARE_REAL(int, statx, int, const char *, int, unsigned int, struct statx *)
+DECLARE_REAL(int, access, const char *, int)
+DECLARE_REAL(int, faccessat, int, const char *, int, int)
+DECLARE_REAL(int, euidaccess, const char *, int)
+DECLARE_REAL(int, eaccess, const char *, int)
 
 // The engine: loaded once, on the first open of the device node.
 static int (*eng_open)(int flags);
@@ -995,6 +999,54 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 		return -1;
 	}
 	return REAL(statx)(dirfd, path, flags, mask, stx);
+}
+
+// access(2) and its relatives on the device node answer as for the node stat(2) describes,
+// crw-rw-rw-: reading, writing and existence are allowed, executing is not. UCX checks
+// access(R_OK | W_OK) on /dev/infiniband/<node> before it opens a device and silently skips one
+// that fails (uct_ib_device_is_accessible).
+static int dev_access(int mode) {
+	if (mode & ~(R_OK | W_OK | X_OK)) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (mode & X_OK) {
+		errno = EACCES;
+		return -1;
+	}
+	return 0;
+}
+
+int access(const char *path, int mode) {
+	SYS_REDIRECT(path);
+	if (is_dev(path))
+		return dev_access(mode);
+	resolve_access();
+	return REAL(access)(path, mode);
+}
+
+int faccessat(int dirfd, const char *path, int mode, int flags) {
+	SYS_REDIRECT(path);
+	if (at_is_dev(dirfd, path, flags))
+		return dev_access(mode);
+	resolve_faccessat();
+	return REAL(faccessat)(dirfd, path, mode, flags);
+}
+
+int euidaccess(const char *path, int mode) {
+	SYS_REDIRECT(path);
+	if (is_dev(path))
+		return dev_access(mode);
+	resolve_euidaccess();
+	return REAL(euidaccess)(path, mode);
+}
+
+int eaccess(const char *path, int mode) {
+	SYS_REDIRECT(path);
+	if (is_dev(path))
+		return dev_access(mode);
+	resolve_eaccess();
+	return REAL(eaccess)(path, mode);
 }
 
 // Ops wrapping (docs/cabi.md, "Doorbells"). libefa rings doorbells with plain stores, which nothing traps. So
