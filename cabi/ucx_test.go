@@ -158,3 +158,65 @@ func runUCXPerf(t *testing.T, u string, c ucxPerf) {
 	}
 	t.Log(lastLines(out, 1))
 }
+
+// TestUCXData runs testdata/ucxcheck.c, built against the UCX build, between two processes over
+// srd (UCX_TLS=srd): tagged messages of 8 B to 4 MiB echoed back (eager, fragmented and, from
+// 256 KiB, rendezvous by RDMA read) and RDMA put then get of the same sizes into the server's
+// region, every byte checked at both ends, which ucx_perftest does not do.
+func TestUCXData(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves data between two processes")
+	}
+	u := ucxPrefix(t)
+	src, err := filepath.Abs(filepath.Join("testdata", "ucxcheck.c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(t.TempDir(), "ucxcheck")
+	if out, err := exec.Command("cc", "-O2", "-Wall", "-Wextra", "-Werror", "-o", exe, src,
+		"-isystem", filepath.Join(u, "include"), "-L"+filepath.Join(u, "lib"),
+		"-Wl,-rpath,"+filepath.Join(u, "lib"), "-lucp", "-lucs").CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v\n%s", err, out)
+	}
+	srvSetup, cliSetup := setupOrSkip(t), setupOrSkip(t)
+	port := freeTCPPort(t)
+	server := exec.Command(exe, fmt.Sprint(port))
+	server.Env = append(srvSetup.Environ(), "UCX_TLS=srd")
+	srvOut, srvDone := startServer(t, server)
+	stopped := false
+	stop := func() string {
+		if !stopped {
+			server.Process.Kill()
+			<-srvDone
+			stopped = true
+		}
+		return srvOut.String()
+	}
+	defer stop()
+	if err := awaitListening(port, srvDone, 30*time.Second); err != nil {
+		t.Fatalf("server: %v\n%s", err, stop())
+	}
+	client := exec.Command(exe, fmt.Sprint(port), "127.0.0.1")
+	client.Env = append(cliSetup.Environ(), "UCX_TLS=srd")
+	b, err := combinedOutputWithin(client, 3*time.Minute)
+	out := string(b)
+	if err != nil {
+		t.Fatalf("client: %v\n%s\nserver:\n%s", err, out, stop())
+	}
+	for _, size := range []int{8, 64, 512, 4096, 32768, 262144, 4 << 20} {
+		for _, w := range []string{fmt.Sprintf("ok tag %d B, ", size), fmt.Sprintf("ok put/get %d B, ", size)} {
+			if !strings.Contains(out, w) {
+				t.Errorf("client output lacks %q:\n%s", w, out)
+			}
+		}
+	}
+	select {
+	case err := <-srvDone:
+		stopped = true
+		if err != nil {
+			t.Fatalf("server: %v\n%s", err, srvOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the server did not finish:\n%s", stop())
+	}
+}
