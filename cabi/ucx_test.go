@@ -78,9 +78,7 @@ type ucxPerf struct {
 // TestUCXPerftest runs a short form of each ucx_perftest test the issue lists between two
 // processes, each with its device, over UCX's srd transport (UCX_TLS=srd): the server is
 // `ucx_perftest -p PORT`, the client names it and the test; both must exit successfully and the
-// client must print its final figures. ucx_perftest does not check payloads; UCX's own
-// protocol does check what it can (a tag or stream message whose length or sequence is wrong
-// fails the run).
+// client must print its final figures. ucx_perftest checks no payload: TestUCXData does.
 func TestUCXPerftest(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs ucx_perftest between two processes")
