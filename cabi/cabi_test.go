@@ -233,6 +233,9 @@ func TestSysfsTree(t *testing.T) {
 	if got := read("class/infiniband/efa_0/ports/1/gids/0"); got != "0000:0000:0000:0000:0000:0000:0000:0001" {
 		t.Errorf("gid %q", got)
 	}
+	if got := read("class/infiniband/efa_0/node_type"); got != "7: unspecified" { // RDMA_NODE_UNSPECIFIED, as EFA's driver sets
+		t.Errorf("node_type %q", got)
+	}
 	for link, base := range map[string]string{"class/infiniband/efa_0/device": "0000:00:06.0", "class/infiniband/efa_0/device/driver": "efa"} {
 		p, err := filepath.EvalSymlinks(filepath.Join(dir, "sys", link))
 		if err != nil || filepath.Base(p) != base {
@@ -537,7 +540,7 @@ func TestRdmaTool(t *testing.T) {
 		want []string
 	}{
 		{"rdma link show -j", []string{`[{"ifindex":0,"ifname":"efa_0","port":1,"state":"ACTIVE","physical_state":"LINK_UP"}]`}},
-		{"rdma dev", []string{"0: efa_0: node_type ca fw 0.0.0.0 node_guid "}},
+		{"rdma dev", []string{"0: efa_0: node_type unspecified fw 0.0.0.0 node_guid "}},
 		{"rdma link", []string{"link efa_0/1 state ACTIVE physical_state LINK_UP"}},
 		{"rdma resource", []string{"0: efa_0: pd 0 cq 0 qp 0 cm_id 0 mr 0 ctx 0 srq 0"}},
 		{"rdma statistic show link efa_0/1", []string{"link efa_0/1 tx_bytes 0 tx_pkts 0 rx_bytes 0", "rdma_read_resp_bytes 0", "impaired_remote_conn_events 0"}},
@@ -583,13 +586,28 @@ func TestInstalledRun(t *testing.T) {
 	}
 }
 
+// TestDeviceAccess checks the device node with access(2) and faccessat(2) (Python's os.access
+// with and without effective_ids), as UCX does before it opens a device: readable, writable, not
+// executable, like the crw-rw-rw- node stat(2) describes.
+func TestDeviceAccess(t *testing.T) {
+	s := setupOrSkip(t, "python3")
+	out := run(t, s, "", time.Minute, "python3", "-c", `import os
+p = "/dev/infiniband/uverbs_softefa0"
+for e in (False, True):
+    print(os.access(p, os.R_OK | os.W_OK, effective_ids=e), os.access(p, os.F_OK, effective_ids=e),
+          os.access(p, os.X_OK, effective_ids=e))`)
+	if want := "True True False\nTrue True False\n"; out != want {
+		t.Fatalf("got %q, want %q", out, want)
+	}
+}
+
 // TestSysfsDirect reads the device's sysfs files by their /sys paths, as tools do (rdma-core's
 // tests cat a port's pkeys): the shim answers them from the process's own tree.
 func TestSysfsDirect(t *testing.T) {
 	s := setupOrSkip(t, "sh", "cat")
 	out := run(t, s, "", time.Minute, "sh", "-c",
 		"cat /sys/class/infiniband/efa_0/ports/1/pkeys/0 /sys/class/infiniband_verbs/abi_version /sys/class/infiniband/efa_0/node_type")
-	if want := "0xffff\n6\n1: CA\n"; out != want {
+	if want := "0xffff\n6\n7: unspecified\n"; out != want { // RDMA_NODE_UNSPECIFIED, as on EFA
 		t.Fatalf("got %q, want %q", out, want)
 	}
 }

@@ -46,6 +46,23 @@ func stackPrefix(t *testing.T) string {
 	return p
 }
 
+// TestStackIoctlOnly calls, with rdma-core 64's libibverbs, the verbs that exist only as ioctl
+// methods (testdata/ioctlprobe.py), which EFA's driver answers and softefa answered
+// EPROTONOSUPPORT: ibv_query_port_speed gives 1000 (units of 100 Mb/s: the default 100 Gb/s link)
+// on port 1 and EINVAL on port 2; ibv_reg_dmabuf_mr fails with EBADF for descriptor -1 (UCX's
+// probe for dma-buf support), EOPNOTSUPP when REMOTE_ATOMIC is asked for (EFA refuses it before
+// it looks at the descriptor), EINVAL for a descriptor that is not a dma-buf.
+func TestStackIoctlOnly(t *testing.T) {
+	p := stackPrefix(t)
+	s := setupOrSkip(t, "python3")
+	out := run(t, s, "", time.Minute, "/usr/bin/python3", filepath.Join("testdata", "ioctlprobe.py"), filepath.Join(p, "lib"))
+	want := "port_speed port 1: 1000\nport_speed port 2: EINVAL\n" +
+		"reg_dmabuf_mr fd -1: EBADF\nreg_dmabuf_mr fd -1 atomic: EOPNOTSUPP\nreg_dmabuf_mr stdin: EINVAL\n"
+	if out != want {
+		t.Fatalf("got:\n%s\nwant:\n%s", out, want)
+	}
+}
+
 // skipsOnEFA names the rdma-core 64 EFA tests that skip on real EFA hardware of the generation
 // softefa advertises (vendor part 0xefa1, the caps of docs/cabi.md), with the reason pyverbs
 // gives; any other skip fails TestStackPyverbsEFA.

@@ -83,7 +83,7 @@ func (s *Sysfs) Write(root string) error {
 		filepath.Join(uv, "ibdev"):                   s.IBDev,
 		filepath.Join(uv, "dev"):                     fmt.Sprintf("%d:%d", s.Major, s.Minor),
 		filepath.Join(uv, "abi_version"):             fmt.Sprint(uverbs.EFAABIVersion),
-		filepath.Join(ibdev, "node_type"):            "1: CA",
+		filepath.Join(ibdev, "node_type"):            uverbs.NodeTypeSysfs,
 		filepath.Join(ibdev, "node_guid"):            hexGroups(g[:]),
 		filepath.Join(ibdev, "sys_image_guid"):       hexGroups(g[:]),
 		filepath.Join(ibdev, "node_desc"):            s.IBDev,

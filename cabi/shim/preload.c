@@ -1,7 +1,7 @@
 // softefa's LD_PRELOAD shim: the kernel surface that the real libibverbs and libefa touch,
 // emulated for one software EFA device per process (see docs/cabi.md).
 //
-// It intercepts the open, stat, ioctl, write, close and socket calls that concern the device
+// It intercepts the open, stat, access, ioctl, write, close and socket calls that concern the device
 // node named by SOFTEFA_DEV_PATH (every call that names a path maps it first: paths.c) and
 // answers them itself or through the Go engine, a c-shared
 // library (SOFTEFA_ENGINE) that it loads on the first open of the node, so that programs which

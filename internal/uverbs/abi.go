@@ -13,6 +13,11 @@ const (
 	EFAABIVersion    = 1
 )
 
+// NodeTypeSysfs is the device's node_type file as the kernel writes it for an EFA device
+// (node_type_show for RDMA_NODE_UNSPECIFIED, the type efa_ib_device_add gives), the value
+// netlink's NLDEV GET reports too.
+const NodeTypeSysfs = "7: unspecified"
+
 // Command numbers of enum ib_uverbs_write_cmds.
 const (
 	cmdGetContext        = 0

@@ -3,6 +3,7 @@
 package uverbs
 
 import (
+	"slices"
 	"syscall"
 
 	"github.com/softefa/softefa/internal/uapi"
@@ -18,7 +19,8 @@ type ioctlAttr struct {
 // Ioctl carries out ioctl(fd, cmd, arg) on the command fd: the uverbs ioctl interface
 // (ib_uverbs_ioctl), whose request header and attribute array are at arg in the program's
 // memory. The methods the kernel's core and the EFA driver have and softefa implements are
-// answered (today EFA's MR_QUERY, which efadv_query_mr issues); every other method is
+// answered (EFA's MR_QUERY, which efadv_query_mr issues; the core's QUERY_PORT_SPEED and
+// REG_DMABUF_MR, which have no write(2) form); every other method is
 // EPROTONOSUPPORT, as the kernel answers a method it does not know, and libibverbs then uses the
 // write(2) command instead where there is one (docs/cabi.md, "The ioctl interface"). An ioctl
 // other than RDMA_VERBS_IOCTL is ENOTTY.
@@ -58,20 +60,28 @@ func (f *File) Ioctl(cmd uint32, arg uint64) error {
 	if f.closed {
 		return syscall.EIO
 	}
+	var method func(uint64, map[uint16]ioctlAttr) error
 	switch {
 	case object == uverbsObjectMR && methodID == efaMethodMRQuery:
-		if !f.hasCtx {
-			return syscall.EINVAL
-		}
-		return f.queryMR(arg, attrs)
+		method = f.queryMR
+	case object == uverbsObjectMR && methodID == methodRegDmabufMR:
+		method = f.regDmabufMR
+	case object == uverbsObjectDevice && methodID == methodQueryPortSpeed:
+		method = f.queryPortSpeed
+	default:
+		return syscall.EPROTONOSUPPORT // uapi_get_method: no such method
 	}
-	return syscall.EPROTONOSUPPORT // uapi_get_method: no such method
+	if !f.hasCtx {
+		return syscall.EINVAL // ib_uverbs_get_ucontext
+	}
+	return method(arg, attrs)
 }
 
 // checkAttrs applies the method's attribute spec (uverbs_process_attr): an attribute the method
 // does not know is EPROTONOSUPPORT when marked mandatory and ignored otherwise; a known one must
-// have a zero reserved field and at least minLen bytes; every mandatory one must be present.
-func checkAttrs(attrs map[uint16]ioctlAttr, spec map[uint16]int) error {
+// have a zero reserved field and at least minLen bytes; every one in spec must be present but
+// those named in optional.
+func checkAttrs(attrs map[uint16]ioctlAttr, spec map[uint16]int, optional ...uint16) error {
 	for id, a := range attrs {
 		minLen, known := spec[id]
 		if !known {
@@ -85,7 +95,7 @@ func checkAttrs(attrs map[uint16]ioctlAttr, spec map[uint16]int) error {
 		}
 	}
 	for id := range spec {
-		if _, ok := attrs[id]; !ok {
+		if _, ok := attrs[id]; !ok && !slices.Contains(optional, id) {
 			return syscall.EINVAL
 		}
 	}

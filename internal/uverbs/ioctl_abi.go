@@ -15,7 +15,25 @@ const (
 
 	idNSShift = 12 // UVERBS_ID_NS_SHIFT: driver-specific ids start at 1 << 12
 
-	uverbsObjectMR = 7 // UVERBS_OBJECT_MR
+	uverbsObjectDevice = 0 // UVERBS_OBJECT_DEVICE
+	uverbsObjectMR     = 7 // UVERBS_OBJECT_MR
+
+	// UVERBS_METHOD_QUERY_PORT_SPEED (ibv_query_port_speed, rdma-core >= 61) and its attributes.
+	methodQueryPortSpeed   = 7
+	attrQueryPortSpeedPort = 0 // UVERBS_ATTR_CONST_IN, u32
+	attrQueryPortSpeedResp = 1 // UVERBS_ATTR_PTR_OUT, u64: the speed in units of 100 Mb/s
+
+	// UVERBS_METHOD_REG_DMABUF_MR (ibv_reg_dmabuf_mr) and its attributes.
+	methodRegDmabufMR       = 4
+	attrRegDmabufMRHandle   = 0 // the new MR
+	attrRegDmabufMRPD       = 1
+	attrRegDmabufMROffset   = 2 // u64
+	attrRegDmabufMRLength   = 3 // u64
+	attrRegDmabufMRIOVA     = 4 // u64
+	attrRegDmabufMRFD       = 5 // the dma-buf's file descriptor, s32
+	attrRegDmabufMRAccess   = 6 // UVERBS_ATTR_FLAGS_IN, optional
+	attrRegDmabufMRRespLKey = 7 // u32
+	attrRegDmabufMRRespRKey = 8 // u32
 
 	// EFA_IB_METHOD_MR_QUERY and its attributes (enum efa_query_mr_attrs).
 	efaMethodMRQuery         = 1 << idNSShift

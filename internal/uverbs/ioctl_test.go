@@ -3,8 +3,11 @@
 package uverbs
 
 import (
+	"os"
 	"syscall"
 	"testing"
+
+	"github.com/softefa/softefa/internal/uapi"
 )
 
 const ioctlAddr = respAddr + 2048 // the ioctl header and attributes, inside the response buffer
@@ -106,4 +109,94 @@ func TestIoctlMRQuery(t *testing.T) {
 	put16(h.mem.segs[respAddr], 2048, 25) // a length that is not the header plus attributes
 	wantErrno(t, h.f.Ioctl(rdmaVerbsIoctl, ioctlAddr), syscall.EINVAL)
 	wantErrno(t, h.f.Ioctl(rdmaVerbsIoctl, 0x900000), syscall.EFAULT)
+}
+
+func portSpeedAttrs(port uint64) []ioctlAttrIn {
+	return []ioctlAttrIn{
+		{id: attrQueryPortSpeedPort, len: 8, flags: attrFMandatory, data: port},
+		{id: attrQueryPortSpeedResp, len: 8, flags: attrFMandatory, data: respAddr},
+	}
+}
+
+// TestIoctlQueryPortSpeed: UVERBS_METHOD_QUERY_PORT_SPEED, which rdma-core 64's
+// ibv_query_port_speed issues with no write(2) fallback, answers the link speed in units of
+// 100 Mb/s as efa_query_port_speed does (max_link_speed_gbps * 10) and marks it valid; port 0 or
+// 2 is EINVAL, and so is the method before GET_CONTEXT.
+func TestIoctlQueryPortSpeed(t *testing.T) {
+	h := newHarness(t)
+	wantErrno(t, h.ioctl(uverbsObjectDevice, methodQueryPortSpeed, portSpeedAttrs(1)), syscall.EINVAL)
+	h.getContext()
+	if err := h.ioctl(uverbsObjectDevice, methodQueryPortSpeed, portSpeedAttrs(1)); err != nil {
+		t.Fatalf("QUERY_PORT_SPEED: %v", err)
+	}
+	b := h.mem.segs[respAddr]
+	gbps := h.d.cfg.LinkSpeedGbps
+	if gbps == 0 {
+		t.Fatal("the device's configuration has no link speed")
+	}
+	if got, want := u64(b, 0), uint64(gbps)*10; got != want {
+		t.Errorf("speed %d (x 100 Mb/s), want %d", got, want)
+	}
+	if u16(b, 2048+ioctlHdrSize+ioctlAttrSize+4)&attrFValidOutput == 0 {
+		t.Error("the speed is not marked VALID_OUTPUT")
+	}
+	wantErrno(t, h.ioctl(uverbsObjectDevice, methodQueryPortSpeed, portSpeedAttrs(0)), syscall.EINVAL)
+	wantErrno(t, h.ioctl(uverbsObjectDevice, methodQueryPortSpeed, portSpeedAttrs(2)), syscall.EINVAL)
+	wantErrno(t, h.ioctl(uverbsObjectDevice, methodQueryPortSpeed, portSpeedAttrs(1)[:1]), syscall.EINVAL)
+	short := portSpeedAttrs(1)
+	short[1].len = 4 // room for less than the u64
+	wantErrno(t, h.ioctl(uverbsObjectDevice, methodQueryPortSpeed, short), syscall.EINVAL)
+}
+
+func dmabufAttrs(pd uint32, fd int32, access uint32) []ioctlAttrIn {
+	return []ioctlAttrIn{
+		{id: attrRegDmabufMRHandle, flags: attrFMandatory},
+		{id: attrRegDmabufMRRespLKey, len: 4, flags: attrFMandatory, data: respAddr},
+		{id: attrRegDmabufMRRespRKey, len: 4, flags: attrFMandatory, data: respAddr + 16},
+		{id: attrRegDmabufMRPD, flags: attrFMandatory, data: uint64(pd)},
+		{id: attrRegDmabufMROffset, len: 8, flags: attrFMandatory},
+		{id: attrRegDmabufMRLength, len: 8, flags: attrFMandatory, data: 4096},
+		{id: attrRegDmabufMRIOVA, len: 8, flags: attrFMandatory},
+		{id: attrRegDmabufMRFD, len: 4, flags: attrFMandatory, data: uint64(uint32(fd))},
+		{id: attrRegDmabufMRAccess, len: 4, data: uint64(access)},
+	}
+}
+
+// TestIoctlRegDmabufMR: UVERBS_METHOD_REG_DMABUF_MR fails as EFA's kernel driver does for what
+// a software device cannot import: EBADF for a descriptor that is not open (UCX probes dma-buf
+// support with fd -1 and takes EBADF as "supported"), EINVAL for an open file that is not a
+// dma-buf; the PD and access flags are checked first, in the kernel's order (REMOTE_ATOMIC is
+// EOPNOTSUPP before the descriptor is looked at, as on EFA).
+func TestIoctlRegDmabufMR(t *testing.T) {
+	h := newHarness(t)
+	h.getContext()
+	pd := h.allocPD()
+	const lw, rw, rr, atomic = 1, 2, 4, 8
+	wantErrno(t, h.ioctl(uverbsObjectMR, methodRegDmabufMR, dmabufAttrs(pd, -1, lw)), syscall.EBADF)
+	wantErrno(t, h.ioctl(uverbsObjectMR, methodRegDmabufMR, dmabufAttrs(pd, -1, 0)), syscall.EBADF)
+	if h.d.cfg.Caps&uapi.CapRDMARead != 0 {
+		wantErrno(t, h.ioctl(uverbsObjectMR, methodRegDmabufMR, dmabufAttrs(pd, -1, lw|rr)), syscall.EBADF)
+	}
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	wantErrno(t, h.ioctl(uverbsObjectMR, methodRegDmabufMR, dmabufAttrs(pd, int32(f.Fd()), lw)), syscall.EINVAL)
+	wantErrno(t, h.ioctl(uverbsObjectMR, methodRegDmabufMR, dmabufAttrs(pd, 1<<30, lw)), syscall.EBADF) // past any fd limit
+
+	wantErrno(t, h.ioctl(uverbsObjectMR, methodRegDmabufMR, dmabufAttrs(pd, -1, lw|rw|rr|atomic)), syscall.EOPNOTSUPP)
+	wantErrno(t, h.ioctl(uverbsObjectMR, methodRegDmabufMR, dmabufAttrs(pd, -1, rw)), syscall.EINVAL)
+	wantErrno(t, h.ioctl(uverbsObjectMR, methodRegDmabufMR, dmabufAttrs(pd, -1, lw|1<<4)), syscall.EINVAL) // MW_BIND
+	wantErrno(t, h.ioctl(uverbsObjectMR, methodRegDmabufMR, dmabufAttrs(99, -1, lw)), syscall.ENOENT)
+	mr := h.regMR(pd, lw)
+	wantErrno(t, h.ioctl(uverbsObjectMR, methodRegDmabufMR, dmabufAttrs(mr, -1, lw)), syscall.EINVAL)
+	wrap := dmabufAttrs(pd, -1, lw)
+	wrap[4].data = ^uint64(0) // offset + length wraps
+	wantErrno(t, h.ioctl(uverbsObjectMR, methodRegDmabufMR, wrap), syscall.EINVAL)
+	wantErrno(t, h.ioctl(uverbsObjectMR, methodRegDmabufMR, dmabufAttrs(pd, -1, lw)[:8]), syscall.EBADF) // access is optional
+	wantErrno(t, h.ioctl(uverbsObjectMR, methodRegDmabufMR, dmabufAttrs(pd, -1, lw)[1:]), syscall.EINVAL)
+	if b := h.mem.segs[respAddr]; u32(b, 0) != 0 || u32(b, 16) != 0 {
+		t.Error("a failed registration wrote keys")
+	}
 }

@@ -273,7 +273,7 @@ func (d *Device) nlDevInfo(b []byte) []byte {
 	b = nlaStr(b, nlaFWVersion, "0.0.0.0")
 	b = nlaU64(b, nlaNodeGUID, d.guid)
 	b = nlaU64(b, nlaSysImageGUID, d.guid)
-	b = nlaU8(b, nlaDevNodeType, rdmaNodeIBCA)
+	b = nlaU8(b, nlaDevNodeType, rdmaNodeUnspecified)
 	return nlaU8(b, nlaDevDIM, 0)
 }
 

@@ -98,7 +98,10 @@ const (
 
 // Kernel enum values the replies carry.
 const (
-	rdmaNodeIBCA = 1 // enum rdma_node_type: the sysfs tree's node_type says "1: CA" too
-	ibQPTUD      = 4 // enum ib_qp_type
-	ibQPTDriver  = 0xFF
+	// RDMA_NODE_UNSPECIFIED (enum rdma_node_type), the node type EFA's driver gives its devices
+	// (efa_ib_device_add), which libibverbs makes IBV_NODE_UNSPECIFIED and transport
+	// IBV_TRANSPORT_UNSPECIFIED; the sysfs tree's node_type says the same (NodeTypeSysfs).
+	rdmaNodeUnspecified = 7
+	ibQPTUD             = 4 // enum ib_qp_type
+	ibQPTDriver         = 0xFF
 )

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Builds UCX 1.21 with its EFA transport (`srd`, src/uct/ib/efa) against the rdma-core 64 of
+# build.sh's stack, into a private prefix, for softefa run's UCX tests (docs/cabi.md, "UCX").
+#
+#   cabi/thirdparty/ucx.sh            build, or reuse the cached build; prints the prefix last
+#   cabi/thirdparty/ucx.sh --prefix   print the prefix, build nothing (exit status 1 when it is
+#                                     not built yet)
+#
+# Environment:
+#   SOFTEFA_THIRDPARTY   directory holding ucx-1.21.0.tar.gz, looked at first (then
+#                        ../shared/thirdparty beside the clone, then earlier downloads; else it is
+#                        downloaded from the project's release page: archives.sh)
+#   SOFTEFA_STACK        the stack's prefix (default: what build.sh prints, building it if need be)
+#   SOFTEFA_STACK_CACHE  cache root, as for build.sh
+#   JOBS                 parallel jobs (default: the number of CPUs)
+#
+# The archive is checked against its SHA-256 sum in SHA256SUMS, wherever it comes from. UCX is configured as upstream's release
+# build (contrib/configure-release: no logging above warnings, no assertions or parameter checks)
+# with --with-verbs pointing at the stack and --with-efa, and every program and library gets an
+# rpath to the stack's lib/, so UCX runs on rdma-core 64's libibverbs and libefa, not Debian's.
+# The result is cached under CACHE/ucx-<key>, the key hashing the archive's sum, the stack's
+# prefix (itself a hash of its archives) and this recipe's version. Nothing is installed outside
+# the prefix: the install goes through a staging DESTDIR and is refused if any file lands elsewhere.
+set -euo pipefail
+
+# Bump when the recipe below changes what gets built.
+RECIPE=1
+archive=ucx-1.21.0.tar.gz
+
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/archives.sh"
+cache=$softefa_cache
+sum=$(archive_sum "$archive")
+
+log() { echo "build-ucx: $*" >&2; }
+
+if [ "${1:-}" = --prefix ]; then
+  stack=${SOFTEFA_STACK:-$("$here/build.sh" --prefix || true)}
+else
+  stack=${SOFTEFA_STACK:-$("$here/build.sh")}
+fi
+key=$(echo "$sum $stack recipe $RECIPE" | sha256sum | cut -c1-16)
+prefix=$cache/ucx-$key
+
+if [ "${1:-}" = --prefix ]; then
+  echo "$prefix"
+  [ -e "$prefix/.complete" ]
+  exit
+fi
+
+if [ -e "$prefix/.complete" ]; then
+  log "cached: $prefix"
+  echo "$prefix"
+  exit 0
+fi
+
+[ -e "$stack/include/infiniband/efadv.h" ] && [ -e "$stack/lib/libefa.so" ] ||
+  { log "no rdma-core with libefa in $stack"; exit 1; }
+for tool in autoreconf automake libtoolize make cc c++ pkg-config; do
+  command -v "$tool" >/dev/null || {
+    log "missing $tool; on Debian 12: apt-get install autoconf automake libtool make g++ pkg-config"
+    exit 1
+  }
+done
+
+mkdir -p "$cache"
+exec 9>"$cache/.lock-ucx"
+flock 9
+if [ -e "$prefix/.complete" ]; then # another build finished while this one waited
+  log "cached: $prefix"
+  echo "$prefix"
+  exit 0
+fi
+
+jobs=${JOBS:-$(nproc)}
+work=$(mktemp -d "$cache/.build-ucx.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+stage=$work/stage
+rm -rf "$prefix"
+
+tgz=$(archive_get "$archive") || exit 1
+tar -C "$work" -xzf "$tgz"
+ucx=$work/ucx-1.21.0
+
+# autogen.sh asks git for a submodule (external/gpunetio, for GPUs) the archive does not carry;
+# that step fails harmlessly outside a clone.
+log "UCX 1.21: configure"
+(cd "$ucx" && ./autogen.sh >"$work/autogen.log" 2>&1 &&
+  ./contrib/configure-release --prefix="$prefix" --with-verbs="$stack" --with-efa \
+    --without-cuda --without-rocm --without-java --without-go --disable-doxygen-doc \
+    LDFLAGS="-Wl,-rpath,$stack/lib -Wl,-rpath,$prefix/lib" >"$work/configure.log" 2>&1) ||
+  { tail -40 "$work/autogen.log" "$work/configure.log" >&2; exit 1; }
+grep -q '^#define HAVE_EFA_RMA 1' "$ucx/config.h" ||
+  { log "UCX's configure did not find libefa's RDMA read and write caps in $stack"; exit 1; }
+grep -q '^#define uct_ib_MODULES ".*:efa' "$ucx/config.h" ||
+  { log "UCX's configure left out its EFA module"; exit 1; }
+log "UCX 1.21: build"
+make -C "$ucx" -j "$jobs" >"$work/build.log" 2>&1 || { tail -40 "$work/build.log" >&2; exit 1; }
+make -C "$ucx" install DESTDIR="$stage" >"$work/install.log" 2>&1 ||
+  { tail -40 "$work/install.log" >&2; exit 1; }
+
+outside=$(cd "$stage" && find . \( -type f -o -type l \) | sed 's|^\.||' | grep -v "^$prefix/" || true)
+if [ -n "$outside" ]; then
+  log "files staged outside $prefix:"; echo "$outside" | head -20 >&2; exit 1
+fi
+[ -e "$stage$prefix/lib/ucx/libuct_ib_efa.so" ] || { log "no libuct_ib_efa.so was built"; exit 1; }
+# libtool archives and pkg-config files written while staging may name the staging directory.
+{ grep -rlF "$stage" "$stage$prefix" --include='*.la' --include='*.pc' 2>/dev/null || true; } |
+  xargs -r sed -i "s|$stage||g"
+
+mv "$stage$prefix" "$prefix"
+cat >"$prefix/.complete" <<EOT
+UCX 1.21.0 (--with-efa) against $stack, recipe $RECIPE
+$sum  $archive
+EOT
+log "built: $prefix"
+echo "$prefix"
