@@ -248,7 +248,9 @@ func creditPath(ps *pathState, e *sentPkt, now, minRTT time.Duration) {
 	if !ps.failed || e.at >= ps.failedAt { // an acknowledgement of a packet from before the failure proves nothing
 		ps.losses, ps.failed = 0, false
 	}
-	ps.unproven = false // the peer took a datagram from the path's port
+	if e.at >= ps.unprovenAt {
+		ps.unproven = false // the peer took a datagram from the path's port since it was in doubt
+	}
 	if e.retx != 0 {
 		if minRTT > 0 && now-e.at >= minRTT {
 			ps.ackedAt = max(ps.ackedAt, e.at)

@@ -154,12 +154,15 @@ const challengeFrameSize = wire.FrameHeaderSize + wire.ChallengeSize
 // send from it (on every path, if none does: a relay between us gives all our paths one port
 // of its own), or until a packet sent there since is acknowledged. A path whose port is not our
 // endpoint's carries it in a PROBE at once, and nothing else until the peer answers the PROBE.
-// On a new cookie, what those paths sent that is not yet acknowledged goes again at once: the
-// peer dropped it. Once per
-// cookie: the peer challenges every datagram that reaches it from the port before the cookie
-// does, and resending the whole flight for each of those challenges was a storm (thousands of
-// packets in a short run). An ACK goes too if we receive the peer's stream: the peer may have
-// dropped our ACKs as well.
+// On a new cookie for one of our ports, what the paths sending from it sent that is not yet
+// acknowledged goes again at once: the peer dropped it. Once per cookie (a cookie lasts a
+// 10-second bucket): the peer challenges every datagram that reaches it from the port before the
+// cookie does, and resending the whole flight for each of those challenges was a storm
+// (thousands of packets in a short run). A challenge to a port not ours is only echoed, on the
+// paths not echoing one of ours: it may come of a datagram another process of our host sent the
+// peer from a port of its own, naming us, and resending for it would let that process make us
+// send our flight again at will. An ACK goes too if we receive the peer's stream: the peer may
+// have dropped our ACKs as well.
 func (t *Transport) onChallenge(p *peer, cookie uint64, port uint16) {
 	if len(p.echo) != len(p.paths) {
 		p.echo = make([]pathEcho, len(p.paths))
@@ -167,15 +170,15 @@ func (t *Transport) onChallenge(p *peer, cookie uint64, port uint16) {
 	all := !slices.Contains(t.ports, port)
 	resend := false
 	for i := range p.echo {
-		if !all && t.pathPort(i) != port {
-			continue
-		}
 		e := &p.echo[i]
-		if e.cookie != cookie {
-			e.cookie, e.resend = cookie, true
+		if !all && t.pathPort(i) != port || all && e.left > 0 && e.port == t.pathPort(i) {
+			continue // (a port not ours never displaces the echo of one that is)
+		}
+		if e.cookie != cookie && !all {
+			e.resend = true
 			resend = true
 		}
-		e.port, e.since, e.left = port, t.now, echoBudget
+		e.cookie, e.port, e.since, e.left = cookie, port, t.now, echoBudget
 		if !all && port != t.pathPort(0) {
 			// A path of its own: it carries nothing more until the peer has taken the cookie
 			// and answered a PROBE, which carries the cookie now.
@@ -212,8 +215,7 @@ func (t *Transport) onChallenge(p *peer, cookie uint64, port uint16) {
 func (t *Transport) unprove(p *peer) {
 	for i := range p.paths {
 		if t.pathPort(i) != t.pathPort(0) {
-			ps := &p.paths[i]
-			ps.unproven, ps.probeSent, ps.probeAt = true, false, t.now
+			p.paths[i].unprove(t.now)
 		}
 	}
 	p.lastTx = t.now

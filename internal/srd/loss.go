@@ -47,7 +47,8 @@ func (t *Transport) transportTick(now time.Duration) bool {
 	busy := false
 	for _, p := range t.active { // (a slim peer is idle: no timer of its runs, no path is probed)
 		for i := range p.paths {
-			if ps := &p.paths[i]; !ps.usable() && now >= ps.probeAt {
+			// (Unproven paths only for a stream: UD alone keeps no state at the peer.)
+			if ps := &p.paths[i]; (ps.failed || ps.unproven && p.tx.busy()) && now >= ps.probeAt {
 				t.probe(p, i, now)
 			}
 		}
@@ -74,9 +75,14 @@ func (t *Transport) transportTick(now time.Duration) bool {
 }
 
 // probe sends a PROBE on path i of p, in a datagram of its own, and schedules the next.
+// The nonce stays until a PROBE_ACK carries it, so that an answer later than probeInterval (a
+// round trip that long) still counts.
 func (t *Transport) probe(p *peer, i int, now time.Duration) {
 	ps := &p.paths[i]
-	ps.nonce, ps.probeSent, ps.probeAt = uint32(now)^uint32(i)<<24|1, true, now+probeInterval
+	if !ps.probeSent {
+		ps.nonce = uint32(now) ^ uint32(i)<<24 | 1
+	}
+	ps.probeSent, ps.probeAt = true, now+probeInterval
 	t.txq.cur = nil // a datagram of its own
 	t.commit(wire.AppendProbe(t.room(p, i, wire.FrameHeaderSize+wire.ProbeSize), ps.nonce, false))
 	t.txq.cur = nil
@@ -104,8 +110,8 @@ func (t *Transport) checkRTO(p *peer, now time.Duration) {
 	var at wire.PSN
 	for psn := s.una; psn != s.next; psn++ {
 		e := s.slot(psn)
-		if e.acked || e.lost || e.msg == nil || oldest != nil && e.at >= oldest.at {
-			continue
+		if e.acked || e.lost || e.msg == nil || oldest != nil && e.at >= oldest.at || e.msg.answeredReq() {
+			continue // (an answered request needs no probe: the answer showed the peer had it)
 		}
 		oldest, at = e, psn
 	}

@@ -52,11 +52,20 @@ type pathState struct {
 	probeSent bool
 	// unproven: the path's UDP source port is not known to be proven to the peer (admit.go): it
 	// carries nothing but PROBEs until the peer answers one, or acknowledges a packet it carried.
-	unproven bool
+	unproven   bool
+	unprovenAt time.Duration // when it was marked unproven: an acknowledgement of an older packet proves nothing
 }
 
 // usable reports whether new packets may go on the path.
 func (ps *pathState) usable() bool { return !ps.failed && !ps.unproven }
+
+// unprove takes the path out of use until it proves itself again, probing it at once.
+func (ps *pathState) unprove(now time.Duration) {
+	if !ps.unproven {
+		ps.unproven, ps.unprovenAt, ps.probeSent = true, now, false
+	}
+	ps.probeAt = now
+}
 
 // NewIncarnation draws a device's incarnation: random, never 0.
 func NewIncarnation(rng io.Reader) uint32 {
@@ -108,6 +117,7 @@ func (t *Transport) resetPeer(p *peer, st efaio.Status, inc uint32) {
 // healthy path exists.
 func (t *Transport) pickPath(p *peer, avoid int) int {
 	const burst = 16
+	t.revalidate(p)
 	n := len(p.paths)
 	if n == 1 {
 		return 0
@@ -126,8 +136,13 @@ func (t *Transport) pickPath(p *peer, avoid int) int {
 	if avoid >= 0 && p.paths[avoid].usable() {
 		return avoid // the only usable path
 	}
-	// Every other path has failed: use them anyway, in turn.
-	p.pathRR = (p.pathRR + 1) % n
+	// Every other path has failed: use them anyway, in turn, but not one whose port the peer
+	// does not know (the endpoint's path is never such a one).
+	for range n {
+		if p.pathRR = (p.pathRR + 1) % n; !p.paths[p.pathRR].unproven {
+			break
+		}
+	}
 	return p.pathRR
 }
 
@@ -144,6 +159,7 @@ func (t *Transport) pickPath(p *peer, avoid int) int {
 // it, and a proven path that has since died would take every ACK; with no recent proof, every
 // healthy path takes its turn.
 func (t *Transport) controlPath(p *peer) int {
+	t.revalidate(p)
 	n := len(p.paths)
 	newest, recent := p.provenSince(t.now)
 	for _, proven := range [2]bool{true, false} {
@@ -153,6 +169,11 @@ func (t *Transport) controlPath(p *peer) int {
 			if ps.usable() && (!proven || newest > 0 && ps.ackedAt >= recent) {
 				return p.ctrlRR
 			}
+		}
+	}
+	for range n { // every path has failed: any the peer knows
+		if p.ctrlRR = (p.ctrlRR + 1) % n; !p.paths[p.ctrlRR].unproven {
+			break
 		}
 	}
 	return p.ctrlRR

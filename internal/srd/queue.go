@@ -69,6 +69,7 @@ func (t *Transport) roomFor(p *peer, path, size, ride int) []byte {
 	}
 	q.n++
 	q.cur, q.path = p, path
+	t.revalidate(p)
 	p.lastTx = t.now
 	h := wire.Header{Path: uint8(path), SrcPort: t.link.LocalAddr().Port(), SrcInc: t.inc, DstInc: p.inc,
 		TxEpoch: p.tx.epoch, RxEpoch: p.rx.epoch}

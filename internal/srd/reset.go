@@ -86,6 +86,7 @@ func (t *Transport) resetTx(p *peer, st efaio.Status, why int) {
 	for i := range p.paths {
 		p.paths[i] = pathState{}
 	}
+	t.unprove(p) // a restarted peer knows none of our ports; one that timed out may have forgotten them
 	if t.txq != nil && t.txq.cur == p {
 		t.txq.cur = nil // what follows is the new stream's: a datagram of its own
 	}

@@ -337,10 +337,15 @@ func (t *Transport) pump(p *peer) {
 	s.queue = s.queue[:n]
 }
 
+// answeredReq reports whether m is a request the peer's answer showed it had whole.
+func (m *Msg) answeredReq() bool {
+	return m.kind == kindRequest && m.done && m.owner == nil && m.answered
+}
+
 // sendAgain sends slot e, counted lost, again (on another path than its last, if one is usable).
 func (t *Transport) sendAgain(p *peer, psn wire.PSN, e *sentPkt, now time.Duration) {
 	e.lost = false
-	if m := e.msg; m.kind == kindRequest && m.done && m.owner == nil && m.answered {
+	if m := e.msg; m.answeredReq() {
 		// The answer proved the peer has every segment: nothing to send again.
 		p.tx.inflight++ // ack() takes it back out
 		t.ackSlot(p, e, now, &ackTally{})

@@ -1271,6 +1271,101 @@ func TestTraceNewPathProvesItself(t *testing.T) {
 	}
 }
 
+// wire.md "Address validation": a challenge to a port that is none of ours (another process of
+// our host sent the peer a datagram from a port of its own, naming us) is only echoed: nothing is
+// sent again for it, however many come, and it does not displace the echo of a challenge to one
+// of our ports. Before, each such challenge sent the whole flight again.
+func TestTraceForeignPortChallengeResendsNothing(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	ports := []uint16{traceDev.Port(), 4800}
+	r.tr.ports = ports
+	r.meet()
+	for i := range 20 {
+		r.post(uint16(i), efaio.OpSend, 1000)
+	}
+	if n := len(r.data()); n != 20 {
+		t.Fatalf("sent %d DATA frames, want 20", n)
+	}
+	r.send(0, func(b []byte) []byte { return wire.AppendChallenge(b, 0x1234567, ports[1]) }) // one of ours
+	r.got = nil
+	for k := range 10 {
+		r.send(0, func(b []byte) []byte { return wire.AppendChallenge(b, 0x1001+uint64(2*k), 50000+uint16(k%2)) })
+		if d := r.data(); len(d) != 0 {
+			t.Fatalf("challenge %d to a port not ours sent PSNs %v again", k, psns(d))
+		}
+	}
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	if e := p.echo[1]; e.cookie != 0x1234567 || e.port != ports[1] {
+		t.Fatalf("path 1 echoes cookie %#x for port %d, want %#x for port %d", e.cookie, e.port, 0x1234567, ports[1])
+	}
+}
+
+// wire.md "Address validation": a peer that restarted knows none of our ports, and one we timed
+// out on may have forgotten them: the paths other than the endpoint's prove themselves again.
+// After a second with nothing sent to the peer, an ACK goes on the endpoint's path too.
+func TestTracePathsProveThemselvesAgain(t *testing.T) {
+	for _, why := range []string{"restart", "timeout", "quiet"} {
+		r := newTrace(t, 2, nil)
+		ports := []uint16{traceDev.Port(), 4800}
+		r.tr.ports = ports
+		r.meet()
+		r.post(1, efaio.OpSend, 100)
+		r.ack(1, nil, 0)
+		r.completions()
+		p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+		probes := r.take(wire.TypeProbe)
+		if len(probes) == 0 {
+			t.Fatalf("%s: no PROBE on the new path", why)
+		}
+		r.send(0, func(b []byte) []byte { return wire.AppendProbe(b, probes[0].f.Nonce, true) })
+		if p.paths[1].unproven {
+			t.Fatalf("%s: the PROBE_ACK did not prove path 1", why)
+		}
+		switch why {
+		case "restart":
+			r.inc = 0x600d
+			r.send(0, func(b []byte) []byte { return wire.AppendAck(b, &wire.Ack{}) })
+		case "timeout":
+			r.post(2, efaio.OpSend, 100)
+			r.advance(1500 * time.Millisecond) // the trace's transport timeout is 1 s
+			r.completions()
+		case "quiet":
+			r.advance(portQuiet)
+			r.recv(9)
+			r.got = nil
+			r.send(0, r.sendFrame("x"))
+			if acks := r.take(wire.TypeAck); len(acks) == 0 || acks[0].h.Path != 0 {
+				t.Fatalf("quiet: ACKs %+v, want one on path 0", acks)
+			}
+		}
+		if !p.paths[1].unproven {
+			t.Fatalf("%s: path 1 is still in use", why)
+		}
+	}
+}
+
+// wire.md "PROBE": a probe's nonce stays until it is answered, so that a path whose round trip is
+// longer than the probing interval proves itself (before, each probe drew a new nonce and
+// refused the answers to the ones before).
+func TestTraceSlowPathProvesItself(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.tr.ports = []uint16{traceDev.Port(), 4800}
+	r.meet()
+	r.post(1, efaio.OpSend, 100)
+	r.ack(1, nil, 0)
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	r.post(2, efaio.OpSend, 100) // (something outstanding: unproven paths are probed for a stream)
+	first := r.take(wire.TypeProbe)
+	if len(first) == 0 {
+		t.Fatal("no PROBE")
+	}
+	r.advance(3 * probeInterval / 2) // the answer takes longer than the interval
+	r.send(0, func(b []byte) []byte { return wire.AppendProbe(b, first[0].f.Nonce, true) })
+	if p.paths[1].unproven {
+		t.Fatalf("the answer to a PROBE %v old did not prove the path", 3*probeInterval/2)
+	}
+}
+
 // sendFrame returns a frame adder for a SEND of payload to the trace's receive QP, at the peer's
 // next PSN.
 func (r *trace) sendFrame(payload string) func([]byte) []byte {
