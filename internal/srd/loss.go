@@ -90,14 +90,14 @@ func (t *Transport) probe(p *peer, i int, now time.Duration) {
 
 // checkRTO is the fallback for losses no later acknowledgement reveals (the last packets of a
 // burst, or a peer that went quiet): when the packet sent longest ago has waited the
-// retransmission timeout since it was sent, or since the timer last fired, it alone counts as
-// lost and goes again, as a probe (RACK-TLP's, RFC 8985). Its acknowledgement then shows which of
-// the others are lost too (ackSlot takes a retransmission's acknowledgement for the
-// retransmission's once a round trip has passed since it went), and the first acknowledgement of
-// anything after the timer fired counts as lost every packet that had waited the timeout then
-// and is still not acknowledged (onAck); if they all arrived meanwhile (the peer, or our own
-// process, was held up, not the network), that acknowledgement covers them and nothing else goes
-// twice. Sending every packet past the timeout again, as before, made a
+// retransmission timeout since it was sent, or since the timer last fired, one packet goes again
+// as a probe (RACK-TLP's, RFC 8985), the lowest PSN not acknowledged (below). Its
+// acknowledgement shows which of the others are lost too (ackSlot takes a retransmission's
+// acknowledgement for the retransmission's once a round trip has passed since it went), and the
+// first acknowledgement of anything after the timer fired counts as lost every packet that had
+// waited the timeout then and is still not acknowledged (onAck); if they all arrived meanwhile
+// (the peer, or our own process, was held up, not the network), that acknowledgement covers them
+// and nothing else goes twice. Sending every packet past the timeout again, as before, made a
 // stall of a few milliseconds cost every packet in flight twice.
 //
 // A timeout before the stream's first RTT sample sends the packet again and backs the timer off,
@@ -106,32 +106,42 @@ func (t *Transport) probe(p *peer, i int, now time.Duration) {
 // window and turned sparse copies on for thousands of packets of a loss-free ping-pong.
 func (t *Transport) checkRTO(p *peer, now time.Duration) {
 	s := &p.tx
-	var oldest *sentPkt
-	var at wire.PSN
+	var oldest *sentPkt // the outstanding packet sent longest ago: the timer's
+	var probe *sentPkt  // the lowest PSN not acknowledged: what goes
+	var probePSN wire.PSN
 	for psn := s.una; psn != s.next; psn++ {
 		e := s.slot(psn)
-		if e.acked || e.lost || e.msg == nil || oldest != nil && e.at >= oldest.at || e.msg.answeredReq() {
+		if e.acked || e.msg == nil || e.msg.answeredReq() {
 			continue // (an answered request needs no probe: the answer showed the peer had it)
 		}
-		oldest, at = e, psn
+		if probe == nil {
+			probe, probePSN = e, psn
+		}
+		if !e.lost && (oldest == nil || e.at < oldest.at) {
+			oldest = e
+		}
 	}
 	if oldest == nil || now-max(oldest.at, s.rtoAt) < s.rto {
 		return
 	}
 	first := s.srtt == 0
-	// Not held against the packet's path yet: the timeout may as well be a lost acknowledgement
-	// (they travel on the peer's paths), a peer gone, or a scheduler's delay. If the packet then
-	// arrives by another path, ackSlot blames this one. Without that, a path that swallows whole
-	// bursts is never marked failed (no later packet on it is acknowledged to reveal the losses),
-	// and every timeout goes back to it in turn.
-	e := oldest
-	e.suspect = e.path + 1
-	e.lost, e.counted = true, !first
-	s.inflight--
-	// The probe goes now, whatever the window: a window full of packets that were lost (a
-	// receiver's socket overflowing) frees no room until an acknowledgement shows them lost,
-	// and only the probe's can.
-	t.sendAgain(p, at, e, t.sendTime())
+	// The probe is the lowest PSN outstanding, whether counted lost already (waiting for room in
+	// the window) or not: an acknowledgement's selective bits reach only 256 PSNs past the
+	// peer's cumulative point, so only a probe at that point is sure to be acknowledged, and to
+	// move it. It goes now, whatever the window: a window full of packets that were lost (a
+	// receiver's socket overflowing) frees no room until an acknowledgement shows them lost, and
+	// only the probe's can. Not held against the packet's path yet: the timeout may as well be a
+	// lost acknowledgement (they travel on the peer's paths), a peer gone, or a scheduler's
+	// delay. If the packet then arrives by another path, ackSlot blames this one. Without that, a
+	// path that swallows whole bursts is never marked failed (no later packet on it is
+	// acknowledged to reveal the losses), and every timeout goes back to it in turn.
+	e := probe
+	if !e.lost {
+		e.suspect = e.path + 1
+		e.lost, e.counted = true, !first
+		s.inflight--
+	}
+	t.sendAgain(p, probePSN, e, t.sendTime())
 	t.counts.RetransTimeoutEvents.Add(1)
 	rto := s.rto
 	if !first {

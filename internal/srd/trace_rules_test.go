@@ -535,6 +535,44 @@ func TestTraceTimeoutProbesOnce(t *testing.T) {
 	}
 }
 
+// congestion.md "Reliability": the timer's probe is the lowest PSN not acknowledged, even one
+// counted lost and waiting for room in a full window: an ACK's selective bits reach only 256 PSNs
+// past the peer's cumulative point, so a probe further on could be acknowledged by nothing, and
+// the window stayed full of packets lost and not known to be until the transport timeout (a 32
+// MiB write over loopback whose receiver's socket overflowed, TestLargeRDMAOverUDP).
+func TestTraceTimeoutProbesTheCumulativePoint(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.post(0, efaio.OpSend, 100) // an RTT sample of 1 ms
+	first := r.data()
+	r.advance(time.Millisecond)
+	r.ack(1, nil, first[0].h.Path)
+	r.completions()
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	s := &p.tx
+	s.cwnd = 400
+	for i := range 300 {
+		r.post(uint16(1+i), efaio.OpSend, 100)
+	}
+	if n := len(r.data()); n != 300 {
+		t.Fatalf("sent %d DATA frames, want 300", n)
+	}
+	// PSN 1 counted lost, waiting for room the window does not have; PSN 2 is the oldest still
+	// out, more than 256 PSNs below the newest.
+	e := s.slot(1)
+	e.lost = true
+	s.inflight--
+	s.retx = append(s.retx, 1)
+	s.cwnd = 2
+	var again []traceFrame
+	for len(again) == 0 {
+		r.advance(100 * time.Microsecond)
+		again = r.data()
+	}
+	if len(again) != 1 || again[0].f.Data.PSN != 1 {
+		t.Fatalf("the timer sent PSNs %v, want the cumulative point, 1", psns(again))
+	}
+}
+
 // congestion.md "Reliability": a retransmission timeout before the stream's first RTT sample sends
 // the packet again and backs the timer off, but counts no loss: the window stays, and the packets
 // after it go without sparse copies. (Counted, it turned the copies on for thousands of packets
