@@ -47,8 +47,10 @@ func (t *Transport) transportTick(now time.Duration) bool {
 	busy := false
 	for _, p := range t.active { // (a slim peer is idle: no timer of its runs, no path is probed)
 		for i := range p.paths {
-			// (Unproven paths only for a stream: UD alone keeps no state at the peer.)
-			if ps := &p.paths[i]; (ps.failed || ps.unproven && p.tx.busy()) && now >= ps.probeAt {
+			// Unproven paths only for a stream, ours or the peer's (UD alone keeps no state at
+			// the peer): a device that only acknowledges must prove them too, or its ACKs all
+			// take the endpoint's path, and are lost with it.
+			if ps := &p.paths[i]; (ps.failed || ps.unproven && (p.tx.busy() || p.rx.started)) && now >= ps.probeAt {
 				t.probe(p, i, now)
 			}
 		}

@@ -1404,6 +1404,22 @@ func TestTraceSlowPathProvesItself(t *testing.T) {
 	}
 }
 
+// wire.md "Address validation": a device that only receives a peer's stream proves its paths too
+// (its ACKs rotate over the paths the peer knows): without that, every ACK took the endpoint's
+// path, and a network that lost that path lost them all (bench's bw-8KiB-4paths-1down timed out).
+func TestTraceReceiverProvesItsPaths(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.tr.ports = []uint16{traceDev.Port(), 4800}
+	r.meet()
+	r.recv(1)
+	r.peerData(wire.Data{Op: wire.OpSend, Length: 1, DstQPN: 9, QKey: 0x77, Payload: []byte{1}})
+	r.wantCompletion(1, efaio.StatusOK)
+	r.advance(time.Millisecond)
+	if probes := r.take(wire.TypeProbe); len(probes) == 0 || probes[0].h.Path != 1 {
+		t.Fatalf("probes %+v from a device that only receives, want one on path 1", probes)
+	}
+}
+
 // sendFrame returns a frame adder for a SEND of payload to the trace's receive QP, at the peer's
 // next PSN.
 func (r *trace) sendFrame(payload string) func([]byte) []byte {
