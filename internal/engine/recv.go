@@ -350,14 +350,16 @@ func (d *Device) finish(in *inbound) efaio.Status {
 		if m.typ == uapi.QPTypeUD {
 			length += GRHSize
 		}
-		d.counts.RecvWRs.Add(1)
-		d.counts.RecvBytes.Add(m.length)
-		in.t.counts.RecvWRs.Add(1)
-		in.t.counts.RecvBytes.Add(m.length)
 		in.t.completeRecv(&efaio.Completion{
 			ReqID: in.wr.reqID, Op: efaio.OpSend, HasImm: m.hasImm, Imm: m.imm,
 			Length: uint32(length), SrcQPN: m.srcQPN,
 		}, m.srcGID)
+		// Counted after the entry is written: a thread waiting for the count (AwaitRecv, on
+		// another goroutine than the one receiving) finds the entry when it sees the count move.
+		d.counts.RecvWRs.Add(1)
+		d.counts.RecvBytes.Add(m.length)
+		in.t.counts.RecvWRs.Add(1)
+		in.t.counts.RecvBytes.Add(m.length)
 	case m.op == efaio.OpRDMAWrite:
 		d.counts.RDMAWriteRecvBytes.Add(m.length)
 		if m.hasImm {
