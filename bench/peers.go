@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -216,10 +215,10 @@ type peerSender struct {
 }
 
 // senderConfig makes sender devices small (one path, small tables, 1500-byte datagrams, no
-// receive spinning): they are the harness, ten thousand of them in one process; the receiver
-// has the defaults.
+// receive spinning, sockets without GSO and GRO, whose receive buffers are 64 KiB each): they are
+// the harness, ten thousand of them in one process; the receiver has the defaults.
 var senderConfig = config.Device{Addr: loopback, Paths: 1, RxSpin: -1, QPNTableSize: 256, MaxQP: 4, MaxCQ: 4,
-	MaxPD: 4, MaxMR: 16, MaxAH: 16, PathMTU: 1500, MTU: 256}
+	MaxPD: 4, MaxMR: 16, MaxAH: 16, PathMTU: 1500, MTU: 256, NoOffload: true}
 
 // newPeerSender makes a sender and exchanges one message with the receiver srv: a SEND
 // carrying the sender's GID and QP number, and the answer.
@@ -327,10 +326,6 @@ func peersRun(o *options, n int) (res peersResult, err error) {
 		return res, err
 	}
 	defer func() { err = closeServer(c, err) }()
-	// The senders' sockets without GSO and GRO, whose receive buffers are 64 KiB each (the
-	// receiver, started before, has them).
-	os.Setenv("SOFTEFA_NO_OFFLOAD", "1")
-	defer os.Unsetenv("SOFTEFA_NO_OFFLOAD")
 	var senders []*peerSender
 	defer func() {
 		for _, p := range senders {

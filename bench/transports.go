@@ -16,7 +16,6 @@ import (
 	"math/big"
 	"net"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -134,11 +133,7 @@ func (u rawUDP) name() string {
 }
 
 func (u rawUDP) listen() (*link.UDP, error) {
-	if u.noOffload {
-		os.Setenv("SOFTEFA_NO_OFFLOAD", "1")
-		defer os.Unsetenv("SOFTEFA_NO_OFFLOAD")
-	}
-	return link.ListenUDP(loopback, 1)
+	return link.ListenUDPOptions(loopback, 1, link.UDPOptions{NoOffload: u.noOffload})
 }
 
 func (u rawUDP) serve(j job) (server, error) {

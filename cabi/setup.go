@@ -26,6 +26,9 @@ type Options struct {
 	// 4.5 and libfabric 1.17 all take for EFA (perftest knows only 0xefa0 and 0xefa1, and
 	// 0xefa0 makes libfabric expect sub-CQs).
 	PartID uint32
+	// Settings are NAME=VALUE entries for the program's environment, one per Setting given
+	// (Settings: the Env name and EnvValue's value).
+	Settings []string
 }
 
 // Setup is a prepared environment: a sysfs tree in Dir and the variables to run a program with.
@@ -98,6 +101,7 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 	if o.Paths > 0 {
 		s.Env = append(s.Env, fmt.Sprintf("SOFTEFA_PATHS=%d", o.Paths))
 	}
+	s.Env = append(s.Env, o.Settings...)
 	if _, ok := os.LookupEnv("FI_EFA_ENABLE_SHM_TRANSFER"); !ok {
 		// Two processes on one host would otherwise talk over libfabric's shm provider.
 		s.Env = append(s.Env, "FI_EFA_ENABLE_SHM_TRANSFER=0")

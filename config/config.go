@@ -118,6 +118,9 @@ type Device struct {
 	// while traffic is that sparse; bulk traffic never has so few in flight, and a network that
 	// loses nothing pays nothing.
 	NoSparseCopies bool
+	// NoOffload keeps UDP GSO and GRO off on the UDP link package verbs opens on Addr (the
+	// link's UDPOptions): every datagram a packet of its own, as a capture needs.
+	NoOffload bool
 
 	// Driven makes a device with no goroutines of its own: whoever owns it moves it by calling
 	// Drive (verbs.Context.Drive), which reads what the link holds, serves doorbells and timers,
@@ -216,12 +219,6 @@ func (c *Device) Fill() error {
 	}
 	if c.RxSpin == 0 {
 		c.RxSpin = def.RxSpin
-		if v, err := time.ParseDuration(os.Getenv("SOFTEFA_RXSPIN")); err == nil {
-			c.RxSpin = v // for measuring: SOFTEFA_RXSPIN=-1ns turns spinning off
-		}
-	}
-	if os.Getenv("SOFTEFA_NO_SPARSE_COPIES") != "" {
-		c.NoSparseCopies = true // for measuring what the copies cost
 	}
 	if c.MaxRDMASize == 0 {
 		c.MaxRDMASize = def.MaxRDMASize

@@ -2,7 +2,6 @@ package link
 
 import (
 	"encoding/binary"
-	"os"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -25,12 +24,8 @@ const (
 var cmsgSegSpace = unix.CmsgSpace(2)
 var cmsgGROSpace = unix.CmsgSpace(4)
 
-// enableOffload turns GRO on for socket 0 and GSO on for sends, unless SOFTEFA_NO_OFFLOAD is
-// set (for measuring without them).
+// enableOffload turns GRO on for socket 0 and GSO on for sends.
 func (u *UDP) enableOffload() {
-	if os.Getenv("SOFTEFA_NO_OFFLOAD") != "" {
-		return
-	}
 	u.gso.Store(true)
 	_ = u.raws[0].Control(func(fd uintptr) {
 		u.gro = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_GRO, 1) == nil

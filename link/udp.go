@@ -35,9 +35,22 @@ type UDP struct {
 // DefaultSocketBuffer is the send and receive buffer size ListenUDP asks for.
 const DefaultSocketBuffer = 4 << 20
 
+// UDPOptions are the settings of a UDP link (config.Device carries them; docs/settings.md).
+type UDPOptions struct {
+	// NoOffload keeps UDP GSO and GRO off: every datagram crosses the kernel as a packet of its
+	// own. For captures (a GSO run on loopback is one packet to a capture) and for measuring what
+	// the offloads earn.
+	NoOffload bool
+}
+
 // ListenUDP binds a device's sockets: the first on addr (port 0 picks one), the others on the
 // same IP. addr's IP must be a concrete address, since it becomes part of the device's GID.
 func ListenUDP(addr netip.AddrPort, paths int) (*UDP, error) {
+	return ListenUDPOptions(addr, paths, UDPOptions{})
+}
+
+// ListenUDPOptions is ListenUDP with settings.
+func ListenUDPOptions(addr netip.AddrPort, paths int, o UDPOptions) (*UDP, error) {
 	if !addr.Addr().IsValid() || addr.Addr().IsUnspecified() {
 		return nil, fmt.Errorf("link: %v: a device needs a concrete IP address", addr)
 	}
@@ -67,7 +80,9 @@ func ListenUDP(addr netip.AddrPort, paths int) (*UDP, error) {
 		u.conns = append(u.conns, c)
 		u.raws = append(u.raws, raw)
 	}
-	u.enableOffload()
+	if !o.NoOffload {
+		u.enableOffload()
+	}
 	u.local = u.conns[0].LocalAddr().(*net.UDPAddr).AddrPort()
 	u.local = netip.AddrPortFrom(u.local.Addr().Unmap(), u.local.Port())
 	return u, nil

@@ -12,15 +12,13 @@ import (
 // whole, in order, from the right address, with offload and without.
 func TestUDPBatches(t *testing.T) {
 	for _, off := range []bool{true, false} {
-		if !off {
-			t.Setenv("SOFTEFA_NO_OFFLOAD", "1")
-		}
 		lo := netip.MustParseAddrPort("127.0.0.1:0")
-		a, err := ListenUDP(lo, 3)
+		o := UDPOptions{NoOffload: !off}
+		a, err := ListenUDPOptions(lo, 3, o)
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := ListenUDP(lo, 1)
+		b, err := ListenUDPOptions(lo, 1, o)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -55,7 +55,7 @@ func NewDevice(cfg config.Device) (*Device, error) {
 	switch {
 	case cfg.Link != nil:
 	case cfg.Addr.IsValid():
-		l, err := link.ListenUDP(cfg.Addr, cmp.Or(cfg.Paths, config.Default().Paths))
+		l, err := link.ListenUDPOptions(cfg.Addr, cmp.Or(cfg.Paths, config.Default().Paths), link.UDPOptions{NoOffload: cfg.NoOffload})
 		if err != nil {
 			return nil, err
 		}

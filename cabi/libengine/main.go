@@ -7,7 +7,8 @@
 //
 // The device is configured from the environment the launcher (softefa run) sets:
 // SOFTEFA_ADDR (the UDP endpoint, ip:port, whose GID the sysfs tree shows), SOFTEFA_NAME and
-// SOFTEFA_PATHS, SOFTEFA_PART_ID, SOFTEFA_RXSPIN (default: no spinning); SOFTEFA_KEY turns on encryption, as for the other tools.
+// SOFTEFA_PATHS, SOFTEFA_PART_ID, and the settings softefa run's flags give (cabi.Settings;
+// docs/settings.md); SOFTEFA_KEY turns on encryption, as for the other tools.
 package main
 
 /*
@@ -29,6 +30,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/softefa/softefa/cabi"
@@ -68,11 +70,32 @@ func device() (*uverbs.Device, error) {
 		}
 		cfg.Paths = n
 	}
-	if _, ok := os.LookupEnv("SOFTEFA_RXSPIN"); !ok {
-		// The receive loop does not spin: programs on this ABI busy-poll their CQs themselves,
-		// and a spinning engine thread takes the CPU they need (ib_send_lat -s 64 on 2 vCPUs:
-		// 70 µs typical without, 0.7 ms with the default 200 µs).
-		cfg.RxSpin = -1
+	// The receive loop does not spin unless told to: programs on this ABI busy-poll their CQs
+	// themselves, and a spinning engine thread takes the CPU they need (ib_send_lat -s 64 on 2
+	// vCPUs: 70 µs typical without, 0.7 ms with the default 200 µs).
+	cfg.RxSpin = -1
+	if v, ok, err := cabi.EnvDuration("SOFTEFA_RXSPIN"); err != nil {
+		return nil, err
+	} else if ok && v > 0 {
+		cfg.RxSpin = v
+	}
+	var err error
+	if cfg.NoSparseCopies, err = cabi.EnvBool("SOFTEFA_NO_SPARSE_COPIES"); err != nil {
+		return nil, err
+	}
+	if cfg.NoOffload, err = cabi.EnvBool("SOFTEFA_NO_OFFLOAD"); err != nil {
+		return nil, err
+	}
+	opts := uverbs.DefaultOptions()
+	for _, b := range []struct {
+		env string
+		to  *time.Duration
+	}{{"SOFTEFA_LINGER", &opts.Linger}, {"SOFTEFA_CQ_SPIN", &opts.CQSpin}, {"SOFTEFA_DB_SPIN", &opts.DoorbellSpin}} {
+		if v, ok, err := cabi.EnvDuration(b.env); err != nil {
+			return nil, err
+		} else if ok {
+			*b.to = v
+		}
 	}
 	if v := os.Getenv("SOFTEFA_PART_ID"); v != "" {
 		n, err := strconv.ParseUint(v, 0, 32)
@@ -99,7 +122,7 @@ func device() (*uverbs.Device, error) {
 			return nil, fmt.Errorf("device address %q: %w", addr, err)
 		}
 		cfg.Addr = ap
-		l, err := link.ListenUDP(ap, max(cfg.Paths, config.Default().Paths))
+		l, err := link.ListenUDPOptions(ap, max(cfg.Paths, config.Default().Paths), link.UDPOptions{NoOffload: cfg.NoOffload})
 		if err != nil {
 			return nil, err
 		}
@@ -112,7 +135,7 @@ func device() (*uverbs.Device, error) {
 		}
 		return nil, err
 	}
-	state.dev = uverbs.NewDevice(e)
+	state.dev = uverbs.NewDevice(e, opts)
 	if _, set := os.LookupEnv("GOMAXPROCS"); (state.dev.CQTraps() || state.dev.Lingers()) && !set {
 		// This Go runtime serves the device alone, and with completion traps or lingering the
 		// program's own thread does most of the device's receiving: one processor for the rest,

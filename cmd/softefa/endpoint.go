@@ -43,10 +43,15 @@ type endpointConfig struct {
 	pathMTU int
 	events  bool   // give the CQ a completion channel
 	key     []byte // authenticated encryption
+
+	rxSpin         time.Duration // config.Device's settings of the same names
+	noSparseCopies bool
+	noOffload      bool
 }
 
 func newEndpoint(c endpointConfig) (*endpoint, error) {
-	cfg := config.Device{Paths: c.paths, PathMTU: c.pathMTU, Key: c.key}
+	cfg := config.Device{Paths: c.paths, PathMTU: c.pathMTU, Key: c.key, RxSpin: c.rxSpin,
+		NoSparseCopies: c.noSparseCopies, NoOffload: c.noOffload}
 	if c.addr != "" {
 		ap, err := parseAddr(c.addr)
 		if err != nil {

@@ -50,6 +50,9 @@ type perfOpts struct {
 	postList   int
 	mtu        int
 	paths      int
+	rxSpin     time.Duration
+	noSparse   bool
+	noOffload  bool
 	json       bool
 	stats      bool
 	metrics    string
@@ -107,6 +110,10 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 		"perftest's default is 1, a doorbell per WR)")
 	fs.IntVar(&o.mtu, "mtu", 0, "path MTU, 576 to 65535 (0: 9001 on loopback, else 1500)")
 	fs.IntVar(&o.paths, "paths", 4, "paths (UDP source ports) per device, 1 to 255")
+	fs.DurationVar(&o.rxSpin, "rx-spin", 0, "how long the receive loop keeps reading without waiting after traffic (0: the default,\n"+
+		"200us; negative: never)")
+	fs.BoolVar(&o.noSparse, "no-sparse-copies", false, "no second copy, on another path, of packets sent while few are in flight after a loss")
+	fs.BoolVar(&o.noOffload, "no-offload", false, "UDP GSO and GRO off: every datagram a packet of its own, as a capture needs")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of the table (the client prints the result)")
 	fs.BoolVar(&o.stats, "stats", false, "print the device, QP and path counters at the end")
 	fs.StringVar(&o.metrics, "metrics", "", "serve counters for Prometheus on this address (HOST:PORT) while running")
@@ -317,7 +324,8 @@ func endpointFor(o *perfOpts, addr string, h *hello) (*endpoint, error) {
 		size, qps = h.Size, h.QPs
 	}
 	return newEndpoint(endpointConfig{addr: addr, typ: verbs.QPTDriver, qps: qps, bufSize: max(size, 8192),
-		depth: depth, paths: o.paths, pathMTU: o.mtu, events: h != nil, key: o.key})
+		depth: depth, paths: o.paths, pathMTU: o.mtu, events: h != nil, key: o.key,
+		rxSpin: o.rxSpin, noSparseCopies: o.noSparse, noOffload: o.noOffload})
 }
 
 func (e *endpoint) hello() hello {

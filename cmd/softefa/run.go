@@ -30,13 +30,17 @@ func runRun(args []string) error {
 	ip := fs.String("ip", "", "the IP address of per-process devices (default 127.0.0.1)")
 	paths := fs.Int("paths", 0, "UDP paths (default 4)")
 	printEnv := fs.Bool("print-env", false, "print the environment instead of running a command (for shells)")
+	var settings []string
+	for _, st := range cabi.Settings {
+		fs.Var(&settingFlag{st, &settings}, st.Flag, st.Usage)
+	}
 	fs.Parse(args)
 	cmd := fs.Args()
 	if len(cmd) == 0 && !*printEnv {
 		fs.Usage()
 		os.Exit(2)
 	}
-	o := cabi.Options{Name: *name, Paths: *paths}
+	o := cabi.Options{Name: *name, Paths: *paths, Settings: settings}
 	if *ip != "" {
 		a, err := netip.ParseAddr(*ip)
 		if err != nil {
@@ -91,3 +95,23 @@ func runRun(args []string) error {
 	}
 	return err
 }
+
+// settingFlag is a flag of softefa run for one of cabi.Settings: each use appends the variable
+// that carries it to the program's environment.
+type settingFlag struct {
+	s   cabi.Setting
+	env *[]string
+}
+
+func (f *settingFlag) String() string { return "" }
+
+func (f *settingFlag) Set(v string) error {
+	e, err := f.s.EnvValue(v)
+	if err != nil {
+		return err
+	}
+	*f.env = append(*f.env, f.s.Env+"="+e)
+	return nil
+}
+
+func (f *settingFlag) IsBoolFlag() bool { return f.s.Kind == cabi.Bool }

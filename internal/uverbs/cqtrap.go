@@ -1,10 +1,5 @@
 package uverbs
 
-import (
-	"os"
-	"time"
-)
-
 // Completion traps (docs/cabi.md, "Completion traps"). A program that reads the CQ rings itself
 // (libfabric 2.x's efa provider) calls nothing softefa sees while it waits for a completion, so the
 // completion could only come from the engine's receive loop, whose thread must first be woken and
@@ -15,38 +10,11 @@ import (
 // here, taking the network's datagrams itself, until the entry is written or a budget passes;
 // then the mapping is open again until the next trapped doorbell store.
 
-// defaultCQSpin is how long a guarded CQ read polls the network for the entry it reads; after
-// it, the program spins on the ring as before and the receive loop writes the entry. 0: completion
-// traps are off unless SOFTEFA_CQ_SPIN gives a budget (200us is what docs/cabi.md measured): on by
-// default, each of their two whole runs of libfabric's EFA suite failed a test (docs/cabi.md,
-// "Completion traps").
-const defaultCQSpin = 0
-
-// budget is the duration the environment variable name gives (a Go duration, 0 or more), or def.
-func budget(name string, def time.Duration) time.Duration {
-	if v, err := time.ParseDuration(os.Getenv(name)); err == nil && v >= 0 {
-		return v
-	}
-	return def
-}
-
-// defaultLinger is how long a program's thread, ringing the SQ doorbell of a QP whose previous
-// ring was answered by a receive, polls the network for the next receive before it goes back to
-// the program (engine.Device.AwaitRecv; docs/cabi.md, "Lingering after a post"); SOFTEFA_LINGER
-// gives another budget, 0 turns it off. It holds the program's thread for up to the budget, which
-// a program that computes after its send would feel; a ping-pong's round trip falls to a third.
-// A millisecond, not less: a linger that runs out leaves the next answer to the receive loop,
-// which waits for the Go runtime to take its processor back from the program's thread (a
-// millisecond or two: docs/cabi.md, "The engine's timer slack"), and the peer's linger, waiting
-// meanwhile, runs out in turn; shorter budgets kept ping-pongs in that state for hundreds of
-// round trips.
-const defaultLinger = time.Millisecond
-
-// CQTraps reports whether completion traps are on (SOFTEFA_CQ_SPIN gives a budget).
+// CQTraps reports whether completion traps are on (Options.CQSpin).
 func (d *Device) CQTraps() bool { return d.cqSpin > 0 }
 
 // Lingers reports whether a trapped ring of a ping-ponging QP waits for the answer
-// (SOFTEFA_LINGER gives a budget).
+// (Options.Linger).
 func (d *Device) Lingers() bool { return d.linger > 0 }
 
 // CQRing reports which CQ's ring the mmap key names: its handle, or false when the key is not a
@@ -70,7 +38,7 @@ func (f *File) CQRing(key uint64) (uint32, bool) {
 // as Kick does, and returns the handles of the QP's send and receive CQs if their next entries
 // will come from the network (the QP has sent to another device), for the shim to guard. ok is
 // false for an unknown handle, a QP that has talked only to its own device, or with completion
-// traps off. With a linger budget (SOFTEFA_LINGER), a QP that talks to peers and has completed a
+// traps off. With a linger budget (Options.Linger), a QP that talks to peers and has completed a
 // receive since its previous ring first has the calling thread wait for its next receive
 // (engine.Device.AwaitRecv).
 func (f *File) RingTrapped(h uint32) (send, recv uint32, ok bool) {

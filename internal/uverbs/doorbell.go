@@ -3,7 +3,6 @@
 package uverbs
 
 import (
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -45,12 +44,6 @@ type watched struct {
 	seenRQ uint32
 }
 
-// defaultSpin is how long the watcher keeps scanning without sleeping after a doorbell moved;
-// SOFTEFA_DB_SPIN overrides it. None by default: the shim's wrappers tell the engine of posts
-// made through libibverbs, and on a small machine a spinning watcher takes the CPU from the
-// program's own busy-polling (ib_send_lat -s 64 on 2 vCPUs: 70 µs typical without, 0.7 ms with).
-const defaultSpin = 0
-
 // minPause is the watcher's first pause after a doorbell moved; it doubles up to a millisecond
 // while none moves.
 const minPause = 50 * time.Microsecond
@@ -60,11 +53,10 @@ const minPause = 50 * time.Microsecond
 // trip here is a few hundred microseconds) would otherwise find it asleep for longer.
 const busyWindow = 2 * time.Millisecond
 
-func newWatcher(e *engine.Device) *watcher {
-	w := &watcher{e: e, spin: defaultSpin, wake: make(chan struct{}, 1), stop: make(chan struct{})}
-	if v, err := time.ParseDuration(os.Getenv("SOFTEFA_DB_SPIN")); err == nil && v >= 0 {
-		w.spin = v
-	}
+// newWatcher starts a watcher that keeps scanning for spin after a doorbell moved
+// (Options.DoorbellSpin).
+func newWatcher(e *engine.Device, spin time.Duration) *watcher {
+	w := &watcher{e: e, spin: spin, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 	go w.loop()
 	return w
 }

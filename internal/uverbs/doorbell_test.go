@@ -68,10 +68,10 @@ func TestTrapDoorbells(t *testing.T) {
 // TestCQRing: the shim learns which mmap key is a CQ's ring, to guard the program's mapping of it
 // after a trapped doorbell store; RingTrapped names a QP's CQs for guarding only once the QP has
 // talked to another device (a QP that has not, here with no link at all, gets its completions
-// from the device itself, at once), and completion traps can be turned off (SOFTEFA_CQ_SPIN=0).
+// from the device itself, at once), and completion traps can be turned off (Options.CQSpin 0).
 func TestCQRing(t *testing.T) {
 	h := newHarness(t)
-	h.d.cqSpin = 200 * time.Microsecond // on (SOFTEFA_CQ_SPIN=200us)
+	h.d.cqSpin = 200 * time.Microsecond // on (Options.CQSpin)
 	h.getContext()
 	pd := h.allocPD()
 	cq, cr := h.createCQ(64, 32, 0)

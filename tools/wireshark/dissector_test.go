@@ -27,9 +27,6 @@ func TestDissector(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("capturing on loopback needs root")
 	}
-	// On loopback a GSO run crosses as one unsegmented packet, which a capture sees as one; with
-	// offload off every datagram is its own packet.
-	t.Setenv("SOFTEFA_NO_OFFLOAD", "1")
 	pcap := filepath.Join(t.TempDir(), "softefa.pcap")
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -132,7 +129,9 @@ func traffic(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		e.dev, err = verbs.NewDevice(config.Device{Addr: lo})
+		// On loopback a GSO run crosses as one unsegmented packet, which a capture sees as one;
+		// with offload off every datagram is its own packet.
+		e.dev, err = verbs.NewDevice(config.Device{Addr: lo, NoOffload: true})
 		must(err)
 		e.ctx, err = e.dev.Open()
 		must(err)

@@ -6,7 +6,8 @@
 -- their shape (a heuristic dissector); "softefa" is the display filter.
 --
 -- A capture on loopback sees a UDP GSO run as one packet holding several datagrams, which this
--- dissector does not take apart: run the devices with SOFTEFA_NO_OFFLOAD=1 while capturing there.
+-- dissector does not take apart: run the devices with their offloads off while capturing there
+-- (--no-offload, config.Device.NoOffload; docs/settings.md).
 
 local p = Proto("softefa", "softefa SRD over UDP")
 

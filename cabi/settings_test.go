@@ -1,0 +1,75 @@
+//go:build linux
+
+package cabi
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSettingsReadAndListed: every setting softefa run offers is read by the program's engine or
+// shim under its variable's name, and listed with its flag and variable in docs/settings.md, the
+// one table of settings.
+func TestSettingsReadAndListed(t *testing.T) {
+	var src strings.Builder
+	files, _ := filepath.Glob("shim/*.c")
+	files = append(files, "libengine/main.go")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src.Write(b)
+	}
+	doc, err := os.ReadFile("../docs/settings.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range Settings {
+		if !strings.Contains(src.String(), `"`+s.Env+`"`) {
+			t.Errorf("%s (--%s) is read by neither the engine nor the shim", s.Env, s.Flag)
+		}
+		if !strings.Contains(string(doc), "`--"+s.Flag+"`") || !strings.Contains(string(doc), s.Env) {
+			t.Errorf("docs/settings.md does not list --%s (%s)", s.Flag, s.Env)
+		}
+	}
+}
+
+func TestSettingValues(t *testing.T) {
+	linger, noOffload := Settings[0], Settings[0]
+	for _, s := range Settings {
+		switch s.Flag {
+		case "linger":
+			linger = s
+		case "no-offload":
+			noOffload = s
+		}
+	}
+	for _, c := range []struct {
+		s       Setting
+		in, out string
+	}{
+		{linger, "200us", "200µs"}, {linger, "0", "0s"}, {linger, "-1ms", ""}, {linger, "soon", ""},
+		{noOffload, "true", "1"}, {noOffload, "false", "0"}, {noOffload, "yes", ""},
+	} {
+		got, err := c.s.EnvValue(c.in)
+		if got != c.out || (err != nil) != (c.out == "") {
+			t.Errorf("--%s %q: got %q, %v; want %q", c.s.Flag, c.in, got, err, c.out)
+		}
+	}
+	t.Setenv("SOFTEFA_LINGER", "250us")
+	if d, ok, err := EnvDuration("SOFTEFA_LINGER"); d != 250*time.Microsecond || !ok || err != nil {
+		t.Errorf("EnvDuration: %v %v %v", d, ok, err)
+	}
+	t.Setenv("SOFTEFA_LINGER", "-1s")
+	if _, _, err := EnvDuration("SOFTEFA_LINGER"); err == nil || !strings.Contains(err.Error(), "SOFTEFA_LINGER") {
+		t.Errorf("EnvDuration of -1s: %v, want an error naming the variable", err)
+	}
+	t.Setenv("SOFTEFA_NO_OFFLOAD", "maybe")
+	if _, err := EnvBool("SOFTEFA_NO_OFFLOAD"); err == nil {
+		t.Error("EnvBool of maybe: no error")
+	}
+}
