@@ -3,6 +3,7 @@
 package uverbs
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -99,5 +100,38 @@ func TestCQRing(t *testing.T) {
 	h.d.cqSpin = 0
 	if got, ok := h.f.CQRing(ringKey); ok {
 		t.Errorf("with completion traps off, CQRing(ring key) = %d", got)
+	}
+}
+
+// TestLingerOnlyPingPongs: a ring lingers for its answer only after lingerAfter rings in a row
+// that a receive followed (a ping-pong); a program whose messages take several posts (a ring with
+// no receive since the one before) never lingers, as the answer needs its next post; a stream,
+// with no receives, never either.
+func TestLingerOnlyPingPongs(t *testing.T) {
+	shapes := []struct {
+		name  string
+		rings string // per ring: a = a receive since the previous ring, - = none
+		want  string // per ring: L = lingers, . = does not
+	}{
+		{"ping-pong", "-aaaaaaaa", ".....LLLL"},
+		{"two posts a message", "-a-a-a-a-a-a-a-a", "................"},
+		{"three posts a message", "-a--a--a--a--a--a--", "..................."},
+		{"stream", "--------", "........"},
+		{"ping-pong after fragments", "-a-a-aaaaaa", ".........LL"},
+		{"one unanswered ring in a ping-pong", "aaaaaa-aaaaa", "....LL.....L"},
+	}
+	for _, s := range shapes {
+		var o qpObj
+		var got strings.Builder
+		for _, r := range s.rings {
+			if o.lingers(r == 'a') {
+				got.WriteByte('L')
+			} else {
+				got.WriteByte('.')
+			}
+		}
+		if got.String() != s.want {
+			t.Errorf("%s: rings %s lingered %s, want %s", s.name, s.rings, got.String(), s.want)
+		}
 	}
 }

@@ -169,6 +169,7 @@ type qpObj struct {
 	cqs       [2]uint32 // the handles of its send and receive CQs
 	asyncSent atomic.Uint32
 	rungRecvs atomic.Uint64 // the QP's RecvWRs count at its last trapped ring (File.RingTrapped)
+	answers   atomic.Int32  // trapped rings in a row a receive followed, up to lingerAfter (lingers)
 	dead      bool          // destroyed; guarded by File.mu
 }
 
