@@ -98,3 +98,18 @@ func checkMode(set map[string]bool, server, loopback bool, connect string) error
 	}
 	return nil
 }
+
+// serveBeside runs serve, a server accepting on ln, in a goroutine beside client (--loopback),
+// and returns both their errors. ln is closed when the client returns: a client that never
+// connected leaves the server in Accept, whose error is then no news.
+func serveBeside(ln net.Listener, serve, client func() error) error {
+	errc := make(chan error, 1)
+	go func() { errc <- serve() }()
+	cerr := client()
+	ln.Close()
+	serr := <-errc
+	if cerr != nil && errors.Is(serr, net.ErrClosed) {
+		serr = nil
+	}
+	return errors.Join(cerr, serr)
+}

@@ -243,18 +243,10 @@ func perf(o *perfOpts) error {
 		if err != nil {
 			return err
 		}
-		errc := make(chan error, 1)
 		so := *o
 		so.metricsSrv = nil // the client's device is the one measured
-		go func() { errc <- perfServe(&so, ln, false) }()
 		o.connect = ln.Addr().String()
-		cerr := perfClient(o)
-		ln.Close() // a client that never connected leaves the server in Accept
-		serr := <-errc
-		if cerr != nil && errors.Is(serr, net.ErrClosed) {
-			serr = nil
-		}
-		return errors.Join(cerr, serr)
+		return serveBeside(ln, func() error { return perfServe(&so, ln, false) }, func() error { return perfClient(o) })
 	}
 	if o.server {
 		ln, err := net.Listen("tcp", o.listen)

@@ -77,15 +77,7 @@ func pingpong(o *pingOpts) error {
 		if err != nil {
 			return err
 		}
-		errc := make(chan error, 1)
-		go func() { errc <- pingServe(o, ln, false) }()
-		cerr := pingClient(o, ln.Addr().String())
-		ln.Close() // a client that never connected leaves the server in Accept
-		serr := <-errc
-		if cerr != nil && errors.Is(serr, net.ErrClosed) {
-			serr = nil
-		}
-		return errors.Join(cerr, serr)
+		return serveBeside(ln, func() error { return pingServe(o, ln, false) }, func() error { return pingClient(o, ln.Addr().String()) })
 	}
 	if o.server {
 		ln, err := net.Listen("tcp", o.listen)
