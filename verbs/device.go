@@ -362,6 +362,7 @@ type Counters struct {
 	CQOverruns, BadPackets, StalePackets                             uint64
 	Unvalidated, AuthFailures, Replays                               uint64
 	SpuriousRetrans                                                  uint64 // packets counted lost that arrived after all
+	SpuriousTimeouts                                                 uint64 // retransmission timeouts that proved spurious
 	SparseCopies                                                     uint64 // second copies of packets sent while few were in flight
 	EngineWakeups                                                    uint64 // times the device's engine loop woke (none while idle)
 	PeersForgotten                                                   uint64 // peer contexts dropped idle, by age or to make room
@@ -383,7 +384,8 @@ func (c *Context) Counters() Counters {
 		ImpairedRemoteConnEvents: e.ImpairedRemoteConnEvents.Load(), BadPackets: e.BadPackets.Load(),
 		StalePackets: e.StalePackets.Load(), Unvalidated: e.Unvalidated.Load(), AuthFailures: e.AuthFailures.Load(),
 		Replays: e.Replays.Load(), SpuriousRetrans: e.SpuriousRetrans.Load(),
-		SparseCopies: e.SparseCopies.Load(), EngineWakeups: e.EngineWakeups.Load(),
+		SpuriousTimeouts: e.SpuriousTimeouts.Load(),
+		SparseCopies:     e.SparseCopies.Load(), EngineWakeups: e.EngineWakeups.Load(),
 		PeersForgotten: e.PeersForgotten.Load(),
 	}
 }

@@ -91,7 +91,7 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 		return
 	}
 	s.hzn, s.hasHzn, s.hznEpoch = a.Horizon, a.HasHorizon, epoch
-	tally := ackTally{rtt: -1}
+	tally := ackTally{rtt: -1, early: s.rtoAt != 0 && s.acksEarly(a)}
 	ack := func(psn wire.PSN) { t.ackSlot(p, s.slot(psn), now, &tally) }
 	for psn := s.una; psn.Less(a.Cum); psn++ {
 		ack(psn)
@@ -112,8 +112,14 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 	}
 	timedOut := time.Duration(-1)
 	if tally.newly > 0 {
-		if s.rtoAt != 0 {
+		if s.rtoAt != 0 && !tally.early {
 			timedOut = s.rtoLine // (checkRTO)
+		} else if s.rtoAt != 0 {
+			// The timer fired, but a packet sent before it, and never again, has arrived: the
+			// peer was slow to answer (a starved process reading its backlog), not losing. What
+			// waited the timeout is left to the acknowledgements still to come (F-RTO, RFC
+			// 5682); had it been lost, the timer fires again, and then counts it lost.
+			t.counts.SpuriousTimeouts.Add(1)
 		}
 		s.progress, s.rtoAt = now, 0
 	}
@@ -144,7 +150,7 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 			continue
 		}
 		ps := &p.paths[e.path]
-		revealed := e.at+reo < ps.ackedAt || anyAcked >= e.at && now-e.at > 2*cmp.Or(ps.srtt, s.srtt)+reo
+		revealed := e.at+reo < ps.ackedAt || anyAcked > e.at && now-e.at > 2*cmp.Or(ps.srtt, s.srtt)+reo
 		if !revealed && e.at > timedOut {
 			continue
 		}
@@ -169,11 +175,13 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 	t.pump(p)
 }
 
-// ackTally is what one acknowledgement did: how many packets it newly acknowledged, and the
-// latest RTT sample it gave (-1: none).
+// ackTally is what one acknowledgement did: how many packets it newly acknowledged, the latest
+// RTT sample it gave (-1: none), and whether one of them was sent once, before the
+// retransmission timer last fired (early: the timer was spurious).
 type ackTally struct {
 	newly int
 	rtt   time.Duration
+	early bool
 }
 
 // ackSlot records the acknowledgement of one stream slot: the packet leaves the flight, credits
@@ -222,7 +230,14 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 		tally.rtt = now - e.at // a copy left with the packet: its arrival times the round trip as well
 	}
 	if !e.copied { // either copy of a copied packet may be the one that arrived: credit no path
-		creditPath(&p.paths[e.path], e, now, s.minRTT)
+		// A copy sent again counts as arrived if its acknowledgement came a round trip after
+		// it went (creditPath), unless the retransmission timer fired and this acknowledgement
+		// shows it spurious: then the receiver is reading a backlog, and the original came.
+		minRTT := s.minRTT
+		if tally.early {
+			minRTT = -1
+		}
+		creditPath(&p.paths[e.path], e, now, minRTT)
 		p.echoed(e)
 	}
 	m := e.msg
@@ -237,13 +252,38 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 	t.release(m)
 }
 
+// acksEarly reports whether a acknowledges, for the first time, a packet sent once, before the
+// retransmission timer last fired: the timer was spurious.
+func (s *txStream) acksEarly(a *wire.Ack) bool {
+	early := func(psn wire.PSN) bool {
+		e := s.slot(psn)
+		return !e.acked && e.msg != nil && e.retx == 0 && e.at < s.rtoAt
+	}
+	for psn := s.una; psn.Less(a.Cum); psn++ {
+		if early(psn) {
+			return true
+		}
+	}
+	for w, word := range a.Sack {
+		for word != 0 {
+			i := bits.TrailingZeros64(word)
+			word &^= 1 << i
+			if psn := a.Cum + 1 + wire.PSN(w*64+i); psn.Less(s.next) && !psn.Less(s.una) && early(psn) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // creditPath records on the path that carried e that it was acknowledged: the path is healthy
 // again, and (if e went once) an RTT sample and the send time of its latest acknowledged packet.
 // A packet that went more than once gives no RTT sample (which copy arrived is unknown, Karn's
 // rule), but when its acknowledgement came at least minRTT after its latest copy went, that copy
 // is taken to have arrived (RACK's rule, RFC 8985): its send time counts as acknowledged, so
 // that packets sent before it and still unacknowledged count as lost (onAck). This is what
-// makes a retransmission timeout's probe reveal the other losses of a tail (checkRTO).
+// makes a retransmission timeout's probe reveal the other losses of a tail (checkRTO). A
+// negative minRTT takes no copy sent again to have arrived.
 func creditPath(ps *pathState, e *sentPkt, now, minRTT time.Duration) {
 	if !ps.failed || e.at >= ps.failedAt { // an acknowledgement of a packet from before the failure proves nothing
 		ps.losses, ps.failed = 0, false
@@ -252,7 +292,7 @@ func creditPath(ps *pathState, e *sentPkt, now, minRTT time.Duration) {
 		ps.unproven = false // the peer took a datagram from the path's port since it was in doubt
 	}
 	if e.retx != 0 {
-		if minRTT > 0 && now-e.at >= minRTT {
+		if minRTT >= 0 && now-e.at >= max(minRTT, 1) {
 			ps.ackedAt = max(ps.ackedAt, e.at)
 		}
 		return

@@ -71,6 +71,7 @@ type Counters struct {
 	Unvalidated                                        atomic.Uint64 // from devices not yet validated: challenged
 	AuthFailures, Replays                              atomic.Uint64 // sealed datagrams dropped
 	SpuriousRetrans                                    atomic.Uint64 // packets counted lost that arrived after all (softefa's own)
+	SpuriousTimeouts                                   atomic.Uint64 // retransmission timeouts a packet sent before them, once, proved spurious (softefa's own)
 	SparseCopies                                       atomic.Uint64 // second copies of packets sent while few were in flight (softefa's own)
 	PeersForgotten                                     atomic.Uint64 // peer contexts dropped idle, by age or for room (softefa's own)
 }
