@@ -279,13 +279,11 @@ func TestFlushAcksLeavesNoneOwed(t *testing.T) {
 	for b.q.recvCQ.written.Load() < 2 { // (one CQ for both queues: the first entry is b's SEND)
 		waiting("receive of a's SEND at b")
 		dr := b.d.drv
-		b.d.mu.Lock()
-		b.d.useTx(dr.q)
-		if n, _ := dr.poller.TryReceive(dr.rx.Pkts); n > 0 {
-			b.d.srd.Input(dr.rx, n, true)
-		}
-		b.d.mu.Unlock()
-		b.d.sendTx(dr.q)
+		b.d.locked(dr.q, func(now time.Duration) {
+			if n, _ := dr.poller.TryReceive(dr.rx.Pkts); n > 0 {
+				b.d.srd.Input(now, dr.rx, n, true)
+			}
+		})
 	}
 	if !b.d.srd.AcksOwed() {
 		t.Fatal("no ACK owed after a lazy input from a peer b talks to: the test would prove nothing")

@@ -15,9 +15,11 @@
 // and the timers), the receive loop (rxLoop: arrivals), a poster that finds the device free
 // (ringInline, taking mu with TryLock so that it never waits), an application polling an empty CQ
 // (PollNetwork), or, for a driven device with no goroutines of its own, the owner (Drive). Each
-// holder reads the clock once and builds datagrams into a queue of its own (useTx), and sends
-// them after letting go of mu: no lock of the device is held across a system call. Control calls
-// (create, modify, destroy) take mu too, so they see the device between batches.
+// holder does its work as one batch (locked, or unlockAfter once it has taken mu with TryLock):
+// the clock is read once for the batch and passed to each call that needs it, the transport
+// builds datagrams into the holder's own queue, and they are sent after mu is let go: no lock of
+// the device is held across a system call. Control calls (create, modify, destroy) take mu too,
+// so they see the device between batches.
 // docs/architecture.md has the whole table of owners.
 //
 // The provider owns the other side of each ring: it writes entries and stores the producer
@@ -85,7 +87,6 @@ type Device struct {
 	// SRD over the link (package srd); nil without a link: the device reaches only itself.
 	link    link.Link
 	srd     *srd.Transport
-	now     time.Duration // the clock, read once per batch by the goroutine holding mu (useTx)
 	start   time.Time
 	freeIn  []*inbound
 	freeWRs []*sendWR
@@ -174,16 +175,17 @@ func NewDevice(cfg config.Device) (*Device, error) {
 // Close stops the engine loop and closes the link. Objects still open are left as they are;
 // their memory is freed with the device.
 func (d *Device) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	closed := false
+	q := d.takeTxq()
+	d.locked(q, func(now time.Duration) {
+		if closed = d.closed; !closed {
+			d.flushAllAcks(now) // what a busy poll left owed goes now: the peers are waiting for it
+			d.closed = true
+		}
+	})
+	d.putTxq(q)
+	if closed {
 		return nil
-	}
-	owed := d.takeOwedAcks() // what a busy poll left owed goes now: the peers are waiting for it
-	d.closed = true
-	d.mu.Unlock()
-	if owed != nil {
-		d.srd.Flush(owed)
 	}
 	close(d.done)
 	if d.link != nil {
@@ -198,27 +200,20 @@ func (d *Device) Close() error {
 // an owed ACK would die with the process, and the peer's send would then fail as unresponsive
 // after its transport timeout although the message was delivered.
 func (d *Device) FlushAcks() {
-	d.mu.Lock()
-	var owed *srd.Queue
-	if !d.closed {
-		owed = d.takeOwedAcks()
-	}
-	d.mu.Unlock()
-	if owed != nil {
-		d.srd.Flush(owed)
-	}
+	q := d.takeTxq()
+	d.locked(q, func(now time.Duration) {
+		if !d.closed {
+			d.flushAllAcks(now)
+		}
+	})
+	d.putTxq(q)
 }
 
-// takeOwedAcks builds every owed ACK into a queue of its own and returns it (nil when none is
-// owed); the caller holds mu and sends the queue after releasing it.
-func (d *Device) takeOwedAcks() *srd.Queue {
-	if d.srd == nil || !d.srd.AcksOwed() {
-		return nil
+// flushAllAcks has every owed ACK sent at now; the caller holds mu.
+func (d *Device) flushAllAcks(now time.Duration) {
+	if d.srd != nil && d.srd.AcksOwed() {
+		d.srd.FlushAcks(now, 0)
 	}
-	q := d.srd.NewQueue()
-	d.useTx(q)
-	d.srd.FlushAcks(0)
-	return q
 }
 
 // Config returns the device's configuration with defaults filled in.

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"time"
+
 	"github.com/softefa/softefa/efaio"
 	"github.com/softefa/softefa/internal/srd"
 	"github.com/softefa/softefa/internal/uapi"
@@ -29,9 +31,9 @@ type sendWR struct {
 // statusPending is execute's "the WR is on the network": not an EFA status.
 const statusPending efaio.Status = 0xff
 
-// sendRemote starts a request to another device: q's WR completes when the peer answers (or the
-// transport gives up).
-func (d *Device) sendRemote(q *QP, w *efaio.TxDesc, m *message, tries int) efaio.Status {
+// sendRemote starts a request to another device, at now: q's WR completes when the peer answers
+// (or the transport gives up).
+func (d *Device) sendRemote(q *QP, w *efaio.TxDesc, m *message, tries int, now time.Duration) efaio.Status {
 	sw := d.newSendWR()
 	sw.q, sw.w, sw.tries, sw.length = q, *w, tries, m.length
 	if w.Inline {
@@ -48,7 +50,7 @@ func (d *Device) sendRemote(q *QP, w *efaio.TxDesc, m *message, tries int) efaio
 	sw.idx = len(q.out)
 	q.out = append(q.out, sw) // before Request: a request can end inside it
 	q.outN.Store(int32(len(q.out)))
-	msg, st := d.srd.Request(m.dstGID, &r, sw)
+	msg, st := d.srd.Request(now, m.dstGID, &r, sw)
 	if st != efaio.StatusOK {
 		q.dropOut(sw)
 		d.freeWRs = append(d.freeWRs, sw)
@@ -60,10 +62,10 @@ func (d *Device) sendRemote(q *QP, w *efaio.TxDesc, m *message, tries int) efaio
 	return statusPending
 }
 
-// sendUD sends a UD message as one datagram; the WR succeeds once it is sent.
-func (d *Device) sendUD(m *message) efaio.Status {
+// sendUD sends a UD message as one datagram, at now; the WR succeeds once it is sent.
+func (d *Device) sendUD(m *message, now time.Duration) efaio.Status {
 	r := m.request()
-	return d.srd.UD(m.dstGID, &r)
+	return d.srd.UD(now, m.dstGID, &r)
 }
 
 // request is m as the transport takes it (a SEND; the caller sets other operations).
@@ -140,16 +142,16 @@ func (q *QP) dropOut(sw *sendWR) {
 // host is the device as its transport sees it (srd.Host).
 type host Device
 
-// Done finishes a WR the transport has an outcome for: it completes, or after RNR waits to be
-// tried again as a new request.
-func (h *host) Done(owner any, st efaio.Status, mayRetry bool) {
+// Done finishes a WR the transport has an outcome for at now: it completes, or after RNR waits
+// to be tried again as a new request.
+func (h *host) Done(now time.Duration, owner any, st efaio.Status, mayRetry bool) {
 	d := (*Device)(h)
 	sw := owner.(*sendWR)
 	if q := sw.q; q != nil {
 		q.dropOut(sw)
 		if mayRetry && st == efaio.StatusRemoteRNR && (q.attr.RNRRetry == uapi.RNRRetryInfinite || sw.tries < int(q.attr.RNRRetry)) &&
 			(q.attr.State == uapi.QPSRTS || q.attr.State == uapi.QPSSQD) {
-			q.parked = append(q.parked, parked(&sw.w, sw.tries+1, d.now+d.cfg.RNRInterval))
+			q.parked = append(q.parked, parked(&sw.w, sw.tries+1, now+d.cfg.RNRInterval))
 		} else {
 			msg := message{length: sw.length}
 			d.count(q, &sw.w, &msg, st)

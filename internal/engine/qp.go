@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/softefa/softefa/efaio"
-	"github.com/softefa/softefa/internal/srd"
 	"github.com/softefa/softefa/internal/uapi"
 )
 
@@ -300,9 +299,16 @@ func (d *Device) QueryQP(q *QP) (QPAttr, QPCaps) {
 // DestroyQP flushes q's outstanding work requests (FLUSHED completions for every unprocessed or
 // waiting send and every posted receive) and frees it. The QP number is not reused at once.
 func (d *Device) DestroyQP(q *QP) error {
-	d.mu.Lock()
+	var err error
+	tq := d.takeTxq()
+	d.locked(tq, func(now time.Duration) { err = d.destroyQP(q, now) })
+	d.putTxq(tq)
+	return err
+}
+
+// destroyQP is DestroyQP at now, with d.mu held.
+func (d *Device) destroyQP(q *QP, now time.Duration) error {
 	if q.dead {
-		d.mu.Unlock()
 		return fmt.Errorf("engine: QP %d already destroyed: %w", q.qpn, syscall.EINVAL)
 	}
 	// WQEs whose doorbell was stored before the destroy are carried out first, as a device that
@@ -310,20 +316,10 @@ func (d *Device) DestroyQP(q *QP) error {
 	// that does not trap: docs/cabi.md, "Doorbells") must not turn a send the program made, and
 	// may already count as done (an inject), into a flushed one. What is still on the network
 	// afterwards is flushed below: its sent segments are delivered, the rest dropped.
-	var tq *srd.Queue
 	if q.attr.State == uapi.QPSRTS && uint16(atomic.LoadUint32(q.sq.db)) != q.sq.ci {
-		tq = d.takeTxq()
-		d.useTx(tq)
-		for d.processSQ(q, d.now) {
+		for d.processSQ(q, now) {
 		}
 	}
-	defer func() {
-		d.mu.Unlock()
-		if tq != nil {
-			d.sendTx(tq)
-			d.putTxq(tq)
-		}
-	}()
 	if q.attr.State != uapi.QPSReset {
 		q.flush()
 	}

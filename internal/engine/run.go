@@ -30,8 +30,8 @@ func (d *Device) Ring(q *QP) {
 // false, having done nothing, if the device was busy or closed.
 //
 // The device lock is taken with TryLock: a poster never waits for the device (the engine loop
-// does the work instead), and the datagrams go out from a queue of the free list (txqs) after
-// the lock is released, so no lock is held across the system call.
+// does the work instead), and the datagrams go out from a queue of the free list (txqs), taken
+// once the lock is held.
 func (d *Device) ringInline(q *QP) bool {
 	if !d.mu.TryLock() {
 		return false
@@ -40,14 +40,14 @@ func (d *Device) ringInline(q *QP) bool {
 		d.mu.Unlock()
 		return false
 	}
+	var worked, busy, more bool
 	tq := d.takeTxq()
-	d.useTx(tq)
-	d.inlineQ[0] = q
-	worked, busy := d.step(d.inlineQ[:], false) // (and sends the owed ACKs that are due)
-	d.inlineQ[0] = nil
-	more := !q.dead && uint16(atomic.LoadUint32(q.sq.db)) != q.sq.ci // a destroyed QP's doorbell page may be gone
-	d.mu.Unlock()
-	d.sendTx(tq)
+	d.unlockAfter(tq, func(now time.Duration) {
+		d.inlineQ[0] = q
+		worked, busy = d.step(d.inlineQ[:], false, now) // (and sends the owed ACKs that are due)
+		d.inlineQ[0] = nil
+		more = !q.dead && uint16(atomic.LoadUint32(q.sq.db)) != q.sq.ci // a destroyed QP's doorbell page may be gone
+	})
 	d.putTxq(tq)
 	switch {
 	case more || busy:
@@ -118,31 +118,28 @@ func (d *Device) Drive() (worked bool) {
 		return false
 	}
 	d.ticks.Add(1)
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return false
-	}
-	d.useTx(dr.q)
-	for dr.poller != nil {
-		n, err := dr.poller.TryReceive(dr.rx.Pkts)
-		if n == 0 || err != nil {
-			break
+	d.locked(dr.q, func(now time.Duration) {
+		if d.closed {
+			return
 		}
-		// The clock again for each batch, as the receive loop reads it: packets are stamped
-		// when sent (srd: Transport.sendTime), and an ACK of one sent in this loop must not be
-		// timed against a reading from before it (a negative RTT).
-		d.useTx(dr.q)
-		d.srd.Input(dr.rx, n, false)
-		worked = true
-	}
-	dr.batch = d.pending.drain(dr.batch)
-	if w, _ := d.step(dr.batch, true); w {
-		worked = true
-	}
-	clear(dr.batch)
-	d.mu.Unlock()
-	d.sendTx(dr.q)
+		for dr.poller != nil {
+			n, err := dr.poller.TryReceive(dr.rx.Pkts)
+			if n == 0 || err != nil {
+				break
+			}
+			// The clock again for each batch, as the receive loop reads it: packets are
+			// stamped when sent (srd: Transport.sendTime), and an ACK of one sent in this loop
+			// must not be timed against a reading from before it (a negative RTT).
+			now = d.clock()
+			d.srd.Input(now, dr.rx, n, false)
+			worked = true
+		}
+		dr.batch = d.pending.drain(dr.batch)
+		if w, _ := d.step(dr.batch, true, now); w {
+			worked = true
+		}
+		clear(dr.batch)
+	})
 	return worked
 }
 
@@ -183,40 +180,40 @@ func (d *Device) run() {
 			// packet the timer would otherwise send again waiting in the socket.
 			d.PollNetwork()
 		}
-		d.mu.Lock()
-		d.useTx(q)
-		batch = d.pending.drain(batch)
-		worked, busy := d.step(batch, polled)
-		if d.inlined.Swap(false) {
-			worked = true
-		}
-		// Idle: nothing to time (no stream has anything outstanding, nothing parked or owed)
-		// and no QP whose doorbells only a poll notices. An idle device sleeps until kicked.
-		idle := !worked && !busy && (d.srd == nil || !d.srd.Busy() && !d.srd.Lingering()) && d.polledQPs == 0 &&
-			len(d.recheck) == 0
-		switch {
-		case worked || busy:
-			period = d.cfg.PollMin
-		case polled:
-			period = min(2*period, d.cfg.PollMax)
-		}
-		if polled {
-			armed = false
-		}
-		stop := idle && armed
-		// (Armed for longer than the period now wanted: ACKs owed after a quiet spell.)
-		reset := !idle && (!armed || worked || armedFor > period)
-		switch {
-		case stop:
-			armed = false
-		case reset:
-			armed, armedFor = true, period
-		}
-		// Decided under the lock: a poster that works inline after this sees whether the timer
-		// will tick fast, and wakes the loop if not (ringInline).
-		d.fastPoll.Store(armed && armedFor == d.cfg.PollMin)
-		d.mu.Unlock()
-		d.sendTx(q)
+		var stop, reset bool
+		d.locked(q, func(now time.Duration) {
+			batch = d.pending.drain(batch)
+			worked, busy := d.step(batch, polled, now)
+			if d.inlined.Swap(false) {
+				worked = true
+			}
+			// Idle: nothing to time (no stream has anything outstanding, nothing parked or
+			// owed) and no QP whose doorbells only a poll notices. An idle device sleeps until
+			// kicked.
+			idle := !worked && !busy && (d.srd == nil || !d.srd.Busy() && !d.srd.Lingering()) && d.polledQPs == 0 &&
+				len(d.recheck) == 0
+			switch {
+			case worked || busy:
+				period = d.cfg.PollMin
+			case polled:
+				period = min(2*period, d.cfg.PollMax)
+			}
+			if polled {
+				armed = false
+			}
+			stop = idle && armed
+			// (Armed for longer than the period now wanted: ACKs owed after a quiet spell.)
+			reset = !idle && (!armed || worked || armedFor > period)
+			switch {
+			case stop:
+				armed = false
+			case reset:
+				armed, armedFor = true, period
+			}
+			// Decided under the lock: a poster that works inline after this sees whether the
+			// timer will tick fast, and wakes the loop if not (ringInline).
+			d.fastPoll.Store(armed && armedFor == d.cfg.PollMin)
+		})
 		switch {
 		case stop:
 			timer.Stop()
@@ -228,9 +225,8 @@ func (d *Device) run() {
 
 // step processes the QPs handed over by Ring and, when polled, every QP's doorbells; then it
 // retries sends parked after RNR. It reports whether any entry was consumed and whether parked
-// work remains. Called with d.mu held.
-func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
-	now := d.now
+// work remains. Called with d.mu held, at now.
+func (d *Device) step(batch []*QP, polled bool, now time.Duration) (worked, busy bool) {
 	rqMoved := false
 	look := func(q *QP) {
 		if d.processSQ(q, now) {
@@ -264,14 +260,14 @@ func (d *Device) step(batch []*QP, polled bool) (worked, busy bool) {
 		return worked || rqMoved, busy
 	}
 	if polled {
-		busy = d.srd.Tick() || busy
+		busy = d.srd.Tick(now) || busy
 	}
 	if d.srd.AcksOwed() {
 		// Owed ACKs (a busy poll's): the engine loop's tick sends them, so it must keep ticking.
 		if polled {
-			d.srd.FlushAcks(0)
+			d.srd.FlushAcks(now, 0)
 		} else {
-			d.srd.FlushAcks(srd.AckDelay)
+			d.srd.FlushAcks(now, srd.AckDelay)
 		}
 		busy = busy || d.srd.AcksOwed()
 	}
@@ -361,12 +357,11 @@ func (d *Device) flushOwed(rx *srd.Inbox, minAge time.Duration) {
 	if !d.srd.AcksOwed() || !d.mu.TryLock() {
 		return
 	}
-	d.useTx(rx.Out)
-	if !d.closed {
-		d.srd.FlushAcks(minAge)
-	}
-	d.mu.Unlock()
-	d.sendTx(rx.Out)
+	d.unlockAfter(rx.Out, func(now time.Duration) {
+		if !d.closed {
+			d.srd.FlushAcks(now, minAge)
+		}
+	})
 }
 
 // pollWhile polls the network on the calling thread, as PollNetwork does, while waiting reports
@@ -432,15 +427,15 @@ func (d *Device) pollNetwork(lazy bool) bool {
 		d.flushOwed(in, srd.AckDelay) // nothing came: the ACKs the last poll left owed may be due
 		return false
 	}
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	closed := false
+	d.locked(in.Out, func(now time.Duration) {
+		if closed = d.closed; !closed {
+			d.srd.Input(now, in, n, lazy)
+		}
+	})
+	if closed {
 		return false
 	}
-	d.useTx(in.Out)
-	d.srd.Input(in, n, lazy)
-	d.mu.Unlock()
-	d.sendTx(in.Out)
 	d.wakeAfterInput()
 	return true
 }
@@ -482,11 +477,7 @@ func (d *Device) rxLoop() {
 			continue
 		}
 		last = time.Now()
-		d.mu.Lock()
-		d.useTx(q)
-		d.srd.Input(rx, n, false)
-		d.mu.Unlock()
-		d.sendTx(q)
+		d.locked(q, func(now time.Duration) { d.srd.Input(now, rx, n, false) })
 		d.wakeAfterInput()
 	}
 }
@@ -504,18 +495,23 @@ func (d *Device) wakeAfterInput() {
 // spinYield: a yield longer than this ends the receive loop's spin.
 const spinYield = 40 * time.Microsecond
 
-// useTx makes q the queue the transport's frames go to until the lock is released, and reads the
-// clock for the batch the caller is about to do (d.now: one read per batch, not per packet); the
-// caller sends what q holds afterwards with sendTx.
-func (d *Device) useTx(q *srd.Queue) {
-	d.now = d.clock()
-	if d.srd != nil {
-		d.srd.Use(q, d.now)
-	}
+// locked takes the device lock and does work as one batch of the device's work (unlockAfter).
+func (d *Device) locked(q *srd.Queue, work func(now time.Duration)) {
+	d.mu.Lock()
+	d.unlockAfter(q, work)
 }
 
-// sendTx sends q's datagrams; called without the lock.
-func (d *Device) sendTx(q *srd.Queue) {
+// unlockAfter does work as one batch of the device's work, then releases the device lock, which
+// the caller holds. work is given the clock, read once for the whole batch (not once per packet),
+// and the transport's frames go into q, the caller's own queue (nil without a link), whose
+// datagrams are sent once the lock is released: no lock of the device is held across the system
+// call.
+func (d *Device) unlockAfter(q *srd.Queue, work func(now time.Duration)) {
+	if d.srd != nil {
+		d.srd.Use(q)
+	}
+	work(d.clock())
+	d.mu.Unlock()
 	if d.srd != nil {
 		d.srd.Flush(q)
 	}

@@ -67,7 +67,7 @@ func (d *Device) execute(q *QP, w *efaio.TxDesc, tries int, now time.Duration) {
 	var m message
 	st := d.prepare(q, w, &m)
 	if st == efaio.StatusOK {
-		st = d.deliver(q, w, &m, tries)
+		st = d.deliver(q, w, &m, tries, now)
 	}
 	if st == statusPending {
 		return // on the network: completeReq finishes it
@@ -162,10 +162,10 @@ func (d *Device) prepareSend(q *QP, w *efaio.TxDesc, m *message) efaio.Status {
 	return efaio.StatusOK
 }
 
-// deliver hands m to its destination. Same-device messages are carried out at once; others go
-// on the link: UD as one datagram, SRD on the peer's stream (statusPending). A device without a
-// link reaches no other address.
-func (d *Device) deliver(q *QP, w *efaio.TxDesc, m *message, tries int) efaio.Status {
+// deliver hands m to its destination, at now. Same-device messages are carried out at once;
+// others go on the link: UD as one datagram, SRD on the peer's stream (statusPending). A device
+// without a link reaches no other address.
+func (d *Device) deliver(q *QP, w *efaio.TxDesc, m *message, tries int, now time.Duration) efaio.Status {
 	switch {
 	case m.dstGID == d.gid:
 		return d.respond(m)
@@ -174,9 +174,9 @@ func (d *Device) deliver(q *QP, w *efaio.TxDesc, m *message, tries int) efaio.St
 	}
 	q.remote.Store(true)
 	if m.typ == uapi.QPTypeUD {
-		return d.sendUD(m)
+		return d.sendUD(m, now)
 	}
-	return d.sendRemote(q, w, m, tries)
+	return d.sendRemote(q, w, m, tries, now)
 }
 
 func (d *Device) count(q *QP, w *efaio.TxDesc, m *message, st efaio.Status) {

@@ -15,7 +15,7 @@ func (t *Transport) completeReq(m *Msg, st efaio.Status, mayRetry bool) {
 	m.answered = true
 	if o := m.owner; o != nil {
 		m.owner = nil
-		t.host.Done(o, st, mayRetry)
+		t.host.Done(t.now, o, st, mayRetry)
 	}
 	t.release(m)
 }

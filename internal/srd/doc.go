@@ -31,7 +31,8 @@
 // A Transport is not safe for concurrent use: the device calls every method with its own lock
 // held, except Flush, which sends a Queue's datagrams after the caller let go of that lock (no
 // lock is held across the system call), and AcksOwed. Each goroutine that does the device's work
-// owns a Queue of its own; Use makes it the queue the frames go to and gives the transport the
-// clock reading for the batch (the device reads its clock once per batch, not per packet). Idle
+// owns a Queue of its own, which Use makes the queue the frames go to. The clock is an argument of
+// every call that frames or times anything (Input, Tick, FlushAcks, Request, UD): the device reads
+// it once per batch, not per packet, and passes the reading to each call of the batch. Idle
 // peers are slimmed on the timer (Tick), which the device keeps running while Busy or Lingering.
 package srd

@@ -98,7 +98,7 @@ func (t *Transport) commit(b []byte) {
 }
 
 // flushTx sends the queued datagrams. Called with the lock held only when the queue is full;
-// normally the lock holder swaps the queue out and sends after unlocking (takeTx).
+// normally the lock holder sends the queue after unlocking (Flush).
 func (t *Transport) flushTx() {
 	q := t.txq
 	if q.n == 0 {

@@ -118,11 +118,10 @@ func (t *Transport) NewInbox() *Inbox {
 	return rx
 }
 
-// inputBatch handles the first n datagrams of rx.Pkts and acknowledges what they brought; lazy
-// (a busy poll) leaves the acknowledgements owed for up to ackDelay, so that the application's
-// answer can carry them (room).
-func (t *Transport) inputBatch(rx *Inbox, n int, lazy bool) {
-	now := t.now
+// inputBatch handles, at now, the first n datagrams of rx.Pkts and acknowledges what they
+// brought; lazy (a busy poll) leaves the acknowledgements owed for up to ackDelay, so that the
+// application's answer can carry them (room).
+func (t *Transport) inputBatch(rx *Inbox, n int, now time.Duration, lazy bool) {
 	for i := range rx.Pkts[:n] {
 		pk := &rx.Pkts[i]
 		if t.seal == nil {

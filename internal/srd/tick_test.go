@@ -14,7 +14,7 @@ import (
 func BenchmarkTickManyIdlePeers(b *testing.B) {
 	r := newTrace(b, 2, func(c *config.Device) { c.PeerIdleTimeout = time.Hour })
 	r.meet()
-	r.tr.Use(r.q, r.f.Now())
+	r.tr.Use(r.q)
 	for i := range 10000 {
 		gid := config.GIDFromAddr(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 4791))
 		r.tr.slimPeer(r.tr.peerFor(gid))
@@ -22,8 +22,7 @@ func BenchmarkTickManyIdlePeers(b *testing.B) {
 	r.post(1, efaio.OpSend, 100) // one busy stream: the peer never acknowledges
 	b.ResetTimer()
 	for range b.N {
-		r.tr.Use(r.q, r.f.Now())
-		r.tr.Tick()
+		r.tr.Tick(r.f.Now())
 	}
 }
 

@@ -1015,20 +1015,19 @@ func TestTraceReadDataAfterDereg(t *testing.T) {
 // after it in the next, and the acknowledgement of the second counted the first lost.
 func TestTracePacketsStampedWhenSent(t *testing.T) {
 	r := newTrace(t, 2, nil)
-	send := func(wrid uint16) {
+	send := func(wrid uint16, now time.Duration) {
 		req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 100}
 		req.Src[0], req.NSrc = r.buf[:100], 1
-		if _, st := r.tr.Request(config.GIDFromAddr(tracePeer), &req, wrid); st != efaio.StatusOK {
+		if _, st := r.tr.Request(now, config.GIDFromAddr(tracePeer), &req, wrid); st != efaio.StatusOK {
 			t.Fatalf("request: status %d", st)
 		}
-		r.tr.Flush(r.q)
 	}
-	r.tr.Use(r.q, r.f.Now())            // a batch starts,
-	r.f.Advance(300 * time.Microsecond) // works for a while,
-	send(1)                             // and sends a packet at its end
+	r.batch(r.q, func(now time.Duration) { // a batch starts,
+		r.f.Advance(300 * time.Microsecond) // works for a while,
+		send(1, now)                        // and sends a packet at its end
+	})
 	r.f.Advance(10 * time.Microsecond)
-	r.tr.Use(r.q, r.f.Now()) // the next batch sends another on the same path
-	send(2)
+	r.batch(r.q, func(now time.Duration) { send(2, now) }) // the next batch sends another on the same path
 	r.collect()
 	d := r.data()
 	if len(d) != 2 || d[0].h.Path != d[1].h.Path {
@@ -1470,15 +1469,15 @@ func TestTraceOwnRequestsAreNoBacklog(t *testing.T) {
 	r := newTrace(t, 1, nil)
 	r.meet()
 	gid := config.GIDFromAddr(tracePeer)
-	r.tr.Use(r.q, r.f.Now())
-	for i := range maxBacklog + 100 {
-		req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 8, NSrc: 1}
-		req.Src[0] = r.buf[:8]
-		if _, st := r.tr.Request(gid, &req, uint16(i)); st != efaio.StatusOK {
-			t.Fatalf("request %d: status %d", i, st)
+	r.batch(r.q, func(now time.Duration) {
+		for i := range maxBacklog + 100 {
+			req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 8, NSrc: 1}
+			req.Src[0] = r.buf[:8]
+			if _, st := r.tr.Request(now, gid, &req, uint16(i)); st != efaio.StatusOK {
+				t.Fatalf("request %d: status %d", i, st)
+			}
 		}
-	}
-	r.tr.Flush(r.q)
+	})
 	p := r.tr.peers[gid]
 	if len(p.tx.queue) < maxBacklog {
 		t.Fatalf("%d of our requests queued, want at least %d", len(p.tx.queue), maxBacklog)

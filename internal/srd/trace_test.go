@@ -121,7 +121,7 @@ func (h *fakeHost) Live(region any) bool { return region == h && !h.dereg }
 
 func (h *fakeHost) UD(src [16]byte, f *wire.Data) {}
 
-func (h *fakeHost) Done(owner any, st efaio.Status, mayRetry bool) {
+func (h *fakeHost) Done(now time.Duration, owner any, st efaio.Status, mayRetry bool) {
 	h.done = append(h.done, completion{ReqID: owner.(uint16), Status: st, MayRetry: mayRetry})
 }
 
@@ -179,11 +179,11 @@ func (r *trace) post(wrid uint16, op efaio.OpType, n int) {
 	if op != efaio.OpSend {
 		req.RKey, req.RAddr = 77, 0x2000
 	}
-	r.tr.Use(r.q, r.f.Now())
-	if _, st := r.tr.Request(config.GIDFromAddr(tracePeer), &req, wrid); st != efaio.StatusOK {
-		r.t.Fatalf("request: status %d", st)
-	}
-	r.tr.Flush(r.q)
+	r.batch(r.q, func(now time.Duration) {
+		if _, st := r.tr.Request(now, config.GIDFromAddr(tracePeer), &req, wrid); st != efaio.StatusOK {
+			r.t.Fatalf("request: status %d", st)
+		}
+	})
 	r.drive()
 }
 
@@ -204,19 +204,19 @@ func (r *trace) recv(wrid uint16) { r.host.recvs = append(r.host.recvs, wrid) }
 // take every datagram waiting, run the timers, send the ACKs owed; then it collects what the
 // transport sent the peer.
 func (r *trace) drive() {
-	r.tr.Use(r.q, r.f.Now())
-	for {
-		n, _ := r.link.TryReceive(r.in.Pkts)
-		if n == 0 {
-			break
+	r.batch(r.q, func(now time.Duration) {
+		for {
+			n, _ := r.link.TryReceive(r.in.Pkts)
+			if n == 0 {
+				break
+			}
+			r.tr.Input(now, r.in, n, false)
 		}
-		r.tr.Input(r.in, n, false)
-	}
-	r.tr.Tick()
-	if r.tr.AcksOwed() {
-		r.tr.FlushAcks(0)
-	}
-	r.tr.Flush(r.q)
+		r.tr.Tick(now)
+		if r.tr.AcksOwed() {
+			r.tr.FlushAcks(now, 0)
+		}
+	})
 	r.collect()
 }
 
@@ -224,12 +224,21 @@ func (r *trace) drive() {
 // datagrams waiting, leaving their acknowledgements owed for a while, and sends what they
 // produced; then it collects what the transport sent.
 func (r *trace) busyPoll() {
-	r.tr.Use(r.in.Out, r.f.Now())
-	if n, _ := r.link.TryReceive(r.in.Pkts); n > 0 {
-		r.tr.Input(r.in, n, true)
-	}
-	r.tr.Flush(r.in.Out)
+	r.batch(r.in.Out, func(now time.Duration) {
+		if n, _ := r.link.TryReceive(r.in.Pkts); n > 0 {
+			r.tr.Input(now, r.in, n, true)
+		}
+	})
 	r.collect()
+}
+
+// batch is one batch of the device's work, as a holder of the device's lock does it: work's
+// calls get the clock read once, at the batch's start, and their frames go into q, whose
+// datagrams are sent when work returns.
+func (r *trace) batch(q *Queue, work func(now time.Duration)) {
+	r.tr.Use(q)
+	work(r.f.Now())
+	r.tr.Flush(q)
 }
 
 // collect parses what the transport has sent the peer.

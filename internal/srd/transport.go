@@ -44,9 +44,10 @@ type Host interface {
 	Live(region any) bool
 	// UD delivers a UD message from src (which may not be validated: UD needs no state).
 	UD(src [16]byte, f *wire.Data)
-	// Done is the outcome of the request whose owner is owner. mayRetry: st is an RNR the
-	// owner may try again, as a new request.
-	Done(owner any, st efaio.Status, mayRetry bool)
+	// Done is the outcome of the request whose owner is owner, at now (the clock the transport
+	// call that brought it was given). mayRetry: st is an RNR the owner may try again, as a new
+	// request.
+	Done(now time.Duration, owner any, st efaio.Status, mayRetry bool)
 	// Gather appends bytes [off, off+n) of the concatenation of src to b; false if the memory
 	// faulted.
 	Gather(b []byte, src [][]byte, off uint64, n int) ([]byte, bool)
@@ -113,7 +114,7 @@ type Transport struct {
 	strangerFrame wire.Frame        // admit's scratch
 
 	txq    *Queue        // where frames go: the queue of the goroutine holding the device's lock
-	now    time.Duration // the clock, read once per batch (Use)
+	now    time.Duration // the clock of the call in progress, as its caller gave it (Tick, Input, ...)
 	busy   bool          // some stream may have something outstanding (Busy)
 	linger bool          // idle peers wait to be slimmed (Lingering)
 
@@ -169,50 +170,62 @@ func (t *Transport) sendTime() time.Duration {
 // Inc returns this device's incarnation.
 func (t *Transport) Inc() uint32 { return t.inc }
 
-// Use makes q the queue frames go to until the caller lets go of the device's lock, and sets the
-// clock for the batch the caller is about to do; the caller sends what q holds afterwards, with
-// Flush.
-func (t *Transport) Use(q *Queue, now time.Duration) {
-	t.txq = q
-	t.now = now
-}
+// Use makes q the queue frames go to until the caller lets go of the device's lock; the caller
+// sends what q holds afterwards, with Flush.
+func (t *Transport) Use(q *Queue) { t.txq = q }
 
 // Flush sends q's datagrams. Called without the device's lock.
 func (t *Transport) Flush(q *Queue) { t.sendTx(q) }
+
+// The calls below that take now are given the clock by their caller, which reads it once for its
+// batch, not once per packet; the transport keeps it as the time of the call in progress (t.now)
+// for the helpers under it, and passes it on to the host's callbacks (Host.Done).
 
 // Busy reports whether some stream may have something outstanding: the device's timer must run
 // (Tick) until it reports false.
 func (t *Transport) Busy() bool { return t.busy }
 
-// Tick runs the transport's timers at now (the time Use set): path probes, transport timeouts,
-// retransmission timeouts, peer expiry. It reports whether any stream has something outstanding.
-func (t *Transport) Tick() bool {
-	t.busy = t.transportTick(t.now)
+// Tick runs the transport's timers at now: path probes, transport timeouts, retransmission
+// timeouts, peer expiry. It reports whether any stream has something outstanding.
+func (t *Transport) Tick(now time.Duration) bool {
+	t.now = now
+	t.busy = t.transportTick(now)
 	return t.busy
 }
 
 // AckDelay is how long a busy poll leaves an acknowledgement owed (FlushAcks).
 const AckDelay = ackDelay
 
-// FlushAcks sends the ACKs owed for at least minAge (see flushAcks).
-func (t *Transport) FlushAcks(minAge time.Duration) { t.flushAcks(t.now, minAge) }
+// FlushAcks sends, at now, the ACKs owed for at least minAge (see flushAcks).
+func (t *Transport) FlushAcks(now, minAge time.Duration) {
+	t.now = now
+	t.flushAcks(now, minAge)
+}
 
 // AcksOwed reports whether any ACK is owed; safe without the device's lock.
 func (t *Transport) AcksOwed() bool { return t.acksOwed.Load() }
 
-// Input handles the first n datagrams of in's packets; lazy (a busy poll) leaves their
+// Input handles, at now, the first n datagrams of in's packets; lazy (a busy poll) leaves their
 // acknowledgements owed for up to AckDelay, so that the application's answer can carry them.
-func (t *Transport) Input(in *Inbox, n int, lazy bool) { t.inputBatch(in, n, lazy) }
+func (t *Transport) Input(now time.Duration, in *Inbox, n int, lazy bool) {
+	t.now = now
+	t.inputBatch(in, n, now, lazy)
+}
 
-// Request starts request r to the device dst, on behalf of owner (not nil): it goes on the peer's
-// stream, and Host.Done gets owner and the outcome when the peer answers or the transport gives
-// up. It returns LOCAL_UNREACH_REMOTE, having started nothing, if the peer table is full.
-func (t *Transport) Request(dst [16]byte, r *Request, owner any) (*Msg, efaio.Status) {
+// Request starts, at now, request r to the device dst, on behalf of owner (not nil): it goes on
+// the peer's stream, and Host.Done gets owner and the outcome when the peer answers or the
+// transport gives up. It returns LOCAL_UNREACH_REMOTE, having started nothing, if the peer table
+// is full.
+func (t *Transport) Request(now time.Duration, dst [16]byte, r *Request, owner any) (*Msg, efaio.Status) {
+	t.now = now
 	return t.sendRemote(dst, r, owner)
 }
 
-// UD sends r as one unacknowledged datagram: it has gone when UD returns.
-func (t *Transport) UD(dst [16]byte, r *Request) efaio.Status { return t.sendUD(dst, r) }
+// UD sends r, at now, as one unacknowledged datagram: it has gone when UD returns.
+func (t *Transport) UD(now time.Duration, dst [16]byte, r *Request) efaio.Status {
+	t.now = now
+	return t.sendUD(dst, r)
+}
 
 // Cancel detaches request m from its owner, whose queue pair was flushed: Done will not be called
 // for it (see cancel).
