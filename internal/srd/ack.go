@@ -135,9 +135,10 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 	// is taken to keep its own order, with a reordering allowance of an eighth of the RTT), or
 	// when one sent no earlier on any path has and the packet has waited two of its own path's
 	// RTTs (paths differ in delay, but one that far behind has dropped it: this is what finds a
-	// dead path within a few RTTs). The first acknowledgement of anything after the retransmission
-	// timer fired also counts as lost every packet that had waited the timeout then (timedOut):
-	// the timer sent only the oldest again, as a probe (checkRTO).
+	// dead path within a few RTTs). The first acknowledgement of anything after the
+	// retransmission timer fired also counts as lost every packet that had waited the timeout
+	// then (timedOut): the timer sent only the oldest again, as a probe (checkRTO), unless that
+	// acknowledgement shows the timer spurious (acksEarly).
 	lost := 0
 	reo := s.reorderWindow()
 	var anyAcked time.Duration
@@ -150,7 +151,7 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 			continue
 		}
 		ps := &p.paths[e.path]
-		revealed := e.at+reo < ps.ackedAt || anyAcked > e.at && now-e.at > 2*cmp.Or(ps.srtt, s.srtt)+reo
+		revealed := e.at+reo < ps.ackedAt || anyAcked >= e.at && now-e.at > 2*cmp.Or(ps.srtt, s.srtt)+reo
 		if !revealed && e.at > timedOut {
 			continue
 		}

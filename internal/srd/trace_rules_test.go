@@ -573,6 +573,55 @@ func TestTraceTimeoutProbesTheCumulativePoint(t *testing.T) {
 	}
 }
 
+// congestion.md "Reliability": a retransmission timeout that the next acknowledgement proves
+// spurious (it acknowledges packets sent once, before the timer fired: the peer was reading a
+// backlog, a starved process) counts nothing lost. Before, the probe's copy counted as arrived
+// and every packet sent before it on its path, still in the peer's socket, was declared lost and
+// sent again; and so was everything that had waited the timeout.
+func TestTraceSpuriousTimeoutLosesNothing(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.post(0, efaio.OpSend, 100) // an RTT sample of 1 ms
+	first := r.data()
+	r.advance(time.Millisecond)
+	r.ack(1, nil, first[0].h.Path)
+	r.completions()
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	p.tx.cwnd = 64
+	for i := range 16 {
+		if i == 8 {
+			r.advance(10 * time.Microsecond) // two batches: PSNs 1..8, then 9..16
+		}
+		r.post(uint16(1+i), efaio.OpSend, 100) // over both paths
+	}
+	if n := len(r.data()); n != 16 {
+		t.Fatalf("sent %d DATA frames, want 16", n)
+	}
+	// The peer stalls: the timer fires and probes the lowest PSN.
+	var probe []traceFrame
+	for len(probe) == 0 {
+		r.advance(100 * time.Microsecond)
+		probe = r.data()
+	}
+	if len(probe) != 1 || probe[0].f.Data.PSN != 1 {
+		t.Fatalf("the timer sent PSNs %v, want 1", psns(probe))
+	}
+	// The peer wakes and acknowledges the first half of its backlog, originals all: PSN 1 and
+	// 2..8, the second half still in its socket.
+	r.advance(time.Millisecond)
+	r.ack(9, nil, probe[0].h.Path)
+	if again := r.data(); len(again) != 0 {
+		t.Fatalf("sent PSNs %v again after an acknowledgement that proved the timeout spurious", psns(again))
+	}
+	r.advance(100 * time.Microsecond)
+	r.ack(17, nil, probe[0].h.Path)
+	if cs := r.completions(); len(cs) != 16 {
+		t.Fatalf("%d completions, want 16", len(cs))
+	}
+	if n, sp := r.counts.RetransPkts.Load(), r.counts.SpuriousTimeouts.Load(); n != 1 || sp != 1 {
+		t.Fatalf("%d packets retransmitted, %d spurious timeouts: want the probe alone, and 1", n, sp)
+	}
+}
+
 // congestion.md "Reliability": a retransmission timeout before the stream's first RTT sample sends
 // the packet again and backs the timer off, but counts no loss: the window stays, and the packets
 // after it go without sparse copies. (Counted, it turned the copies on for thousands of packets
