@@ -240,10 +240,7 @@ func TestTracePathFailsAndIsProbed(t *testing.T) {
 // packet goes on a second path too.
 func TestTraceSparseCopiesAfterLoss(t *testing.T) {
 	r := newTrace(t, 2, nil)
-	r.post(0, efaio.OpSend, 100) // a first round trip, for an RTT sample (a timeout before one is no loss)
-	r.advance(time.Millisecond)
-	r.ack(1, nil, r.data()[0].h.Path)
-	r.wantCompletion(0, efaio.StatusOK)
+	r.rttSample() // a first round trip (a timeout before one is no loss)
 	r.post(1, efaio.OpSend, 100)
 	r.data()
 	r.advance(30 * time.Millisecond) // lost: the retransmission timeout sends it again
@@ -456,11 +453,7 @@ func TestTraceSpuriousTimeoutUndone(t *testing.T) {
 		r := newTrace(t, 2, nil)
 		p := func() *peer { return r.tr.peers[config.GIDFromAddr(tracePeer)] }
 		// An RTT sample of 1 ms: the timer is 2 ms (its least).
-		r.post(0, efaio.OpSend, 100)
-		first := r.data()
-		r.advance(time.Millisecond)
-		r.ack(1, nil, first[0].h.Path)
-		r.completions()
+		r.rttSample()
 		for i := range 3 {
 			r.post(uint16(1+i), efaio.OpSend, 100)
 		}
@@ -499,11 +492,7 @@ func TestTraceSpuriousTimeoutUndone(t *testing.T) {
 func TestTraceTimeoutProbesOnce(t *testing.T) {
 	for _, stalled := range []bool{true, false} {
 		r := newTrace(t, 2, nil)
-		r.post(0, efaio.OpSend, 100) // an RTT sample of 1 ms: the timer is 2 ms (its least)
-		first := r.data()
-		r.advance(time.Millisecond)
-		r.ack(1, nil, first[0].h.Path)
-		r.completions()
+		r.rttSample()
 		for i := range 8 {
 			r.post(uint16(1+i), efaio.OpSend, 100)
 		}
@@ -542,12 +531,7 @@ func TestTraceTimeoutProbesOnce(t *testing.T) {
 // MiB write over loopback whose receiver's socket overflowed, TestLargeRDMAOverUDP).
 func TestTraceTimeoutProbesTheCumulativePoint(t *testing.T) {
 	r := newTrace(t, 2, nil)
-	r.post(0, efaio.OpSend, 100) // an RTT sample of 1 ms
-	first := r.data()
-	r.advance(time.Millisecond)
-	r.ack(1, nil, first[0].h.Path)
-	r.completions()
-	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	p := r.rttSample()
 	s := &p.tx
 	s.cwnd = 400
 	for i := range 300 {
@@ -580,12 +564,7 @@ func TestTraceTimeoutProbesTheCumulativePoint(t *testing.T) {
 // sent again; and so was everything that had waited the timeout.
 func TestTraceSpuriousTimeoutLosesNothing(t *testing.T) {
 	r := newTrace(t, 2, nil)
-	r.post(0, efaio.OpSend, 100) // an RTT sample of 1 ms
-	first := r.data()
-	r.advance(time.Millisecond)
-	r.ack(1, nil, first[0].h.Path)
-	r.completions()
-	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	p := r.rttSample()
 	p.tx.cwnd = 64
 	for i := range 16 {
 		if i == 8 {

@@ -357,6 +357,18 @@ func (r *trace) completions() []completion {
 	return out
 }
 
+// rttSample has WR 0, a SEND, go and be acknowledged 1 ms later on its path: the stream's first
+// RTT sample, 1 ms (the retransmission timer at its least, 2 ms). It returns the peer's context.
+func (r *trace) rttSample() *peer {
+	r.t.Helper()
+	r.post(0, efaio.OpSend, 100)
+	first := r.data()
+	r.advance(time.Millisecond)
+	r.ack(1, nil, first[0].h.Path)
+	r.wantCompletion(0, efaio.StatusOK)
+	return r.tr.peers[config.GIDFromAddr(tracePeer)]
+}
+
 // wantCompletion checks that exactly one completion came, for wrid, with status st.
 func (r *trace) wantCompletion(wrid uint16, st efaio.Status) {
 	r.t.Helper()
