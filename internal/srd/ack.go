@@ -91,7 +91,10 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 		return
 	}
 	s.hzn, s.hasHzn, s.hznEpoch = a.Horizon, a.HasHorizon, epoch
-	tally := ackTally{rtt: -1, early: s.rtoAt != 0 && s.acksEarly(a)}
+	tally := ackTally{rtt: -1, early: s.rtoAt != 0 && s.acksEarly(a), answered: a.Path}
+	if !a.Highest.Less(s.una) && a.Highest.Less(s.next) {
+		tally.newest = s.slot(a.Highest)
+	}
 	ack := func(psn wire.PSN) { t.ackSlot(p, s.slot(psn), now, &tally) }
 	for psn := s.una; psn.Less(a.Cum); psn++ {
 		ack(psn)
@@ -178,11 +181,15 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 
 // ackTally is what one acknowledgement did: how many packets it newly acknowledged, the latest
 // RTT sample it gave (-1: none), and whether one of them was sent once, before the
-// retransmission timer last fired (early: the timer was spurious).
+// retransmission timer last fired, or arrived by its first transmission (early: the timer was
+// spurious).
 type ackTally struct {
 	newly int
 	rtt   time.Duration
 	early bool
+
+	answered uint8    // the path of the newest DATA frame the acknowledgement answers
+	newest   *sentPkt // the slot of the highest PSN the peer has, if still in the window
 }
 
 // ackSlot records the acknowledgement of one stream slot: the packet leaves the flight, credits
@@ -196,7 +203,15 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 	if !e.lost {
 		s.inflight--
 	}
-	spurious := e.lost || e.retx > 0 && now-e.at < s.minRTT/2
+	// The timer sent e again on another path, and the acknowledgement answers a frame that came
+	// on e's first path, e being the newest the peer has: the first transmission arrived (a peer
+	// slow to answer, not a loss). This is what tells a ping-pong's spurious timeouts, where no
+	// other packet is out to show it (acksEarly).
+	first := e.suspect != 0 && e.retx > 0 && !e.copied && e == tally.newest && tally.answered == e.suspect-1 && e.suspect-1 != e.path
+	if first && s.rtoAt != 0 {
+		tally.early = true // (onAck counts the spurious timeout)
+	}
+	spurious := e.lost || e.retx > 0 && now-e.at < s.minRTT/2 || first
 	if spurious {
 		// Counted lost, but the packet (not a copy sent again) arrived: the loss was reordering.
 		s.reoSteps = min(s.reoSteps+1, 64)
@@ -213,7 +228,7 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 				ps.failed = false
 			}
 		}
-	} else if e.suspect != 0 && e.suspect-1 != e.path {
+	} else if e.suspect != 0 && e.suspect-1 != e.path && !e.copied {
 		t.pathLoss(p, int(e.suspect-1), now) // it timed out on that path and came through on this one
 	}
 	tally.newly++

@@ -23,7 +23,7 @@ type rxStream struct {
 	seen     window   // which PSNs in [cum, cum+rxWindow) arrived
 	ackDue   bool
 	ackSince time.Duration // when the ACK became due
-	ackPath  uint8
+	ackPath  uint8         // the path of the latest DATA frame with a PSN not seen before
 	sinceAck int
 	in       map[uint32]Inbound // messages arriving in segments, by the peer's message id
 	// aborted holds the messages whose ABORT came before some earlier PSN of the stream, by
@@ -265,7 +265,6 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 	}
 	t.rxReady(p)
 	t.oweAck(p, now)
-	r.ackPath = h.Path
 	r.sinceAck++
 	psn := f.PSN
 	switch {
@@ -286,6 +285,7 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 		return
 	}
 	r.seen.flip(psn)
+	r.ackPath = h.Path // (a duplicate leaves it: the ACK names the path a PSN first came by)
 	// New data from the peer is progress for our side too: the answers and read data we wait
 	// for may be queued behind it in its stream, so the transport timeout must not run.
 	p.tx.progress = now

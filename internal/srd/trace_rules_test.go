@@ -141,7 +141,8 @@ func TestTraceTransportTimeoutStartsNewEpoch(t *testing.T) {
 
 // wire.md "Packet streams": a receiver acknowledges at the end of each batch it reads: the
 // cumulative point, the path of the newest DATA frame, and its own horizon; each frame is handled
-// once, a duplicate is acknowledged again and not delivered twice.
+// once, a duplicate is acknowledged again (naming the path the PSN first came by, not the
+// duplicate's) and not delivered twice.
 func TestTraceReceiverAcknowledgesOnce(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	r.meet()
@@ -159,8 +160,8 @@ func TestTraceReceiverAcknowledgesOnce(t *testing.T) {
 	}
 	r.wantCompletion(7, efaio.StatusOK)
 	dgram(0) // the same PSN again
-	if acks := r.take(wire.TypeAck); len(acks) != 1 || acks[0].f.Ack.Cum != 1 {
-		t.Fatalf("ACKs %+v for the duplicate, want cumulative 1 again", acks)
+	if acks := r.take(wire.TypeAck); len(acks) != 1 || acks[0].f.Ack.Cum != 1 || acks[0].f.Ack.Path != 1 {
+		t.Fatalf("ACKs %+v for the duplicate, want cumulative 1 and path 1 again", acks)
 	}
 	r.noCompletion()
 }
@@ -554,6 +555,70 @@ func TestTraceTimeoutProbesTheCumulativePoint(t *testing.T) {
 	}
 	if len(again) != 1 || again[0].f.Data.PSN != 1 {
 		t.Fatalf("the timer sent PSNs %v, want the cumulative point, 1", psns(again))
+	}
+}
+
+// congestion.md "Reliability": in a ping-pong the timer's probe is the only packet out, and its
+// acknowledgement tells whether the first transmission arrived by the path it names (the path a
+// PSN first came by: the probe went on another). A peer that was slow to answer costs no loss:
+// no cut, and no sparse copies after; a first transmission that was lost counts as one.
+func TestTracePingPongTimeoutByFirstTransmission(t *testing.T) {
+	for _, firstCame := range []bool{true, false} {
+		r := newTrace(t, 2, nil)
+		p := r.rttSample()
+		cwnd := p.tx.cwnd
+		r.post(1, efaio.OpSend, 100)
+		sent := r.data()
+		var probe []traceFrame
+		for len(probe) == 0 {
+			r.advance(100 * time.Microsecond)
+			probe = r.data()
+		}
+		if len(probe) != 1 || probe[0].h.Path == sent[0].h.Path {
+			t.Fatalf("probe %v on path %d, first on %d: want one, on the other path", psns(probe), probe[0].h.Path, sent[0].h.Path)
+		}
+		answered := probe[0].h.Path
+		if firstCame {
+			answered = sent[0].h.Path
+		}
+		r.advance(time.Millisecond) // a round trip after the probe: its own acknowledgement, by time
+		r.ack(2, nil, answered)
+		r.wantCompletion(1, efaio.StatusOK)
+		spurious := r.counts.SpuriousTimeouts.Load() == 1
+		if spurious != firstCame || (p.tx.lossRate == 0) != firstCame || (p.tx.cwnd >= cwnd) != firstCame {
+			t.Fatalf("first transmission came %v: spurious timeouts %d, loss rate %v, window %v (from %v)", firstCame,
+				r.counts.SpuriousTimeouts.Load(), p.tx.lossRate, p.tx.cwnd, cwnd)
+		}
+		r.post(2, efaio.OpSend, 100)
+		if d := r.data(); firstCame && len(d) != 1 || !firstCame && len(d) != 2 {
+			t.Fatalf("first transmission came %v: the next SEND went as %d DATA frames (sparse copies only after a loss)", firstCame, len(d))
+		}
+	}
+}
+
+// congestion.md "Reliability": a retransmission timeout of a packet that went as a sparse copy
+// too, on two paths, counts no loss: both copies lost is far less likely than a peer slow to
+// answer, and counted, a loaded machine's stalls kept the copies on for good.
+func TestTraceTimeoutOfCopiedPacketIsNoLoss(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	p := r.rttSample()
+	p.tx.lossRate, p.tx.lossAt = 0.01, r.f.Now() // a stream that lost a packet: copies on
+	cwnd := p.tx.cwnd
+	r.post(1, efaio.OpSend, 100)
+	if d := r.data(); len(d) != 2 {
+		t.Fatalf("the SEND went as %d DATA frames, want 2 (a sparse copy)", len(d))
+	}
+	var probe []traceFrame
+	for len(probe) == 0 {
+		r.advance(100 * time.Microsecond)
+		probe = r.data()
+	}
+	r.advance(time.Millisecond)
+	r.ack(2, nil, probe[0].h.Path)
+	r.wantCompletion(1, efaio.StatusOK)
+	if p.tx.lossRate > 0.01 || p.tx.cwnd < cwnd {
+		t.Fatalf("loss rate %v (from 0.01), window %v (from %v): the timeout of a copied packet counted as a loss",
+			p.tx.lossRate, p.tx.cwnd, cwnd)
 	}
 }
 
