@@ -51,6 +51,16 @@ type BusyPoller interface {
 	NewPoller() Poller
 }
 
+// ReadWaiter is a BusyPoller whose receive goroutine can wait for datagrams without reading
+// them: it then reads with a poller, as the busy pollers do, under the same lock, so that what
+// one goroutine read is handled before what another reads after it (the receiver's
+// acknowledgements follow the order the network delivered in).
+type ReadWaiter interface {
+	// WaitReadable returns when socket 0 may hold datagrams (at once if it may already), or
+	// with ErrClosed once the link is closed.
+	WaitReadable() error
+}
+
 // PathPorter is a Link whose paths send from UDP ports of their own (a UDP link's sockets):
 // PathPorts returns them, path 0's first (LocalAddr's port). A Link without it sends every path
 // from LocalAddr's port. Peers learn these ports to tell the device's own datagrams from others

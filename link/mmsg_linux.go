@@ -2,6 +2,8 @@ package link
 
 import (
 	"encoding/binary"
+	"errors"
+	"net"
 	"net/netip"
 	"unsafe"
 
@@ -136,6 +138,22 @@ func (u *UDP) sendPath(b *batch, path int, pkts []Packet) error {
 }
 
 func (u *UDP) receive(pkts []Packet) (int, error) { return u.rx.recv(u, pkts, true) }
+
+// WaitReadable waits in the Go network poller until socket 0 holds datagrams, reading none
+// (link.ReadWaiter). The poller forgets a readiness it saw before the wait begins, so the socket
+// is asked first (poll(2), no waiting): a datagram that came just before would otherwise wait for
+// the next one.
+func (u *UDP) WaitReadable() error {
+	err := u.raws[0].Read(func(fd uintptr) bool {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(p, 0)
+		return err != nil && err != unix.EINTR || n > 0
+	})
+	if err != nil && (u.closed.Load() || errors.Is(err, net.ErrClosed)) {
+		return ErrClosed
+	}
+	return err
+}
 
 // TryReceive reads what socket 0 has queued without waiting.
 func (u *UDP) TryReceive(pkts []Packet) (int, error) {

@@ -420,12 +420,19 @@ func (d *Device) pollNetwork(lazy bool) bool {
 		return false
 	}
 	defer d.busyMu.Unlock()
+	got, _ := d.pollLocked(lazy)
+	return got
+}
+
+// pollLocked is one poll of the link by the holder of busyMu: the busy poller's, or the receive
+// loop's when it reads under the same lock (rxOrdered). It reports whether datagrams came.
+func (d *Device) pollLocked(lazy bool) (bool, error) {
 	rx := d.busyRx
 	in := rx.inbox(d)
 	n, err := rx.poller.TryReceive(in.Pkts)
 	if n == 0 || err != nil {
 		d.flushOwed(in, srd.AckDelay) // nothing came: the ACKs the last poll left owed may be due
-		return false
+		return false, err
 	}
 	closed := false
 	d.locked(in.Out, func(now time.Duration) {
@@ -434,16 +441,69 @@ func (d *Device) pollNetwork(lazy bool) bool {
 		}
 	})
 	if closed {
-		return false
+		return false, link.ErrClosed
 	}
 	d.wakeAfterInput()
-	return true
+	return true, nil
+}
+
+// rxOrdered is the receive goroutine of a link it can wait on without reading (link.ReadWaiter):
+// it waits for datagrams, then reads and handles them as a busy poller does, holding busyMu from
+// the read to the end of the batch. Reading beside the busy pollers, each into buffers of its
+// own (GRO hands a run out over several reads), the receive loop could hand the transport an
+// earlier batch after a poller had handed it a later one, whose ACK then told the sender that
+// later packets came before earlier ones had: losses that were not (a bandwidth run between
+// two processes: 62 and 136 batches out of order).
+func (d *Device) rxOrdered(w link.ReadWaiter) {
+	var last time.Time // when the last datagram came
+	for {
+		spin := d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin
+		if !spin {
+			if err := w.WaitReadable(); err != nil {
+				if d.stopping(err) {
+					return
+				}
+				continue
+			}
+		}
+		d.busyMu.Lock()
+		got, err := d.pollLocked(false)
+		d.busyMu.Unlock()
+		switch {
+		case err != nil:
+			if d.stopping(err) {
+				return
+			}
+		case got:
+			last = time.Now()
+		case spin:
+			t := time.Now()
+			runtime.Gosched()
+			if time.Since(t) > spinYield {
+				last = time.Time{} // others wait for the processor: wait in the network poller
+			}
+		}
+	}
+}
+
+// stopping reports whether a receive error means the device is closing.
+func (d *Device) stopping(err error) bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+	}
+	return err == link.ErrClosed
 }
 
 // rxLoop is the receive goroutine: it reads batches from the link and has the transport handle
 // them under the device lock, then sends the ACKs and frames the batch produced.
 func (d *Device) rxLoop() {
 	defer d.wg.Done()
+	if w, ok := d.link.(link.ReadWaiter); ok && d.busyRx != nil {
+		d.rxOrdered(w)
+		return
+	}
 	rx := d.srd.NewInbox()
 	pkts, q := rx.Pkts, rx.Out
 	poller, _ := d.link.(link.Poller)

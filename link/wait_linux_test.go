@@ -1,0 +1,51 @@
+package link
+
+import (
+	"net/netip"
+	"testing"
+)
+
+// WaitReadable returns once socket 0 holds datagrams, reading none (TryReceive then takes them),
+// and with ErrClosed once the link is closed, also when it was waiting.
+func TestUDPWaitReadable(t *testing.T) {
+	lo := netip.MustParseAddrPort("127.0.0.1:0")
+	a, err := ListenUDP(lo, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := ListenUDP(lo, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	woke := make(chan error, 1)
+	go func() { woke <- b.WaitReadable() }()
+	if err := a.Send([]Packet{{Buf: []byte("hello"), N: 5, Addr: b.LocalAddr()}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-woke; err != nil {
+		t.Fatal(err)
+	}
+	pkts := []Packet{{Buf: make([]byte, 2048)}}
+	for n := 0; n == 0; { // (a wake-up may come before the datagram: the socket "may" hold one)
+		if n, err = b.TryReceive(pkts); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			if err := b.WaitReadable(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if string(pkts[0].Buf[:pkts[0].N]) != "hello" {
+		t.Fatalf("received %q", pkts[0].Buf[:pkts[0].N])
+	}
+	go func() { woke <- b.WaitReadable() }()
+	b.Close()
+	if err := <-woke; err != ErrClosed {
+		t.Fatalf("WaitReadable on a closed link: %v, want ErrClosed", err)
+	}
+	if err := b.WaitReadable(); err != ErrClosed {
+		t.Fatalf("WaitReadable after Close: %v, want ErrClosed", err)
+	}
+}
