@@ -15,16 +15,19 @@
 #   JOBS                 parallel jobs (default: the number of CPUs)
 #
 # The archive is checked against its SHA-256 sum in SHA256SUMS, wherever it comes from. UCX is configured as upstream's release
-# build (contrib/configure-release: no logging above warnings, no assertions or parameter checks)
-# with --with-verbs pointing at the stack and --with-efa, and every program and library gets an
-# rpath to the stack's lib/, so UCX runs on rdma-core 64's libibverbs and libefa, not Debian's.
+# build (contrib/configure-release: no assertions or parameter checks) with --with-verbs pointing
+# at the stack, --with-efa and --enable-gtest, and every program and library gets an rpath to the
+# stack's lib/, so UCX runs on rdma-core 64's libibverbs and libefa, not Debian's. UCX's own unit
+# tests (test/gtest, which upstream never installs) are built in the same tree and installed as
+# bin/ucx_gtest, linked as libtool links a program to be installed: its rpath names the prefix's
+# lib/ and lib/ucx/ (libuct_ib is a module there) and the stack's lib/, not the build tree.
 # The result is cached under CACHE/ucx-<key>, the key hashing the archive's sum, the stack's
 # prefix (itself a hash of its archives) and this recipe's version. Nothing is installed outside
 # the prefix: the install goes through a staging DESTDIR and is refused if any file lands elsewhere.
 set -euo pipefail
 
 # Bump when the recipe below changes what gets built.
-RECIPE=1
+RECIPE=2
 archive=ucx-1.21.0.tar.gz
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -86,7 +89,7 @@ ucx=$work/ucx-1.21.0
 # that step fails harmlessly outside a clone.
 log "UCX 1.21: configure"
 (cd "$ucx" && ./autogen.sh >"$work/autogen.log" 2>&1 &&
-  ./contrib/configure-release --prefix="$prefix" --with-verbs="$stack" --with-efa \
+  ./contrib/configure-release --prefix="$prefix" --with-verbs="$stack" --with-efa --enable-gtest \
     --without-cuda --without-rocm --without-java --without-go --disable-doxygen-doc \
     LDFLAGS="-Wl,-rpath,$stack/lib -Wl,-rpath,$prefix/lib" >"$work/configure.log" 2>&1) ||
   { tail -40 "$work/autogen.log" "$work/configure.log" >&2; exit 1; }
@@ -94,10 +97,29 @@ grep -q '^#define HAVE_EFA_RMA 1' "$ucx/config.h" ||
   { log "UCX's configure did not find libefa's RDMA read and write caps in $stack"; exit 1; }
 grep -q '^#define uct_ib_MODULES ".*:efa' "$ucx/config.h" ||
   { log "UCX's configure left out its EFA module"; exit 1; }
-log "UCX 1.21: build"
+# gtest is linked with -no-install, which gives it an rpath into the build tree (deleted below)
+# and none to lib/ucx/; without it libtool links .libs/gtest for installation (rpath: the
+# libraries' install directories) and leaves a wrapper script for the build tree.
+sed -i 's/^\(gtest_LDFLAGS = .*\) -no-install /\1 /' "$ucx/test/gtest/Makefile"
+grep -q '^gtest_LDFLAGS = .*-no-install' "$ucx/test/gtest/Makefile" &&
+  { log "could not take -no-install out of test/gtest/Makefile"; exit 1; }
+log "UCX 1.21: build, with its gtest"
 make -C "$ucx" -j "$jobs" >"$work/build.log" 2>&1 || { tail -40 "$work/build.log" >&2; exit 1; }
 make -C "$ucx" install DESTDIR="$stage" >"$work/install.log" 2>&1 ||
   { tail -40 "$work/install.log" >&2; exit 1; }
+# gtest's dlopen test libraries (test/gtest/ucm/test_dlopen) install into their own build
+# directory ($PWD/.noinst, under the staging directory here), which only the build tree uses.
+rm -rf "${stage:?}$work"
+[ -x "$ucx/test/gtest/.libs/gtest" ] || { log "no test/gtest/.libs/gtest was built"; exit 1; }
+install -m 0755 "$ucx/test/gtest/.libs/gtest" "$stage$prefix/bin/ucx_gtest"
+rpath=$(readelf -d "$stage$prefix/bin/ucx_gtest" | sed -n 's/.*(R\(UN\)\?PATH).*\[\(.*\)\]$/\2/p')
+case ":$rpath:" in
+*":$prefix/lib/ucx:"*) ;;
+*) log "ucx_gtest's rpath ($rpath) lacks $prefix/lib/ucx"; exit 1 ;;
+esac
+case ":$rpath:" in
+*"$work"*) log "ucx_gtest's rpath ($rpath) names the build tree"; exit 1 ;;
+esac
 
 outside=$(cd "$stage" && find . \( -type f -o -type l \) | sed 's|^\.||' | grep -v "^$prefix/" || true)
 if [ -n "$outside" ]; then
@@ -110,7 +132,7 @@ fi
 
 mv "$stage$prefix" "$prefix"
 cat >"$prefix/.complete" <<EOT
-UCX 1.21.0 (--with-efa) against $stack, recipe $RECIPE
+UCX 1.21.0 (--with-efa, gtest as bin/ucx_gtest) against $stack, recipe $RECIPE
 $sum  $archive
 EOT
 log "built: $prefix"
