@@ -92,18 +92,31 @@ type driver struct {
 	batch  []*QP
 }
 
-// busyPoll is what PollNetwork reuses from call to call.
+// busyPoll is what PollNetwork reuses from call to call: the link's receiver, which every
+// reader uses in turn under busyMu, and a free list of the readers' scratch (an inbox each: a
+// reader hands its batch to the transport after letting go of busyMu, while the next one reads).
 type busyPoll struct {
-	poller link.Poller
-	rx     *srd.Inbox
+	poller  link.Poller
+	inboxes chan *srd.Inbox
 }
 
-// inbox returns the poller's inbox, made at its first use; the caller holds d.busyMu.
+// inbox takes an inbox from the free list, or makes one (the first uses, and more readers at
+// once than the list holds).
 func (b *busyPoll) inbox(d *Device) *srd.Inbox {
-	if b.rx == nil {
-		b.rx = d.srd.NewInbox()
+	select {
+	case in := <-b.inboxes:
+		return in
+	default:
+		return d.srd.NewInbox()
 	}
-	return b.rx
+}
+
+// done gives an inbox back to the free list (or to the garbage collector when it is full).
+func (b *busyPoll) done(in *srd.Inbox) {
+	select {
+	case b.inboxes <- in:
+	default:
+	}
 }
 
 // Drive moves a driven device (config.Device.Driven) one step, on the caller's goroutine: it
@@ -340,19 +353,19 @@ func (d *Device) AwaitRecv(q *QP, seen uint64, budget time.Duration) {
 	}
 }
 
-// sendOwedAcks sends every owed ACK now, from the busy poller's queue, if the poller's token and
-// the device are both free (TryLock: a poster never waits for the device, and a holder of the
-// device sends what is due at the end of its own batch).
+// sendOwedAcks sends every owed ACK now, if the device is free (TryLock: a poster never waits for
+// the device, and a holder of the device sends what is due at the end of its own batch).
 func (d *Device) sendOwedAcks() {
-	if d.busyRx == nil || !d.srd.AcksOwed() || !d.busyMu.TryLock() {
+	if d.busyRx == nil || !d.srd.AcksOwed() {
 		return
 	}
-	defer d.busyMu.Unlock()
-	d.flushOwed(d.busyRx.inbox(d), 0)
+	in := d.busyRx.inbox(d)
+	d.flushOwed(in, 0)
+	d.busyRx.done(in)
 }
 
 // flushOwed sends the ACKs owed for at least minAge from rx's queue, if the device is free
-// (TryLock); the caller holds busyMu, whose inbox rx is.
+// (TryLock); rx is the caller's.
 func (d *Device) flushOwed(rx *srd.Inbox, minAge time.Duration) {
 	if !d.srd.AcksOwed() || !d.mu.TryLock() {
 		return
@@ -419,24 +432,29 @@ func (d *Device) pollNetwork(lazy bool) bool {
 	if d.busyRx == nil || !d.busyMu.TryLock() {
 		return false
 	}
-	defer d.busyMu.Unlock()
-	got, _ := d.pollLocked(lazy)
+	in := d.busyRx.inbox(d)
+	got, _ := d.readInput(in, lazy)
+	d.busyRx.done(in)
 	return got
 }
 
-// pollLocked is one poll of the link by the holder of busyMu: the busy poller's, or the receive
-// loop's when it reads under the same lock (rxOrdered). It reports whether datagrams came.
-func (d *Device) pollLocked(lazy bool) (bool, error) {
-	rx := d.busyRx
-	in := rx.inbox(d)
-	n, err := rx.poller.TryReceive(in.Pkts)
+// readInput is one read of the link by the holder of busyMu (a busy poll, or the receive loop:
+// rxOrdered) into in, and the hand-over of what came to the transport. It lets go of busyMu once
+// it holds the device lock, so that the next reader reads while this batch is handled, and
+// handles its own batch after this one (it needs the device lock to hand it over). It reports
+// whether datagrams came.
+func (d *Device) readInput(in *srd.Inbox, lazy bool) (bool, error) {
+	n, err := d.busyRx.poller.TryReceive(in.Pkts)
 	if n == 0 || err != nil {
+		d.busyMu.Unlock()
 		d.flushOwed(in, srd.AckDelay) // nothing came: the ACKs the last poll left owed may be due
 		return false, err
 	}
-	closed := false
-	d.locked(in.Out, func(now time.Duration) {
-		if closed = d.closed; !closed {
+	d.mu.Lock()
+	d.busyMu.Unlock()
+	closed := d.closed
+	d.unlockAfter(in.Out, func(now time.Duration) {
+		if !closed {
 			d.srd.Input(now, in, n, lazy)
 		}
 	})
@@ -449,12 +467,13 @@ func (d *Device) pollLocked(lazy bool) (bool, error) {
 
 // rxOrdered is the receive goroutine of a link it can wait on without reading (link.ReadWaiter):
 // it waits for datagrams, then reads and handles them as a busy poller does, holding busyMu from
-// the read to the end of the batch. Reading beside the busy pollers, each into buffers of its
+// the read until it holds the device lock (readInput). Reading beside the busy pollers, each into buffers of its
 // own (GRO hands a run out over several reads), the receive loop could hand the transport an
 // earlier batch after a poller had handed it a later one, whose ACK then told the sender that
 // later packets came before earlier ones had: losses that were not (a bandwidth run between
 // two processes: 62 and 136 batches out of order).
 func (d *Device) rxOrdered(w link.ReadWaiter) {
+	in := d.srd.NewInbox()
 	var last time.Time // when the last datagram came
 	for {
 		spin := d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin
@@ -467,8 +486,7 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 			}
 		}
 		d.busyMu.Lock()
-		got, err := d.pollLocked(false)
-		d.busyMu.Unlock()
+		got, err := d.readInput(in, false)
 		switch {
 		case err != nil:
 			if d.stopping(err) {
