@@ -501,11 +501,7 @@ func TestTraceTimeoutProbesOnce(t *testing.T) {
 		if len(sent) != 8 {
 			t.Fatalf("sent %d DATA frames, want 8", len(sent))
 		}
-		var again []traceFrame
-		for len(again) == 0 { // until the timer fires
-			r.advance(100 * time.Microsecond)
-			again = r.data()
-		}
+		again := r.awaitData() // until the timer fires
 		if len(again) != 1 || again[0].f.Data.PSN != 1 {
 			t.Fatalf("the timer sent PSNs %v, want only 1", psns(again))
 		}
@@ -548,11 +544,7 @@ func TestTraceTimeoutProbesTheCumulativePoint(t *testing.T) {
 	s.inflight--
 	s.retx = append(s.retx, 1)
 	s.cwnd = 2
-	var again []traceFrame
-	for len(again) == 0 {
-		r.advance(100 * time.Microsecond)
-		again = r.data()
-	}
+	again := r.awaitData()
 	if len(again) != 1 || again[0].f.Data.PSN != 1 {
 		t.Fatalf("the timer sent PSNs %v, want the cumulative point, 1", psns(again))
 	}
@@ -569,11 +561,7 @@ func TestTracePingPongTimeoutByFirstTransmission(t *testing.T) {
 		cwnd := p.tx.cwnd
 		r.post(1, efaio.OpSend, 100)
 		sent := r.data()
-		var probe []traceFrame
-		for len(probe) == 0 {
-			r.advance(100 * time.Microsecond)
-			probe = r.data()
-		}
+		probe := r.awaitData()
 		if len(probe) != 1 || probe[0].h.Path == sent[0].h.Path {
 			t.Fatalf("probe %v on path %d, first on %d: want one, on the other path", psns(probe), probe[0].h.Path, sent[0].h.Path)
 		}
@@ -608,11 +596,7 @@ func TestTraceTimeoutOfCopiedPacketIsNoLoss(t *testing.T) {
 	if d := r.data(); len(d) != 2 {
 		t.Fatalf("the SEND went as %d DATA frames, want 2 (a sparse copy)", len(d))
 	}
-	var probe []traceFrame
-	for len(probe) == 0 {
-		r.advance(100 * time.Microsecond)
-		probe = r.data()
-	}
+	probe := r.awaitData()
 	r.advance(time.Millisecond)
 	r.ack(2, nil, probe[0].h.Path)
 	r.wantCompletion(1, efaio.StatusOK)
@@ -641,11 +625,7 @@ func TestTraceSpuriousTimeoutLosesNothing(t *testing.T) {
 		t.Fatalf("sent %d DATA frames, want 16", n)
 	}
 	// The peer stalls: the timer fires and probes the lowest PSN.
-	var probe []traceFrame
-	for len(probe) == 0 {
-		r.advance(100 * time.Microsecond)
-		probe = r.data()
-	}
+	probe := r.awaitData()
 	if len(probe) != 1 || probe[0].f.Data.PSN != 1 {
 		t.Fatalf("the timer sent PSNs %v, want 1", psns(probe))
 	}

@@ -297,6 +297,17 @@ func (r *trace) take(typ wire.FrameType) []traceFrame {
 	return out
 }
 
+// awaitData moves virtual time on in steps of 100 µs until the transport sends DATA (a timer's
+// probe), and takes it.
+func (r *trace) awaitData() []traceFrame {
+	for {
+		r.advance(100 * time.Microsecond)
+		if d := r.data(); len(d) > 0 {
+			return d
+		}
+	}
+}
+
 // data takes the DATA frames the transport has sent.
 func (r *trace) data() []traceFrame { return r.take(wire.TypeData) }
 
