@@ -343,38 +343,11 @@ func runPair(t *testing.T, c pair) string {
 	}
 	server := exec.Command(c.tool, srv...)
 	server.Env = append(srvSetup.Environ(), c.env...)
-	srvOut, srvDone := startServer(t, server)
-	stopped := false
-	stop := func() string { // ends the server; then its output may be read
-		if !stopped {
-			server.Process.Kill()
-			<-srvDone
-			stopped = true
-		}
-		return srvOut.String()
-	}
-	defer stop()
-	if err := awaitListening(port, srvDone, 30*time.Second); err != nil {
-		t.Fatalf("server: %v\n%s", err, stop())
-	}
 	client := exec.Command(c.tool, append(cli, "127.0.0.1")...)
 	client.Env = append(cliSetup.Environ(), c.env...)
-	b, err := combinedOutputWithin(client, c.timeout)
-	out := string(b)
-	if err != nil {
-		t.Fatalf("client: %v\n%s\nserver:\n%s", err, out, stop())
-	}
+	out := serverClient(t, server, client, port, c.timeout)
 	if !strings.Contains(out, c.want) {
 		t.Fatalf("client output lacks %q:\n%s", c.want, out)
-	}
-	select {
-	case err := <-srvDone:
-		stopped = true
-		if err != nil {
-			t.Fatalf("server: %v\n%s", err, srvOut.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the server did not finish:\n%s", stop())
 	}
 	t.Log(lastLines(out, 2))
 	return out
@@ -415,6 +388,42 @@ func freeTCPPort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// serverClient starts server, waits until it listens on port, and runs client against it within
+// timeout; it fails the test unless both exit successfully (the server within 30 s of the
+// client), and returns the client's output.
+func serverClient(t *testing.T, server, client *exec.Cmd, port int, timeout time.Duration) string {
+	t.Helper()
+	srvOut, srvDone := startServer(t, server)
+	stopped := false
+	stop := func() string { // ends the server; then its output may be read
+		if !stopped {
+			server.Process.Kill()
+			<-srvDone
+			stopped = true
+		}
+		return srvOut.String()
+	}
+	defer stop()
+	if err := awaitListening(port, srvDone, 30*time.Second); err != nil {
+		t.Fatalf("server: %v\n%s", err, stop())
+	}
+	b, err := combinedOutputWithin(client, timeout)
+	out := string(b)
+	if err != nil {
+		t.Fatalf("client: %v\n%s\nserver:\n%s", err, out, stop())
+	}
+	select {
+	case err := <-srvDone:
+		stopped = true
+		if err != nil {
+			t.Fatalf("server: %v\n%s\nclient:\n%s", err, srvOut.String(), out)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the server did not finish:\n%s", stop())
+	}
+	return out
 }
 
 // startServer starts c in the background with its output collected, and returns the output and

@@ -117,20 +117,6 @@ func runUCXPerf(t *testing.T, u string, c ucxPerf) {
 	}
 	server := exec.Command(perftest, append([]string{"-p", fmt.Sprint(port)}, uct...)...)
 	server.Env = append(srvSetup.Environ(), env...)
-	srvOut, srvDone := startServer(t, server)
-	stopped := false
-	stop := func() string {
-		if !stopped {
-			server.Process.Kill()
-			<-srvDone
-			stopped = true
-		}
-		return srvOut.String()
-	}
-	defer stop()
-	if err := awaitListening(port, srvDone, 30*time.Second); err != nil {
-		t.Fatalf("server: %v\n%s", err, stop())
-	}
 	args := append([]string{"127.0.0.1", "-p", fmt.Sprint(port), "-t", c.test, "-s", fmt.Sprint(c.size),
 		"-n", fmt.Sprint(c.iters)}, uct...)
 	if c.layout != "" {
@@ -138,22 +124,9 @@ func runUCXPerf(t *testing.T, u string, c ucxPerf) {
 	}
 	client := exec.Command(perftest, args...)
 	client.Env = append(cliSetup.Environ(), env...)
-	b, err := combinedOutputWithin(client, 2*time.Minute)
-	out := string(b)
-	if err != nil {
-		t.Fatalf("client: %v\n%s\nserver:\n%s", err, out, stop())
-	}
+	out := serverClient(t, server, client, port, 2*time.Minute)
 	if !strings.Contains(out, "Final:") {
 		t.Fatalf("the client printed no final figures:\n%s", out)
-	}
-	select {
-	case err := <-srvDone:
-		stopped = true
-		if err != nil {
-			t.Fatalf("server: %v\n%s", err, srvOut.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the server did not finish:\n%s", stop())
 	}
 	t.Log(lastLines(out, 1))
 }
@@ -181,42 +154,15 @@ func TestUCXData(t *testing.T) {
 	port := freeTCPPort(t)
 	server := exec.Command(exe, fmt.Sprint(port))
 	server.Env = append(srvSetup.Environ(), "UCX_TLS=srd")
-	srvOut, srvDone := startServer(t, server)
-	stopped := false
-	stop := func() string {
-		if !stopped {
-			server.Process.Kill()
-			<-srvDone
-			stopped = true
-		}
-		return srvOut.String()
-	}
-	defer stop()
-	if err := awaitListening(port, srvDone, 30*time.Second); err != nil {
-		t.Fatalf("server: %v\n%s", err, stop())
-	}
 	client := exec.Command(exe, fmt.Sprint(port), "127.0.0.1")
 	client.Env = append(cliSetup.Environ(), "UCX_TLS=srd")
-	b, err := combinedOutputWithin(client, 3*time.Minute)
-	out := string(b)
-	if err != nil {
-		t.Fatalf("client: %v\n%s\nserver:\n%s", err, out, stop())
-	}
+	out := serverClient(t, server, client, port, 3*time.Minute)
 	for _, size := range []int{8, 64, 512, 4096, 32768, 262144, 4 << 20} {
 		for _, w := range []string{fmt.Sprintf("ok tag %d B, ", size), fmt.Sprintf("ok put/get %d B, ", size)} {
 			if !strings.Contains(out, w) {
 				t.Errorf("client output lacks %q:\n%s", w, out)
 			}
 		}
-	}
-	select {
-	case err := <-srvDone:
-		stopped = true
-		if err != nil {
-			t.Fatalf("server: %v\n%s", err, srvOut.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the server did not finish:\n%s", stop())
 	}
 }
 
