@@ -49,3 +49,27 @@ func TestUDPWaitReadable(t *testing.T) {
 		t.Fatalf("WaitReadable after Close: %v, want ErrClosed", err)
 	}
 }
+
+// WaitReadable runs at every idle transition of a receive loop: it allocates nothing.
+func TestUDPWaitReadableAllocs(t *testing.T) {
+	lo := netip.MustParseAddrPort("127.0.0.1:0")
+	a, err := ListenUDP(lo, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := ListenUDP(lo, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := a.Send([]Packet{{Buf: []byte("x"), N: 1, Addr: b.LocalAddr()}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WaitReadable(); err != nil { // the datagram is queued: each wait returns at once
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = b.WaitReadable() }); n != 0 {
+		t.Fatalf("WaitReadable: %v allocations, want 0", n)
+	}
+}

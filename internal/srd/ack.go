@@ -207,11 +207,11 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 	// on e's first path, e being the newest the peer has: the first transmission arrived (a peer
 	// slow to answer, not a loss). This is what tells a ping-pong's spurious timeouts, where no
 	// other packet is out to show it (acksEarly).
-	first := e.suspect != 0 && e.retx > 0 && !e.copied && e == tally.newest && tally.answered == e.suspect-1 && e.suspect-1 != e.path
-	if first && s.rtoAt != 0 {
+	originalCame := e.suspect != 0 && e.retx > 0 && !e.copied && e == tally.newest && tally.answered == e.suspect-1 && e.suspect-1 != e.path
+	if originalCame && s.rtoAt != 0 {
 		tally.early = true // (onAck counts the spurious timeout)
 	}
-	spurious := e.lost || e.retx > 0 && now-e.at < s.minRTT/2 || first
+	spurious := e.lost || e.retx > 0 && now-e.at < s.minRTT/2 || originalCame
 	if spurious {
 		// Counted lost, but the packet (not a copy sent again) arrived: the loss was reordering.
 		s.reoSteps = min(s.reoSteps+1, 64)

@@ -130,7 +130,7 @@ func (t *Transport) checkRTO(p *peer, now time.Duration) {
 	// for a packet that went twice, on two paths, as a sparse copy: both lost is far less likely
 	// than a peer slow to answer, and counted, a loaded machine's stalls kept the copies on for
 	// good (a ping-pong on 2 busy vCPUs: 18,000 copies in 20,000 round trips).
-	first := s.srtt == 0 || probe.copied
+	noLoss := s.srtt == 0 || probe.copied
 	// The probe is the lowest PSN outstanding, whether counted lost already (waiting for room in
 	// the window) or not: an acknowledgement's selective bits reach only 256 PSNs past the
 	// peer's cumulative point, so only a probe at that point is sure to be acknowledged, and to
@@ -144,13 +144,13 @@ func (t *Transport) checkRTO(p *peer, now time.Duration) {
 	e := probe
 	if !e.lost {
 		e.suspect = e.path + 1
-		e.lost, e.counted = true, !first
+		e.lost, e.counted = true, !noLoss
 		s.inflight--
 	}
 	t.sendAgain(p, probePSN, e, t.sendTime())
 	t.counts.RetransTimeoutEvents.Add(1)
 	rto := s.rto
-	if !first {
+	if !noLoss {
 		s.countFate(true)
 		s.lossAt = now
 		s.cut(1)
