@@ -8,16 +8,7 @@ import (
 // WaitReadable returns once socket 0 holds datagrams, reading none (TryReceive then takes them),
 // and with ErrClosed once the link is closed, also when it was waiting.
 func TestUDPWaitReadable(t *testing.T) {
-	lo := netip.MustParseAddrPort("127.0.0.1:0")
-	a, err := ListenUDP(lo, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := ListenUDP(lo, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b := udpPair(t)
 	woke := make(chan error, 1)
 	go func() { woke <- b.WaitReadable() }()
 	if err := a.Send([]Packet{{Buf: []byte("hello"), N: 5, Addr: b.LocalAddr()}}); err != nil {
@@ -26,6 +17,7 @@ func TestUDPWaitReadable(t *testing.T) {
 	if err := <-woke; err != nil {
 		t.Fatal(err)
 	}
+	var err error
 	pkts := []Packet{{Buf: make([]byte, 2048)}}
 	for n := 0; n == 0; { // (a wake-up may come before the datagram: the socket "may" hold one)
 		if n, err = b.TryReceive(pkts); err != nil {
@@ -52,16 +44,7 @@ func TestUDPWaitReadable(t *testing.T) {
 
 // WaitReadable runs at every idle transition of a receive loop: it allocates nothing.
 func TestUDPWaitReadableAllocs(t *testing.T) {
-	lo := netip.MustParseAddrPort("127.0.0.1:0")
-	a, err := ListenUDP(lo, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := ListenUDP(lo, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b := udpPair(t)
 	defer b.Close()
 	if err := a.Send([]Packet{{Buf: []byte("x"), N: 1, Addr: b.LocalAddr()}}); err != nil {
 		t.Fatal(err)
@@ -72,4 +55,20 @@ func TestUDPWaitReadableAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { _ = b.WaitReadable() }); n != 0 {
 		t.Fatalf("WaitReadable: %v allocations, want 0", n)
 	}
+}
+
+// udpPair binds two one-path links on 127.0.0.1; a is closed when the test ends, b is the
+// caller's.
+func udpPair(t *testing.T) (a, b *UDP) {
+	t.Helper()
+	lo := netip.MustParseAddrPort("127.0.0.1:0")
+	a, err := ListenUDP(lo, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	if b, err = ListenUDP(lo, 1); err != nil {
+		t.Fatal(err)
+	}
+	return a, b
 }
