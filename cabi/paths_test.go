@@ -101,6 +101,17 @@ func TestPaths(t *testing.T) {
 			realpath driver: /sys/bus/pci/drivers/efa
 			canonicalize ports: /sys/devices/pci0000:00/0000:00:06.0/infiniband/efa_0/ports/1
 			realpath dev: /dev/infiniband/uverbs_softefa0`},
+		{"syscall", `
+			syscall openat2 vendor: 0x1d0f
+			syscall openat2 dev: ok
+			syscall openat vendor: 0x1d0f
+			syscall newfstatat dev: chr 231:250 666
+			syscall stat dev: chr 231:250 666
+			syscall statx dev: chr
+			syscall access dev: ok
+			syscall faccessat2 dev: ok
+			syscall readlinkat ibdev: ../../devices/pci0000:00/0000:00:06.0/infiniband/efa_0
+			syscall getpid: ok`},
 		{"chdir", `
 			getcwd: /sys/devices/pci0000:00/0000:00:06.0
 			open relative: 0x1d0f`},

@@ -16,8 +16,8 @@
 // and getcwd, and the xattr reads ls -l makes. A relative path is mapped when it leads into
 // one of these directories from a directory above it (a dirfd or the working directory on /sys,
 // say) or climbs out of one; within the tree, the kernel resolves it. Not covered: calls glibc
-// makes inside itself (nftw, glob, fts_open) and system calls made directly
-// (syscall(SYS_openat2, ...), syscall(SYS_statx, ...)), which no preloaded library sees.
+// makes inside itself (nftw, glob, fts_open) and system calls made without glibc, which no
+// preloaded library sees. Those made through glibc's syscall() are mapped by preload.c's.
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
@@ -66,6 +66,7 @@ static const char *dev_base; // the node's name in /dev/infiniband
 			real_##name = (ret(*)(__VA_ARGS__))dlsym(RTLD_NEXT, #name);                \
 	}
 
+REAL_FN(long, syscall, long, ...)
 REAL_FN(int, access, const char *, int)
 REAL_FN(int, faccessat, int, const char *, int, int)
 REAL_FN(int, euidaccess, const char *, int)
@@ -187,11 +188,12 @@ static const char *in_tree(const char *p) {
 // dir_path is the directory dirfd names (the working directory for AT_FDCWD), as the kernel
 // has it, in buf.
 static int dir_path(int dirfd, char *buf, size_t n) {
+	resolve_syscall(); // the kernel's, not the shim's own (preload.c), which maps paths
 	if (dirfd == AT_FDCWD)
-		return syscall(SYS_getcwd, buf, n) > 0 ? 0 : -1;
+		return real_syscall(SYS_getcwd, buf, n) > 0 ? 0 : -1;
 	char proc[64];
 	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", dirfd);
-	ssize_t l = syscall(SYS_readlinkat, AT_FDCWD, proc, buf, n - 1);
+	ssize_t l = real_syscall(SYS_readlinkat, AT_FDCWD, proc, buf, n - 1);
 	if (l <= 0)
 		return -1;
 	buf[l] = 0;

@@ -30,6 +30,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <time.h>
@@ -175,6 +176,7 @@ DECLARE_REAL(int, __lxstat64, int, const char *, struct stat64 *)
 DECLARE_REAL(int, __fxstat64, int, int, struct stat64 *)
 DECLARE_REAL(int, __fxstatat64, int, int, const char *, struct stat64 *, int)
 DECLARE_REAL(int, statx, int, const char *, int, unsigned int, struct statx *)
+DECLARE_REAL(long, syscall, long, ...)
 
 // The engine: loaded once, on the first open of the device node.
 static int (*eng_open)(int flags);
@@ -1013,6 +1015,78 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 		return -1;
 	}
 	return REAL(statx)(dirfd, path, flags, mask, stx);
+}
+
+// openat2's argument (linux/openat2.h, which glibc 2.36 does not include).
+struct open_how_ {
+	uint64_t flags, mode, resolve;
+};
+
+static long openat2_(int dirfd, const char *path, const struct open_how_ *how, size_t size) {
+	PATH_AT(dirfd, path);
+	if (isdev_) {
+		if (size < sizeof(uint64_t)) {
+			errno = EINVAL;
+			return -1;
+		}
+		return open_dev((int)how->flags);
+	}
+	counter_read(path);
+	resolve_syscall();
+	return REAL(syscall)(SYS_openat2, dirfd, path, how, size);
+}
+
+// syscall: a program that makes a path's system call itself through glibc's syscall() (as it
+// must for openat2, which has no glibc wrapper) gets the answer of the call's wrapper above or
+// in paths.c, so that it finds the device as through libc. The kernel's struct stat is glibc's
+// on x86-64 and arm64 (SYS_stat, SYS_lstat, SYS_newfstatat). The other numbers, and the paths
+// calls not listed (getdents64, getcwd), go to the kernel as they are. Six arguments are read
+// whatever the number takes, as glibc's syscall passes six.
+long syscall(long nr, ...) {
+	va_list ap;
+	va_start(ap, nr);
+	long a[6];
+	for (int i = 0; i < 6; i++)
+		a[i] = va_arg(ap, long);
+	va_end(ap);
+	switch (nr) {
+#ifdef SYS_open
+	case SYS_open:
+		return open((const char *)a[0], (int)a[1], (mode_t)a[2]);
+#endif
+	case SYS_openat:
+		return openat((int)a[0], (const char *)a[1], (int)a[2], (mode_t)a[3]);
+	case SYS_openat2:
+		return openat2_((int)a[0], (const char *)a[1], (const struct open_how_ *)a[2], (size_t)a[3]);
+#ifdef SYS_stat
+	case SYS_stat:
+		return stat((const char *)a[0], (struct stat *)a[1]);
+	case SYS_lstat:
+		return lstat((const char *)a[0], (struct stat *)a[1]);
+#endif
+	case SYS_newfstatat:
+		return fstatat((int)a[0], (const char *)a[1], (struct stat *)a[2], (int)a[3]);
+	case SYS_statx:
+		return statx((int)a[0], (const char *)a[1], (int)a[2], (unsigned)a[3], (struct statx *)a[4]);
+#ifdef SYS_access
+	case SYS_access:
+		return access((const char *)a[0], (int)a[1]);
+#endif
+	case SYS_faccessat:
+		return faccessat((int)a[0], (const char *)a[1], (int)a[2], 0);
+	case SYS_faccessat2:
+		return faccessat((int)a[0], (const char *)a[1], (int)a[2], (int)a[3]);
+#ifdef SYS_readlink
+	case SYS_readlink:
+		return readlink((const char *)a[0], (char *)a[1], (size_t)a[2]);
+#endif
+	case SYS_readlinkat:
+		return readlinkat((int)a[0], (const char *)a[1], (char *)a[2], (size_t)a[3]);
+	case SYS_chdir:
+		return chdir((const char *)a[0]);
+	}
+	resolve_syscall();
+	return REAL(syscall)(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 }
 
 // Ops wrapping (docs/cabi.md, "Doorbells"). libefa rings doorbells with plain stores, which nothing traps. So

@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -297,6 +299,24 @@ int main(void) {
 	read_fd("open verbs ibdev", open("/sys/class/infiniband_verbs/uverbs_softefa0/ibdev", O_RDONLY));
 	read_fd("open dev char", open("/sys/dev/char/231:250/device/vendor", O_RDONLY));
 	read_fd("open driver", open(IB "/device/driver/0000:00:06.0/device", O_RDONLY));
+
+	// The same calls made through syscall(), as a program must make openat2.
+	struct open_how how = {.flags = O_RDONLY};
+	read_fd("syscall openat2 vendor", syscall(SYS_openat2, AT_FDCWD, IB "/device/vendor", &how, sizeof(how)));
+	how.flags = O_RDWR | O_CLOEXEC;
+	long nfd = syscall(SYS_openat2, AT_FDCWD, DEV, &how, sizeof(how));
+	printf("syscall openat2 dev: %s\n", nfd >= 0 ? "ok" : strerror(errno));
+	if (nfd >= 0)
+		close(nfd);
+	read_fd("syscall openat vendor", syscall(SYS_openat, AT_FDCWD, IB "/device/vendor", O_RDONLY, 0));
+	print_stat("syscall newfstatat dev", syscall(SYS_newfstatat, AT_FDCWD, DEV, &st, 0), &st);
+	print_stat("syscall stat dev", syscall(SYS_stat, DEV, &st), &st);
+	r = syscall(SYS_statx, AT_FDCWD, DEV, 0, STATX_BASIC_STATS, &sx);
+	printf("syscall statx dev: %s\n", r ? strerror(errno) : kind(sx.stx_mode));
+	printf("syscall access dev: %s\n", res(syscall(SYS_access, DEV, R_OK | W_OK)));
+	printf("syscall faccessat2 dev: %s\n", res(syscall(SYS_faccessat2, AT_FDCWD, DEV, R_OK | W_OK, AT_EACCESS)));
+	link_of("syscall readlinkat ibdev", syscall(SYS_readlinkat, AT_FDCWD, IB, buf, sizeof(buf) - 1), buf);
+	printf("syscall getpid: %s\n", syscall(SYS_getpid) == getpid() ? "ok" : "differs");
 
 	list("opendir class", opendir("/sys/class/infiniband"));
 	list("opendir verbs", opendir("/sys/class/infiniband_verbs"));
