@@ -66,6 +66,21 @@ func TestCQWrap(t *testing.T) {
 	}
 }
 
+// TestThreadsInEngine runs testdata/threads.c: two threads of one process ping-pong 20,000
+// messages through the device, each busy-polling its CQ, as UCX's performance envelope tests do.
+// Both keep calling into the engine, whose Go runtime starts with one processor: a thread coming
+// back into Go waited for ever behind the other, which took the processor back each time it
+// re-entered (docs/cabi.md, "Threads of the program in the engine"); the run stalled within its
+// first rounds.
+func TestThreadsInEngine(t *testing.T) {
+	exe := buildC(t, "threads")
+	s := setupOrSkip(t)
+	out := run(t, s, "", 3*time.Minute, exe, "-n", "20000")
+	if !strings.Contains(out, "ok rounds=20000") {
+		t.Fatalf("threads:\n%s", out)
+	}
+}
+
 // TestSignals sends SIGTERM to testdata/sigpoll.c while its three threads busy-poll the device
 // through the shim (most of their time is spent inside calls into the engine), 50 times with a
 // handler that calls verbs entering the device and then re-raises the signal, and 50 times

@@ -20,6 +20,7 @@ import "C"
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -142,8 +143,10 @@ func device() (*uverbs.Device, error) {
 		// so that its goroutines readied per datagram are not handed to threads woken beside the
 		// program's, and the receive loop does not spin beside a lingering thread (docs/cabi.md,
 		// "Completion traps": fi_pingpong 64 B 98-115 -> 61-72 µs a transfer; "Lingering after a
-		// post": 166-182 -> 49-65).
+		// post": 166-182 -> 49-65). One more for each program thread that calls in while the
+		// others are in (softefa_procs).
 		runtime.GOMAXPROCS(1)
+		adaptProcs.Store(true)
 	}
 	state.files = make(map[int32]*open)
 	polled.Store(e)
@@ -387,6 +390,28 @@ func softefa_db_trapped(fd C.int, handle C.uint32_t, trapped C.int) {
 	if o := lookup(fd); o != nil {
 		o.f.TrapDoorbells(uint32(handle), trapped != 0)
 	}
+}
+
+// adaptProcs is whether the engine chose its processors (GOMAXPROCS) itself, and so gives one to
+// every program thread that calls in at once (softefa_procs).
+var adaptProcs atomic.Bool
+
+// softefa_procs is called by a program thread leaving the engine while callers threads, itself
+// among them, are in it or waiting to enter: a thread that waits for the engine's only processor
+// would wait for ever behind one that leaves and re-enters in a tight loop, which keeps taking it
+// back (docs/cabi.md, "Threads of the program in the engine"). So the engine gets as many
+// processors as threads call in at once, when it chose the number itself. It answers the number
+// it has now, or the largest int when it does not choose it, so that the shim asks no more.
+//
+//export softefa_procs
+func softefa_procs(callers C.int) C.int {
+	if !adaptProcs.Load() {
+		return C.int(math.MaxInt32)
+	}
+	if n := int(callers); n > runtime.GOMAXPROCS(0) {
+		runtime.GOMAXPROCS(n)
+	}
+	return C.int(runtime.GOMAXPROCS(0))
 }
 
 //export softefa_poll_net

@@ -18,6 +18,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -196,6 +197,7 @@ static int64_t (*eng_db_rung)(int fd, uint32_t handle);
 static int64_t (*eng_cq_ring)(int fd, int64_t off);
 static void (*eng_await_cq)(int fd, uint32_t handle, uint64_t off);
 static void (*eng_exit)(void);
+static int (*eng_procs)(int callers);
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
 static int eng_err;
 
@@ -219,8 +221,33 @@ static void init_async_sigs(void) {
 		sigdelset(&async_sigs, faults[i]);
 }
 
-static void enter(sigset_t *old) { pthread_sigmask(SIG_BLOCK, &async_sigs, old); }
-static void leave(const sigset_t *old) { pthread_sigmask(SIG_SETMASK, old, NULL); }
+// Threads in the engine (docs/cabi.md, "Threads of the program in the engine"). The engine's
+// Go runtime may run with fewer processors than the program has threads calling into it (one,
+// with the linger on). A thread coming back into Go then waits for a processor, and another
+// thread that leaves and re-enters the engine in a tight loop takes the processor back each
+// time, so the waiting thread would never run. So every call is counted from before it asks for
+// the processor until it is back in C, and a thread that leaves while more threads are counted
+// than the engine has processors asks for as many (eng_procs, which answers the count it has
+// now; it only grows).
+static atomic_int in_engine;
+static atomic_int engine_procs = 1;
+
+static void enter(sigset_t *old) {
+	pthread_sigmask(SIG_BLOCK, &async_sigs, old);
+	atomic_fetch_add(&in_engine, 1);
+}
+
+static void leave(const sigset_t *old) {
+	int n = atomic_load(&in_engine);
+	if (n > atomic_load(&engine_procs) && eng_procs) {
+		int procs = eng_procs(n);
+		atomic_store(&engine_procs, procs);
+		if (procs != INT_MAX && softefa_shim_debug())
+			fprintf(stderr, "softefa: %d threads in the engine at once: %d processors\n", n, procs);
+	}
+	atomic_fetch_sub(&in_engine, 1);
+	pthread_sigmask(SIG_SETMASK, old, NULL);
+}
 
 // at_exit sends the acknowledgements a busy poll left owed (engine.Device.FlushAcks): a program
 // that exits right after its last completion (the end of a test) would otherwise take them with
@@ -304,13 +331,15 @@ static void load_engine(void) {
 	eng_cq_ring = (int64_t (*)(int, int64_t))dlsym(h, "softefa_cq_ring");
 	eng_await_cq = (void (*)(int, uint32_t, uint64_t))dlsym(h, "softefa_await_cq");
 	eng_exit = (void (*)(void))dlsym(h, "softefa_exit");
+	int (*procs)(int) = (int (*)(int))dlsym(h, "softefa_procs");
 	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq || !eng_poll_net || !eng_dup ||
 	    !eng_sysfs || !eng_sysfs_counter || !eng_ioctl || !eng_netlink || !eng_db_page || !eng_db_trapped || !eng_db_rung ||
-	    !eng_cq_ring || !eng_await_cq || !eng_exit) {
+	    !eng_cq_ring || !eng_await_cq || !eng_exit || !procs) {
 		fprintf(stderr, "softefa: %s lacks the engine entry points\n", lib);
 		eng_err = ENODEV;
 		return;
 	}
+	eng_procs = procs;
 	engine_loaded = 1;
 	softefa_trap_install(); // in front of the Go runtime's SIGSEGV and SIGTRAP handlers
 	atexit(at_exit);
