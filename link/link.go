@@ -57,7 +57,9 @@ type BusyPoller interface {
 // acknowledgements follow the order the network delivered in).
 type ReadWaiter interface {
 	// WaitReadable returns when socket 0 may hold datagrams (at once if it may already), or
-	// with ErrClosed once the link is closed.
+	// with ErrClosed once the link is closed. It does not see datagrams a poller has read and
+	// not handed out yet (with GRO, the rest of a run): a reader reads until a read finds
+	// nothing before it waits.
 	WaitReadable() error
 }
 

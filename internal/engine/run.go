@@ -467,17 +467,21 @@ func (d *Device) readInput(in *srd.Inbox, lazy bool) (bool, error) {
 
 // rxOrdered is the receive goroutine of a link it can wait on without reading (link.ReadWaiter):
 // it waits for datagrams, then reads and handles them as a busy poller does, holding busyMu from
-// the read until it holds the device lock (readInput). Reading beside the busy pollers, each into buffers of its
+// the read until it holds the device lock (readInput). It waits only after a read that found
+// nothing: a read may leave datagrams in the poller's own buffers (the rest of a GRO run), which
+// no wait on the socket would see. Reading beside the busy pollers, each into buffers of its
 // own (GRO hands a run out over several reads), the receive loop could hand the transport an
 // earlier batch after a poller had handed it a later one, whose ACK then told the sender that
 // later packets came before earlier ones had: losses that were not (a bandwidth run between
 // two processes: 62 and 136 batches out of order).
 func (d *Device) rxOrdered(w link.ReadWaiter) {
 	in := d.srd.NewInbox()
-	var last time.Time // when the last datagram came
+	var last time.Time               // when the last datagram came
+	more := false                    // the last read got datagrams: read again before waiting
+	_, spins := d.link.(link.Poller) // as rxLoop: a link that is no Poller is never spun on
 	for {
-		spin := d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin
-		if !spin {
+		spin := spins && d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin
+		if !spin && !more {
 			if err := w.WaitReadable(); err != nil {
 				if d.stopping(err) {
 					return
@@ -487,6 +491,7 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 		}
 		d.busyMu.Lock()
 		got, err := d.readInput(in, false)
+		more = got
 		switch {
 		case err != nil:
 			if d.stopping(err) {

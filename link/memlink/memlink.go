@@ -294,6 +294,26 @@ func (n *Node) Receive(pkts []link.Packet) (int, error) {
 	}
 }
 
+// WaitReadable returns once the inbox holds datagrams, taking none, or ErrClosed after Close
+// (link.ReadWaiter): a device's receive goroutine then reads through its poller, as on a UDP link.
+func (n *Node) WaitReadable() error {
+	for {
+		n.mu.Lock()
+		closed, ready := n.closed, len(n.inbox) > 0
+		n.mu.Unlock()
+		switch {
+		case closed:
+			return link.ErrClosed
+		case ready:
+			return nil
+		}
+		select {
+		case <-n.sig:
+		case <-n.done:
+		}
+	}
+}
+
 // NewPoller returns a receiver that takes what the inbox holds without waiting, beside Receive
 // (link.BusyPoller): a device busy-polls through it when its application polls an empty CQ.
 func (n *Node) NewPoller() link.Poller { return Polled{n} }
