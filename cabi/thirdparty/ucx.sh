@@ -14,9 +14,12 @@
 #   SOFTEFA_STACK_CACHE  cache root, as for build.sh
 #   JOBS                 parallel jobs (default: the number of CPUs)
 #
-# The archive is checked against its SHA-256 sum in SHA256SUMS, wherever it comes from. UCX is configured as upstream's release
-# build (contrib/configure-release: no assertions or parameter checks) with --with-verbs pointing
-# at the stack, --with-efa and --enable-gtest, and every program and library gets an rpath to the
+# The archive is checked against its SHA-256 sum in SHA256SUMS, wherever it comes from. UCX is
+# configured as upstream's release build (contrib/configure-release: no assertions, no logging
+# below warnings) with its parameter checks on (--enable-params-check: a bad argument is refused
+# with UCS_ERR_INVALID_PARAM, which UCX's gtest expects), --with-verbs pointing at the stack,
+# --with-efa, --without-mlx5 (as upstream's EFA job builds: no mlx5 code and tests in a build for
+# EFA) and --enable-gtest, and every program and library gets an rpath to the
 # stack's lib/, so UCX runs on rdma-core 64's libibverbs and libefa, not Debian's. UCX's own unit
 # tests (test/gtest, which upstream never installs) are built in the same tree and installed as
 # bin/ucx_gtest, linked as libtool links a program to be installed: its rpath names the prefix's
@@ -27,7 +30,7 @@
 set -euo pipefail
 
 # Bump when the recipe below changes what gets built.
-RECIPE=2
+RECIPE=3
 archive=ucx-1.21.0.tar.gz
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -89,7 +92,8 @@ ucx=$work/ucx-1.21.0
 # that step fails harmlessly outside a clone.
 log "UCX 1.21: configure"
 (cd "$ucx" && ./autogen.sh >"$work/autogen.log" 2>&1 &&
-  ./contrib/configure-release --prefix="$prefix" --with-verbs="$stack" --with-efa --enable-gtest \
+  ./contrib/configure-release --prefix="$prefix" --with-verbs="$stack" --with-efa --without-mlx5 \
+    --enable-params-check --enable-gtest \
     --without-cuda --without-rocm --without-java --without-go --disable-doxygen-doc \
     LDFLAGS="-Wl,-rpath,$stack/lib -Wl,-rpath,$prefix/lib" >"$work/configure.log" 2>&1) ||
   { tail -40 "$work/autogen.log" "$work/configure.log" >&2; exit 1; }
@@ -97,6 +101,10 @@ grep -q '^#define HAVE_EFA_RMA 1' "$ucx/config.h" ||
   { log "UCX's configure did not find libefa's RDMA read and write caps in $stack"; exit 1; }
 grep -q '^#define uct_ib_MODULES ".*:efa' "$ucx/config.h" ||
   { log "UCX's configure left out its EFA module"; exit 1; }
+grep -q '^#define ENABLE_PARAMS_CHECK 1' "$ucx/config.h" ||
+  { log "UCX's configure left its parameter checks off"; exit 1; }
+grep -q '^#define HAVE_MLX5_DV 1' "$ucx/config.h" &&
+  { log "UCX's configure built mlx5 support"; exit 1; }
 # gtest is linked with -no-install, which gives it an rpath into the build tree (deleted below)
 # and none to lib/ucx/; without it libtool links .libs/gtest for installation (rpath: the
 # libraries' install directories) and leaves a wrapper script for the build tree.
