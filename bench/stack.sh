@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Unmodified EFA software through softefa run beside softefa's own API, two processes each, in
 # interleaved rounds: libfabric 2.6's fabtests on both fabrics (efa and efa-direct; efa-direct
-# has no tagged messages, and fi_pingpong fails on efa: docs/cabi.md), perftest over SRD, and
-# softefa perf. Prints every run, then the median of each figure over the rounds.
+# has no tagged messages, and fi_pingpong fails on efa: docs/cabi.md), perftest over SRD, UCX's
+# ucx_perftest over srd (UCX_TLS=srd; when cabi/thirdparty/ucx.sh has built it), and softefa perf. Prints every run, then the median of each figure over the rounds.
 #
 #   bench/stack.sh [ROUNDS]        default 3
 #
@@ -78,8 +78,14 @@ json() { python3 -c "import json,sys; print(round(json.load(sys.stdin)['$1'], 2)
 sf_lat() { json avg_us; }
 sf_p99() { json p99_us; }
 sf_bw() { python3 -c "import json,sys; r=json.load(sys.stdin); print(round(r['bw_gbps'], 2))"; }
+# ucx_perftest's last row: "Final: iters 50%ile average overall bw-average bw-overall rate..."
+# (latency in µs, half a round trip; bandwidth in MiB/s).
+ucx_lat() { awk '/^Final:/ {print $4; ok=1} END {if (!ok) exit 1}'; }
+ucx_bw() { awk '/^Final:/ {printf "%.2f\n", $7 * 1048576 * 8 / 1e9; ok=1} END {if (!ok) exit 1}'; }
 
 fab() { echo "$stack/bin/$1"; }
+ucx=${SOFTEFA_UCX:-$(cabi/thirdparty/ucx.sh --prefix 2>/dev/null || true)}
+[ -x "$ucx/bin/ucx_perftest" ] || { echo "no UCX (cabi/thirdparty/ucx.sh): its rows are left out" >&2; ucx=; }
 for r in $(seq "$rounds"); do
   echo "== round $r"
   for f in efa efa-direct; do
@@ -97,6 +103,12 @@ for r in $(seq "$rounds"); do
   pt=(-d efa_0 -c SRD -x 0 -p @PORT@)
   pair "ib_send_bw 8K" pt_bw -- ib_send_bw "${pt[@]}" -s 8192 -n 20000 -- ib_send_bw "${pt[@]}" -s 8192 -n 20000 127.0.0.1
   pair "ib_send_lat 64 avg" pt_lat -- ib_send_lat "${pt[@]}" -s 64 -n 10000 -- ib_send_lat "${pt[@]}" -s 64 -n 10000 127.0.0.1
+  if [ -n "$ucx" ]; then
+    up=(env UCX_TLS=srd "$ucx/bin/ucx_perftest" -p @PORT@)
+    pair "ucx tag_lat 64 avg" ucx_lat -- "${up[@]}" -- "${up[@]}" 127.0.0.1 -t tag_lat -s 64 -n 10000
+    pair "ucx tag_bw 64K" ucx_bw -- "${up[@]}" -- "${up[@]}" 127.0.0.1 -t tag_bw -s 65536 -n 2000
+    pair "ucx put_bw 64K" ucx_bw -- "${up[@]}" -- "${up[@]}" 127.0.0.1 -t put_bw -s 65536 -n 2000
+  fi
   perf "perf send_lat 64 avg" sf_lat send_lat -s 64 -n 10000
   perf "perf send_lat 64 p99" sf_p99 send_lat -s 64 -n 10000
   perf "perf send_bw 8K" sf_bw send_bw -s 8192 -D 3

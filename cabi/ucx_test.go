@@ -299,7 +299,7 @@ func parseUCXGtest(out string) ucxGtestResult {
 // performance envelopes included (test_uct_perf and test_uct_loopback, two threads each polling
 // a worker: about 2 minutes), the first of UCP's (test_ucp_perf.envelope/0), and UCP's active
 // message, stream, endpoint and peer failure tests (the groups upstream leaves out under ibmock
-// among them): about 6 minutes on 2 vCPUs. The rest of srd/* (tagged messages, RMA, atomics
+// among them): 469 tests, about 5.5 minutes on 2 vCPUs. The rest of srd/* (tagged messages, RMA, atomics
 // emulated over active messages, wireup, sockaddr, UCP's other envelopes) runs with
 // SOFTEFA_UCX_GTEST=full; docs/cabi.md, "UCX's gtest", has that run's result.
 var ucxGtestCI = []string{
@@ -341,10 +341,44 @@ var ucxGtestSkips = []struct{ prefix, why string }{
 	{"transport has no rma_bw lanes", "UCP selects no RMA bandwidth lane on srd in the test's " +
 		"configuration"},
 	{"At least 2 RMA BW lanes are required, but only 0 available", "as above"},
+	// Seen in the full run of srd/* only:
+	{"No interface for testing", "UCP's client-server (sockaddr) tests need an interface " +
+		"RDMA CM can use (IPoIB or RoCE) when no TCP transport is allowed; EFA has no RDMA CM, so " +
+		"they skip on an EFA host too"},
+	{"nonparameterized_test()", "the test runs in its first variant only"},
+	{"wait mode sleep on EFA not available", "UCX's own condition for EFA devices"},
+	{"(send_recv_type() != SEND_RECV_TAG)", "the test is for another variant"},
+	{"!cm_use_all_devices()", "the test is for another variant"},
+	{"!(get_variant_ctx_params().features & UCP_FEATURE_TAG)", "the test is for another variant"},
+	{"get_variant_value() & UNIFIED_MODE", "the test is for another variant"},
+	{"(get_variant_value() == RECV_REQ_EXTERNAL)", "the test is for another variant"},
+	{"!is_proto_enabled()", "the test is for another protocol version"},
+	{"No tag offload", "hardware tag matching: EFA has none"},
+	{"no remote registered memory access transport to", "exporting a memory key to another " +
+		"process (ucp_memh_pack with EXPORT, mlx5's cross-GVMI keys): EFA's memory domain cannot"},
+	{"cannot remove last memory domain", "the test needs two memory domains"},
+	{"no active messages transport to", "UCP's wakeup tests need send-completion events " +
+		"(no send completion event), which srd does not offer"},
+	{"max_hdr + 2 exceeds maximal bcopy size", "the test's header does not fit srd's bcopy size"},
+	{"protoV2/prereg are not supported for partial md reg failure", "the test is for another " +
+		"protocol version"},
+	{"Unsupported", "test_ucp_wireup_keepalive.attr: UCP's keepalive needs an endpoint check, " +
+		"which srd does not offer"},
+	{"Test is skipped due to unresolved failure", "disabled upstream"},
 }
+
+// ucxGtestSkipsUnexplained is the one skip that prints no reason: UCX's tagged-message tests
+// (test_ucp_tag_xfer, every variant; the offload variants of test_ucp_tag_match and
+// test_ucp_tag_limits) ask for hardware tag-matching offload in their constructor, and the gtest
+// skips that on every transport (ucs::skip_hw_tm_offload returns true: upstream issue
+// RM4602065), giving no reason.
+const ucxGtestSkipsUnexplained = ""
 
 // ucxGtestSkipAllowed reports whether a skip's reason is one of ucxGtestSkips.
 func ucxGtestSkipAllowed(why string) bool {
+	if why == ucxGtestSkipsUnexplained {
+		return true
+	}
 	for _, s := range ucxGtestSkips {
 		if strings.HasPrefix(why, s.prefix) {
 			return true
