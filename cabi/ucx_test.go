@@ -299,9 +299,9 @@ func parseUCXGtest(out string) ucxGtestResult {
 // performance envelopes included (test_uct_perf and test_uct_loopback, two threads each polling
 // a worker: about 2 minutes), the first of UCP's (test_ucp_perf.envelope/0), and UCP's active
 // message, stream, endpoint and peer failure tests (the groups upstream leaves out under ibmock
-// among them): 469 tests, about 5.5 minutes on 2 vCPUs. The rest of srd/* (tagged messages, RMA, atomics
-// emulated over active messages, wireup, sockaddr, UCP's other envelopes) runs with
-// SOFTEFA_UCX_GTEST=full; docs/cabi.md, "UCX's gtest", has that run's result.
+// among them): 469 tests, about 5.5 minutes on 2 vCPUs. The rest of srd/* (tagged messages,
+// RMA, atomics emulated over active messages, wireup, sockaddr, UCP's other envelopes) runs
+// with SOFTEFA_UCX_GTEST=full; docs/cabi.md, "UCX's gtest", has that run's result.
 var ucxGtestCI = []string{
 	"srd/uct_*", "srd/test_uct_*", "srd/test_many2one_am.*", "srd/test_p2p_rma_madvise.*",
 	"srd/test_zcopy_comp.*", "srd/test_srd.*", "srd/test_ucp_am*", "srd/test_ucp_ep.*",
