@@ -107,7 +107,7 @@ for r in $(seq "$rounds"); do
     up=(env UCX_TLS=srd "$ucx/bin/ucx_perftest" -p @PORT@)
     pair "ucx tag_lat 64 avg" ucx_lat -- "${up[@]}" -- "${up[@]}" 127.0.0.1 -t tag_lat -s 64 -n 10000
     pair "ucx tag_bw 64K" ucx_bw -- "${up[@]}" -- "${up[@]}" 127.0.0.1 -t tag_bw -s 65536 -n 2000
-    pair "ucx put_bw 64K" ucx_bw -- "${up[@]}" -- "${up[@]}" 127.0.0.1 -t put_bw -s 65536 -n 2000
+    pair "ucx put_bw 64K" ucx_bw -- "${up[@]}" -- "${up[@]}" 127.0.0.1 -t ucp_put_bw -s 65536 -n 2000
   fi
   perf "perf send_lat 64 avg" sf_lat send_lat -s 64 -n 10000
   perf "perf send_lat 64 p99" sf_p99 send_lat -s 64 -n 10000
