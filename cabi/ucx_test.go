@@ -170,7 +170,8 @@ func TestUCXData(t *testing.T) {
 // release's test/gtest (bin/ucx_gtest), with GTEST_FILTER=srd/* (every UCT and UCP test case
 // instantiated for the srd transport), in one process, through softefa run. Every test the
 // process creates opens the device again (its own context, PD, CQs and QPs), and the test's
-// sender and receiver talk over the device's own UDP port. CLOUD_TYPE=aws, as upstream's EFA run
+// sender and receiver, on the one device, reach each other without the network (the device
+// carries out messages between its own QPs at once). CLOUD_TYPE=aws, as upstream's EFA run
 // sets it (contrib/test_efa.sh): the tests then make the choices they make on an EFA host.
 //
 // CI runs the named subset ucxGtestCI (the whole set takes longer than all of CI may);
