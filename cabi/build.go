@@ -32,14 +32,15 @@ type Libs struct {
 	Shim, Engine string
 }
 
-// FindSource returns the root of softefa's source tree: $SOFTEFA_SRC, or the first directory
-// holding softefa's go.mod above the working directory or the running executable.
-func FindSource() (string, error) {
-	if d := os.Getenv("SOFTEFA_SRC"); d != "" {
-		if isRoot(d) {
-			return d, nil
+// FindSource returns the root of softefa's source tree: src when it is given (an error when it
+// is not softefa's), else the first directory holding softefa's go.mod above the working
+// directory or the running executable.
+func FindSource(src string) (string, error) {
+	if src != "" {
+		if isRoot(src) {
+			return src, nil
 		}
-		return "", fmt.Errorf("cabi: SOFTEFA_SRC=%s is not softefa's source tree", d)
+		return "", fmt.Errorf("cabi: %s is not softefa's source tree", src)
 	}
 	var starts []string
 	if wd, err := os.Getwd(); err == nil {
@@ -60,7 +61,7 @@ func FindSource() (string, error) {
 			d = up
 		}
 	}
-	return "", errors.New("cabi: softefa's source tree not found (set SOFTEFA_SRC, or SOFTEFA_LIBDIR to prebuilt libraries)")
+	return "", errors.New("cabi: softefa's source tree not found (softefa run --src, or --libdir for prebuilt libraries)")
 }
 
 func isRoot(d string) bool {
@@ -68,27 +69,34 @@ func isRoot(d string) bool {
 	return err == nil && bytes.HasPrefix(b, []byte("module "+modulePath+"\n"))
 }
 
-// Locate returns the libraries: those in $SOFTEFA_LIBDIR if set, otherwise a build from the
-// source tree cached under $SOFTEFA_CACHE (default: the user cache dir, softefa/cabi) and keyed by
-// a hash of the sources and the Go and C compilers, built with go and cc when missing. Progress
-// goes to log.
-func Locate(log io.Writer) (Libs, error) { return LocateFrom(log, nil) }
+// Where says where the libraries come from (softefa run's --src, --libdir and --cache).
+type Where struct {
+	Src    string // softefa's source tree to build from (default: FindSource's search)
+	LibDir string // prebuilt ShimLib and EngineLib: used as they are, nothing is built
+	Cache  string // where builds are cached (default: the user cache dir, softefa/cabi)
+}
+
+// Locate returns the libraries: those in w.LibDir if set, otherwise a build from the source tree
+// cached under w.Cache and keyed by a hash of the sources and the Go and C compilers, built with
+// go and cc when missing. Progress goes to log.
+func Locate(log io.Writer, w Where) (Libs, error) { return LocateFrom(log, nil, w) }
 
 // LocateFrom is Locate with a fallback: when no source tree is found (a softefa installed with go
-// install, run outside any checkout), the sources in embedded (the root package's Source) are
-// written to the cache, under a directory named by their hash, and built from there. Building
-// needs go, cc and the module's dependencies in the module cache (go install put them there).
-func LocateFrom(log io.Writer, embedded fs.FS) (Libs, error) {
-	if d := os.Getenv("SOFTEFA_LIBDIR"); d != "" {
+// install, run outside any checkout) and w.Src is not set, the sources in embedded (the root
+// package's Source) are written to the cache, under a directory named by their hash, and built
+// from there. Building needs go, cc and the module's dependencies in the module cache (go install
+// put them there).
+func LocateFrom(log io.Writer, embedded fs.FS, w Where) (Libs, error) {
+	if d := w.LibDir; d != "" {
 		l := Libs{Shim: filepath.Join(d, ShimLib), Engine: filepath.Join(d, EngineLib)}
 		for _, p := range []string{l.Shim, l.Engine} {
 			if _, err := os.Stat(p); err != nil {
-				return Libs{}, fmt.Errorf("cabi: SOFTEFA_LIBDIR: %w", err)
+				return Libs{}, fmt.Errorf("cabi: prebuilt libraries: %w", err)
 			}
 		}
 		return l, nil
 	}
-	cache := os.Getenv("SOFTEFA_CACHE")
+	cache := w.Cache
 	if cache == "" {
 		base, err := os.UserCacheDir()
 		if err != nil {
@@ -96,8 +104,8 @@ func LocateFrom(log io.Writer, embedded fs.FS) (Libs, error) {
 		}
 		cache = filepath.Join(base, "softefa", "cabi")
 	}
-	src, err := FindSource()
-	if err != nil && embedded != nil && os.Getenv("SOFTEFA_SRC") == "" {
+	src, err := FindSource(w.Src)
+	if err != nil && embedded != nil && w.Src == "" {
 		src, err = extract(embedded, filepath.Join(cache, "src"))
 	}
 	if err != nil {

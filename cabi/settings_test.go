@@ -3,8 +3,10 @@
 package cabi
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +37,64 @@ func TestSettingsReadAndListed(t *testing.T) {
 		if !strings.Contains(string(doc), "`--"+s.Flag+"`") || !strings.Contains(string(doc), s.Env) {
 			t.Errorf("docs/settings.md does not list --%s (%s)", s.Flag, s.Env)
 		}
+	}
+}
+
+// plumbing are the variables by which softefa run (Prepare) tells the program's shim and engine
+// where things are, from its flags.
+var plumbing = []string{"SOFTEFA_ENGINE", "SOFTEFA_DEV_PATH", "SOFTEFA_DEV_RDEV", "SOFTEFA_NAME",
+	"SOFTEFA_PART_ID", "SOFTEFA_ADDR", "SOFTEFA_IP", "SOFTEFA_PATHS", "SOFTEFA_SYSFS_ROOT"}
+
+// TestEveryVariableListed: every SOFTEFA_ variable the shipped code names (Go outside tests,
+// the shim's C) is in docs/settings.md, and none but softefa run's settings, its plumbing to the
+// program's shim and engine, and the encryption key (never a flag: other users can read flags).
+func TestEveryVariableListed(t *testing.T) {
+	allowed := map[string]bool{"SOFTEFA_KEY": true}
+	for _, v := range plumbing {
+		allowed[v] = true
+	}
+	for _, s := range Settings {
+		allowed[s.Env] = true
+	}
+	doc, err := os.ReadFile("../docs/settings.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := regexp.MustCompile(`SOFTEFA_[A-Z0-9_]+`)
+	seen := map[string]string{}
+	err = filepath.WalkDir("..", func(p string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir() && (d.Name() == "testdata" || d.Name() == "bench" || d.Name() == "thirdparty" ||
+			strings.HasPrefix(d.Name(), ".") && d.Name() != ".."):
+			return filepath.SkipDir
+		case d.IsDir() || strings.HasSuffix(p, "_test.go") ||
+			!strings.HasSuffix(p, ".go") && !strings.HasSuffix(p, ".c"):
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for _, v := range name.FindAllString(string(b), -1) {
+			seen[v] = p
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for v, p := range seen {
+		if !allowed[v] {
+			t.Errorf("%s (%s) is neither a softefa run setting nor its plumbing: make it a config.Device field or a flag", v, p)
+		}
+		if !strings.Contains(string(doc), "`"+v+"`") {
+			t.Errorf("%s (%s) is not listed in docs/settings.md", v, p)
+		}
+	}
+	if len(seen) < len(allowed)-1 {
+		t.Errorf("found %d variables, expected about %d: the walk missed files", len(seen), len(allowed))
 	}
 }
 

@@ -30,6 +30,11 @@ func runRun(args []string) error {
 	ip := fs.String("ip", "", "the IP address of per-process devices (default 127.0.0.1)")
 	paths := fs.Int("paths", 0, "UDP paths (default 4)")
 	printEnv := fs.Bool("print-env", false, "print the environment instead of running a command (for shells)")
+	var where cabi.Where
+	fs.StringVar(&where.Src, "src", "", "softefa's source tree to build the shim and engine from (default: the one above the\n"+
+		"working directory or this executable, else the sources embedded in it)")
+	fs.StringVar(&where.LibDir, "libdir", "", "a directory of prebuilt "+cabi.ShimLib+" and "+cabi.EngineLib+" (nothing is built)")
+	fs.StringVar(&where.Cache, "cache", "", "where built libraries are cached (default: the user cache dir, softefa/cabi)")
 	var settings []string
 	for _, st := range cabi.Settings {
 		fs.Var(&settingFlag{st, &settings}, st.Flag, st.Usage)
@@ -55,7 +60,7 @@ func runRun(args []string) error {
 		}
 		o.Addr = ap
 	}
-	libs, err := cabi.LocateFrom(os.Stderr, softefa.Source)
+	libs, err := cabi.LocateFrom(os.Stderr, softefa.Source, where)
 	if err != nil {
 		return err
 	}
