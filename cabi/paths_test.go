@@ -104,6 +104,7 @@ func TestPaths(t *testing.T) {
 		{"syscall", `
 			syscall openat2 vendor: 0x1d0f
 			syscall openat2 dev: ok
+			syscall openat2 dev null how: Bad address
 			syscall openat vendor: 0x1d0f
 			syscall newfstatat dev: chr 231:250 666
 			syscall stat dev: chr 231:250 666

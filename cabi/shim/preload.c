@@ -1054,6 +1054,10 @@ struct open_how_ {
 static long openat2_(int dirfd, const char *path, const struct open_how_ *how, size_t size) {
 	PATH_AT(dirfd, path);
 	if (isdev_) {
+		if (!how) {
+			errno = EFAULT; // as the kernel answers an unreadable open_how
+			return -1;
+		}
 		if (size < sizeof(uint64_t)) {
 			errno = EINVAL;
 			return -1;

@@ -308,6 +308,8 @@ int main(void) {
 	printf("syscall openat2 dev: %s\n", nfd >= 0 ? "ok" : strerror(errno));
 	if (nfd >= 0)
 		close(nfd);
+	nfd = syscall(SYS_openat2, AT_FDCWD, DEV, NULL, sizeof(how));
+	printf("syscall openat2 dev null how: %s\n", nfd >= 0 ? "ok" : strerror(errno));
 	read_fd("syscall openat vendor", syscall(SYS_openat, AT_FDCWD, IB "/device/vendor", O_RDONLY, 0));
 	print_stat("syscall newfstatat dev", syscall(SYS_newfstatat, AT_FDCWD, DEV, &st, 0), &st);
 	print_stat("syscall stat dev", syscall(SYS_stat, DEV, &st), &st);
