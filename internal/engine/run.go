@@ -594,6 +594,9 @@ func (d *Device) unlockAfter(q *srd.Queue, work func(now time.Duration)) {
 		d.srd.Use(q)
 	}
 	work(d.clock())
+	if d.srd != nil {
+		d.srd.Hold(q) // (the batches' datagrams go out in the batches' order)
+	}
 	d.mu.Unlock()
 	if d.srd != nil {
 		d.srd.Flush(q)

@@ -138,7 +138,11 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 	// is taken to keep its own order, with a reordering allowance of an eighth of the RTT), or
 	// when one sent no earlier on any path has and the packet has waited two of its own path's
 	// RTTs (paths differ in delay, but one that far behind has dropped it: this is what finds a
-	// dead path within a few RTTs). The first acknowledgement of anything after the
+	// dead path within a few RTTs). A packet of the batch that sent the newest one acknowledged
+	// (the same send time) went before it if its PSN is lower (a batch sends in PSN order:
+	// retransmissions, then new packets); one that went after it waits at least minRTO, not two
+	// RTTs: the peer may have read the first part of the batch while the rest was still going
+	// out. The first acknowledgement of anything after the
 	// retransmission timer fired also counts as lost every packet that had waited the timeout
 	// then (timedOut): the timer sent only the oldest again, as a probe (checkRTO), unless that
 	// acknowledgement shows the timer spurious (acksEarly).
@@ -148,13 +152,24 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 	for i := range p.paths {
 		anyAcked = max(anyAcked, p.paths[i].ackedAt)
 	}
+	var batchTop wire.PSN // the highest PSN acknowledged of the newest batch acknowledged (found once needed)
+	topKnown := false
 	for psn := s.una; psn.Less(s.next); psn++ {
 		e := s.slot(psn)
 		if e.acked || e.lost || e.msg == nil {
 			continue
 		}
 		ps := &p.paths[e.path]
-		revealed := e.at+reo < ps.ackedAt || anyAcked >= e.at && now-e.at > 2*cmp.Or(ps.srtt, s.srtt)+reo
+		wait := 2*cmp.Or(ps.srtt, s.srtt) + reo
+		if e.at == anyAcked {
+			if !topKnown {
+				batchTop, topKnown = s.batchTop(anyAcked), true
+			}
+			if batchTop.Less(psn) {
+				wait = max(wait, minRTO)
+			}
+		}
+		revealed := e.at+reo < ps.ackedAt || anyAcked >= e.at && now-e.at > wait
 		if !revealed && e.at > timedOut {
 			continue
 		}
@@ -177,6 +192,17 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 	}
 	s.congestion(tally.newly, lost)
 	t.pump(p)
+}
+
+// batchTop returns the highest PSN in the window acknowledged among those sent at at, or the PSN
+// below the window if none is (they were all below it).
+func (s *txStream) batchTop(at time.Duration) wire.PSN {
+	for psn := s.next - 1; !psn.Less(s.una); psn-- {
+		if e := s.slot(psn); e.acked && e.at == at {
+			return psn
+		}
+	}
+	return s.una - 1
 }
 
 // ackTally is what one acknowledgement did: how many packets it newly acknowledged, the latest

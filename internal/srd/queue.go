@@ -18,6 +18,7 @@ type Queue struct {
 	cur    *peer
 	path   int
 	maxLen int
+	turn   bool // holds the turn to send (Transport.Hold)
 }
 
 // NewQueue makes a datagram queue for a goroutine that does the device's work.
@@ -98,13 +99,16 @@ func (t *Transport) commit(b []byte) {
 }
 
 // flushTx sends the queued datagrams. Called with the lock held only when the queue is full;
-// normally the lock holder sends the queue after unlocking (Flush).
+// normally the lock holder sends the queue after unlocking (Hold, Flush). It waits for its turn
+// (Hold): a goroutine that let go of the lock may still be sending an earlier batch.
 func (t *Transport) flushTx() {
 	q := t.txq
 	if q.n == 0 {
 		return
 	}
+	t.sendTurn <- struct{}{}
 	t.sendPkts(q, q.pkts[:q.n])
+	<-t.sendTurn
 	q.n, q.cur = 0, nil
 }
 
@@ -124,11 +128,16 @@ func (t *Transport) sendPkts(q *Queue, pkts []link.Packet) {
 	_ = t.link.Send(pkts) // a failed link shows up as timeouts
 }
 
-// sendTx sends q's datagrams; called without the lock.
+// sendTx sends q's datagrams; called without the lock. It lets go of the turn to send that
+// Hold took for q.
 func (t *Transport) sendTx(q *Queue) {
 	if q.n > 0 {
 		t.sendPkts(q, q.pkts[:q.n])
 		q.n, q.cur = 0, nil
+	}
+	if q.turn {
+		q.turn = false
+		<-t.sendTurn
 	}
 }
 

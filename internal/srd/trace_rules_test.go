@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"net/netip"
 	"slices"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/softefa/softefa/config"
@@ -764,6 +766,100 @@ func TestTraceLossAcrossPathsWaitsTwoRTTs(t *testing.T) {
 	if again := r.data(); len(again) != 1 || again[0].f.Data.PSN != 2 {
 		t.Fatalf("sent %v, want PSN 2 again after two RTTs", psns(again))
 	}
+}
+
+// congestion.md loss rule, across paths, within one batch: a batch read the clock once, but its
+// packets went in PSN order. A peer reading a backlog (or reading while the batch is still going
+// out) acknowledges the first part of a batch long after it went; the rest, on another path, went
+// after what it acknowledged and is not lost before the least retransmission timeout. Packets that
+// went before an acknowledged one of their batch are lost once they have waited two RTTs of
+// their path.
+func TestTraceLossAcrossPathsWithinABatch(t *testing.T) {
+	// batch sends one WRITE of 8 packets in one batch, PSNs 2-5 on one path and 6-9 on the
+	// other, after both paths got an RTT sample of 200 µs, and lets a millisecond (five RTTs,
+	// half the least retransmission timeout) go by.
+	batch := func(t *testing.T) (*trace, []traceFrame) {
+		r := newTrace(t, 2, nil)
+		var p *peer
+		for round := range 2 {
+			r.post(uint16(round), efaio.OpSend, 100)
+			d := r.data()
+			r.advance(200 * time.Microsecond)
+			r.ack(wire.PSN(round+1), nil, d[0].h.Path)
+			r.completions()
+			p = r.tr.peers[config.GIDFromAddr(tracePeer)]
+			p.pathRR, p.tx.burst = (p.pathRR+1)%2, 16 // the next packet goes on the other path
+		}
+		p.tx.burst = 12
+		r.post(2, efaio.OpRDMAWrite, 8*r.tr.segSize())
+		d := r.data()
+		if len(d) != 8 || d[0].h.Path == d[7].h.Path || d[3].h.Path != d[0].h.Path || d[4].h.Path != d[7].h.Path {
+			t.Fatalf("sent %v on paths %d...%d, want 8 packets, 4 a path", psns(d), d[0].h.Path, d[7].h.Path)
+		}
+		r.advance(time.Millisecond)
+		return r, d
+	}
+	t.Run("first part acknowledged", func(t *testing.T) {
+		r, d := batch(t)
+		r.ack(6, nil, d[3].h.Path) // the peer has read PSNs 2-5
+		if again := r.data(); len(again) != 0 {
+			t.Fatalf("sent %v again: they went after every packet acknowledged", psns(again))
+		}
+		r.ack(10, nil, d[7].h.Path)
+		r.wantCompletion(2, efaio.StatusOK)
+		if n := r.counts.RetransPkts.Load(); n != 0 {
+			t.Fatalf("%d packets retransmitted, want none", n)
+		}
+	})
+	t.Run("second part acknowledged", func(t *testing.T) {
+		r, d := batch(t)
+		r.ack(2, []wire.PSN{6, 7, 8, 9}, d[7].h.Path) // the first path's four went before these
+		if again := r.data(); len(again) != 4 || again[0].f.Data.PSN != 2 || again[3].f.Data.PSN != 5 {
+			t.Fatalf("sent %v again, want PSNs 2-5", psns(again))
+		}
+	})
+}
+
+// congestion.md "Sent after": datagrams go on the link in the order their frames were written.
+// A goroutine that wrote a batch and let go of the device's lock, and is kept from sending it
+// (off its processor), holds back the next batch another goroutine writes: sent first, that
+// batch's ACK would take the first for lost.
+func TestBatchesGoOutInOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newTrace(t, 2, nil)
+		var mu sync.Mutex // the device's lock
+		write := func(q *Queue, wrid uint16) {
+			mu.Lock()
+			defer mu.Unlock()
+			r.tr.Use(q)
+			req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 100}
+			req.Src[0], req.NSrc = r.buf[:100], 1
+			if _, st := r.tr.Request(r.f.Now(), config.GIDFromAddr(tracePeer), &req, wrid); st != efaio.StatusOK {
+				t.Errorf("request: status %d", st)
+			}
+			r.tr.Hold(q)
+		}
+		first, second := r.tr.NewQueue(), r.tr.NewQueue()
+		write(first, 1) // and then held up before sending
+		sent := make(chan struct{})
+		go func() {
+			write(second, 2)
+			r.tr.Flush(second)
+			close(sent)
+		}()
+		synctest.Wait()
+		select {
+		case <-sent:
+			t.Fatal("the second batch went out before the first")
+		default:
+		}
+		r.tr.Flush(first)
+		<-sent
+		r.collect()
+		if d := r.data(); len(d) != 2 || d[0].f.Data.PSN != 0 || d[1].f.Data.PSN != 1 {
+			t.Fatalf("sent %v, want PSNs 0 and 1 in that order", psns(d))
+		}
+	})
 }
 
 // wire.md "Packet streams": the transport timeout fails requests with 13 when the peer had

@@ -101,6 +101,8 @@ type Transport struct {
 	inc    uint32 // this device's incarnation
 	counts *Counters
 
+	sendTurn chan struct{} // holds a value while a goroutine puts datagrams on the link (Hold)
+
 	peers    map[[16]byte]*peer
 	peerList []*peer // the same, in the order they came: what loops over peers follow
 	// active lists the peers not slim, in no order: the timer's loops over peers follow it, so
@@ -135,7 +137,7 @@ type Transport struct {
 // inc; rng draws its cookie key and sealing salts; host is the device.
 func New(cfg config.Device, l link.Link, inc uint32, rng io.Reader, host Host, counts *Counters) (*Transport, error) {
 	t := &Transport{
-		cfg: cfg, host: host, link: l, inc: inc, counts: counts,
+		cfg: cfg, host: host, link: l, inc: inc, counts: counts, sendTurn: make(chan struct{}, 1),
 		gid:    config.GIDFromAddr(l.LocalAddr()),
 		ip:     l.LocalAddr().Addr().Unmap().As16(),
 		ports:  []uint16{l.LocalAddr().Port()},
@@ -174,7 +176,20 @@ func (t *Transport) Inc() uint32 { return t.inc }
 // sends what q holds afterwards, with Flush.
 func (t *Transport) Use(q *Queue) { t.txq = q }
 
-// Flush sends q's datagrams. Called without the device's lock.
+// Hold takes the turn to send q's datagrams, if it holds any, before the caller lets go of the
+// device's lock; Flush, after, sends them and gives the turn back. Datagrams so go on the link in
+// the order their frames were written, whichever goroutine wrote them: a goroutine off its
+// processor between the lock and the send would otherwise send a batch after later ones, and
+// the peer's ACKs of those would take its packets for lost (docs/congestion.md).
+func (t *Transport) Hold(q *Queue) {
+	if q.n > 0 {
+		t.sendTurn <- struct{}{}
+		q.turn = true
+	}
+}
+
+// Flush sends q's datagrams. Called without the device's lock, after Hold if the caller took
+// the turn.
 func (t *Transport) Flush(q *Queue) { t.sendTx(q) }
 
 // The calls below that take now are given the clock by their caller, which reads it once for its
