@@ -109,10 +109,7 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 			}
 		}
 	}
-	for s.una != s.next && s.slot(s.una).acked {
-		*s.slot(s.una) = sentPkt{}
-		s.una++
-	}
+	s.dropAcked()
 	timedOut := time.Duration(-1)
 	if tally.newly > 0 {
 		if s.rtoAt != 0 && !tally.early {
@@ -205,6 +202,23 @@ func (s *txStream) batchTop(at time.Duration) wire.PSN {
 	return s.una - 1
 }
 
+// dropAcked moves una past the packets acknowledged at the window's start.
+func (s *txStream) dropAcked() {
+	for s.una != s.next && s.slot(s.una).acked {
+		*s.slot(s.una) = sentPkt{}
+		s.una++
+	}
+}
+
+// ackAnswered acknowledges slot e, of a request the peer has answered (checkRTO, sendAgain).
+func (t *Transport) ackAnswered(p *peer, e *sentPkt, now time.Duration) {
+	if e.lost {
+		e.lost = false // (waiting to go again: not in flight, and no spurious loss)
+		p.tx.inflight++
+	}
+	t.ackSlot(p, e, now, &ackTally{byAnswer: true})
+}
+
 // ackTally is what one acknowledgement did: how many packets it newly acknowledged, the latest
 // RTT sample it gave (-1: none), and whether one of them was sent once, before the
 // retransmission timer last fired, or arrived by its first transmission (early: the timer was
@@ -216,6 +230,10 @@ type ackTally struct {
 
 	answered uint8    // the path of the newest DATA frame the acknowledgement answers
 	newest   *sentPkt // the slot of the highest PSN the peer has, if still in the window
+
+	// byAnswer: no acknowledgement came, but the peer's answer to the request showed that it
+	// had the packet (ackAnswered): no RTT sample, no credit to a path.
+	byAnswer bool
 }
 
 // ackSlot records the acknowledgement of one stream slot: the packet leaves the flight, credits
@@ -268,10 +286,10 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 	default:
 		s.countFate(false)
 	}
-	if e.retx == 0 {
+	if e.retx == 0 && !tally.byAnswer {
 		tally.rtt = now - e.at // a copy left with the packet: its arrival times the round trip as well
 	}
-	if !e.copied { // either copy of a copied packet may be the one that arrived: credit no path
+	if !e.copied && !tally.byAnswer { // either copy of a copied packet may be the one that arrived: credit no path
 		// A copy sent again counts as arrived if its acknowledgement came a round trip after
 		// it went (creditPath), unless the retransmission timer fired and this acknowledgement
 		// shows it spurious: then the receiver is reading a backlog, and the original came.

@@ -113,8 +113,15 @@ func (t *Transport) checkRTO(p *peer, now time.Duration) {
 	var probePSN wire.PSN
 	for psn := s.una; psn != s.next; psn++ {
 		e := s.slot(psn)
-		if e.acked || e.msg == nil || e.msg.answeredReq() {
-			continue // (an answered request needs no probe: the answer showed the peer had it)
+		if e.acked || e.msg == nil {
+			continue
+		}
+		if e.msg.answeredReq() {
+			// No probe: the answer showed the peer had it. Taken as acknowledged (the
+			// acknowledgement was lost): in flight, with nothing sent after it to bring another,
+			// it would hold the window shut for good.
+			t.ackAnswered(p, e, now)
+			continue
 		}
 		if probe == nil {
 			probe, probePSN = e, psn
@@ -123,6 +130,7 @@ func (t *Transport) checkRTO(p *peer, now time.Duration) {
 			oldest = e
 		}
 	}
+	s.dropAcked()
 	if oldest == nil || now-max(oldest.at, s.rtoAt) < s.rto {
 		return
 	}
@@ -148,6 +156,13 @@ func (t *Transport) checkRTO(p *peer, now time.Duration) {
 		s.inflight--
 	}
 	t.sendAgain(p, probePSN, e, t.sendTime())
+	if s.rtoAt != 0 && !e.acked {
+		// The timer fired before with nothing acknowledged since: the last probe, or its
+		// acknowledgement, was lost. This one goes on two paths: a path gone dark for a while
+		// (that no loss of a probe marks failed) would otherwise take every probe the rotation
+		// gives it, at backed-off intervals, until the transport timeout.
+		t.copySeg(p, probePSN, e)
+	}
 	t.counts.RetransTimeoutEvents.Add(1)
 	rto := s.rto
 	if !noLoss {

@@ -301,8 +301,15 @@ func (t *Transport) pump(p *peer) {
 		t.sendAgain(p, psn, e, now)
 	}
 	s.retx = s.retx[:copy(s.retx, s.retx[taken:])]
+	// A peer never heard from has no context for us yet: it challenges our first datagram and
+	// drops it (docs/wire.md, "Address validation"). One packet goes until it answers, not a
+	// window of them, all to be sent again with its cookie.
+	window := s.cwnd
+	if !p.heard {
+		window = 1
+	}
 	done := 0
-	for done < len(s.queue) && float64(s.inflight) < s.cwnd {
+	for done < len(s.queue) && float64(s.inflight) < window {
 		m := s.queue[done]
 		if m.sent == m.nseg {
 			done++ // cut short by cancel: it may go to the free list now that the queue lets go
@@ -344,13 +351,11 @@ func (m *Msg) answeredReq() bool {
 
 // sendAgain sends slot e, counted lost, again (on another path than its last, if one is usable).
 func (t *Transport) sendAgain(p *peer, psn wire.PSN, e *sentPkt, now time.Duration) {
-	e.lost = false
-	if m := e.msg; m.answeredReq() {
-		// The answer proved the peer has every segment: nothing to send again.
-		p.tx.inflight++ // ack() takes it back out
-		t.ackSlot(p, e, now, &ackTally{})
+	if e.msg.answeredReq() {
+		t.ackAnswered(p, e, now) // the answer proved the peer has every segment: nothing to send again
 		return
 	}
+	e.lost = false
 	e.retx++
 	t.sendSeg(p, psn, e, now, int(e.path))
 }

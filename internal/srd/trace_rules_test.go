@@ -65,6 +65,7 @@ func TestTraceRespFails(t *testing.T) {
 // same path; PSN 0 goes again, on the other path.
 func TestTraceSelectiveAckResendsHoleOnAnotherPath(t *testing.T) {
 	r := newTrace(t, 2, nil)
+	r.hear()
 	d := r.sends(5)
 	if got := psns(d); !slices.Equal(got, []wire.PSN{0, 1, 2, 3, 4}) {
 		t.Fatalf("sent PSNs %v", got)
@@ -195,6 +196,7 @@ func TestTracePeerEpochStartsAfresh(t *testing.T) {
 // halves once per round trip with losses.
 func TestTraceWindowGrowsAndHalves(t *testing.T) {
 	r := newTrace(t, 2, nil)
+	r.hear()
 	cwnd := func() float64 { return r.tr.PathStats()[0].Cwnd }
 	d := r.sends(4)
 	start := cwnd()
@@ -213,6 +215,7 @@ func TestTraceWindowGrowsAndHalves(t *testing.T) {
 // probed every 50 ms until a PROBE_ACK with the probe's nonce puts it back.
 func TestTracePathFailsAndIsProbed(t *testing.T) {
 	r := newTrace(t, 2, nil)
+	r.hear()
 	d := r.sends(4)
 	bad := d[0].h.Path
 	r.ack(0, []wire.PSN{3}, bad)
@@ -417,6 +420,7 @@ func TestTraceRNRRetries(t *testing.T) {
 // reordering does not count as loss again.
 func TestTraceSpuriousLossWidensAllowance(t *testing.T) {
 	r := newTrace(t, 2, nil)
+	r.hear()
 	d := r.sends(4)
 	steps := r.tr.peers[config.GIDFromAddr(tracePeer)].tx.reoSteps
 	r.ack(0, []wire.PSN{3}, d[0].h.Path) // 0-2 counted lost
@@ -434,6 +438,7 @@ func TestTraceSpuriousLossWidensAllowance(t *testing.T) {
 // have made the round trip: the window is back where it was.
 func TestTraceSpuriousLossUndoesCut(t *testing.T) {
 	r := newTrace(t, 2, nil)
+	r.hear()
 	cwnd := func() float64 { return r.tr.PathStats()[0].Cwnd }
 	d := r.sends(4)
 	before := cwnd()
@@ -827,6 +832,7 @@ func TestTraceLossAcrossPathsWithinABatch(t *testing.T) {
 func TestBatchesGoOutInOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newTrace(t, 2, nil)
+		r.hear()
 		var mu sync.Mutex // the device's lock
 		write := func(q *Queue, wrid uint16) {
 			mu.Lock()
@@ -862,6 +868,79 @@ func TestBatchesGoOutInOrder(t *testing.T) {
 	})
 }
 
+// congestion.md "Loss detection" (timer): a READ_REQ whose acknowledgement was lost, but whose
+// data came, is taken as acknowledged: the data showed that the peer had it. Nothing else would
+// acknowledge it (no probe goes for an answered request, and nothing is sent after it while it
+// fills the window), and the window would stay shut until the transport timeout.
+func TestTraceAnsweredRequestLeavesTheWindow(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.hear()
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	p.tx.cwnd = 1
+	r.post(1, efaio.OpRDMARead, 1000)
+	reqs := r.data()
+	if len(reqs) != 1 || reqs[0].f.Data.Op != wire.OpReadReq {
+		t.Fatalf("sent %+v, want one READ_REQ", reqs)
+	}
+	r.post(2, efaio.OpSend, 100)
+	if d := r.data(); len(d) != 0 {
+		t.Fatalf("sent %v with the window full", psns(d))
+	}
+	// The data comes; the ACK of the READ_REQ was lost (none is sent).
+	r.peerData(wire.Data{Op: wire.OpReadResp, MsgID: reqs[0].f.Data.MsgID, Length: 1000, Payload: make([]byte, 1000)})
+	r.wantCompletion(1, efaio.StatusOK)
+	r.advance(time.Millisecond)
+	d := r.data()
+	if len(d) != 1 || d[0].f.Data.Op != wire.OpSend {
+		t.Fatalf("sent %+v within a millisecond of the read's data, want the SEND", d)
+	}
+	if n := r.counts.RetransPkts.Load(); n != 0 {
+		t.Fatalf("%d packets retransmitted, want none", n)
+	}
+}
+
+// congestion.md "Loss detection" (timer): a timeout that follows one with nothing acknowledged
+// since sends its probe on two paths: a path dark for a while, that a lost probe does not mark
+// failed, would otherwise take the probes the rotation gives it until the transport timeout.
+func TestTraceRepeatedTimeoutProbesTwoPaths(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.hear()
+	r.post(1, efaio.OpSend, 100)
+	if d := r.data(); len(d) != 1 {
+		t.Fatalf("sent %v, want PSN 0", psns(d))
+	}
+	if d := r.awaitData(); len(d) != 1 {
+		t.Fatalf("first timeout sent %v, want PSN 0 once", psns(d))
+	}
+	d := r.awaitData()
+	if len(d) != 2 || d[0].f.Data.PSN != 0 || d[1].f.Data.PSN != 0 || d[0].h.Path == d[1].h.Path {
+		t.Fatalf("second timeout sent %v, want PSN 0 on both paths", psns(d))
+	}
+	r.ack(1, nil, d[1].h.Path)
+	r.wantCompletion(1, efaio.StatusOK)
+}
+
+// wire.md "Address validation": a device sends one packet to a peer it never heard from, which
+// has no context for it and challenges it, dropping it; the rest follow once the peer answers, so
+// that only that one goes again with the cookie, not a window of them.
+func TestTraceFirstContactSendsOnePacket(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.tr.ports = []uint16{traceDev.Port(), 4800}
+	for i := range 4 {
+		r.post(uint16(i), efaio.OpSend, 100)
+	}
+	if d := r.data(); len(d) != 1 || d[0].f.Data.PSN != 0 {
+		t.Fatalf("sent %v to a peer never heard from, want PSN 0 alone", psns(d))
+	}
+	r.send(0, func(b []byte) []byte { return wire.AppendChallenge(b, 0x1234567, traceDev.Port()) })
+	if d := r.data(); !slices.Equal(psns(d), []wire.PSN{0, 1, 2, 3}) {
+		t.Fatalf("sent %v after the peer's challenge, want PSN 0 again and 1-3", psns(d))
+	}
+	if n := r.counts.RetransPkts.Load(); n != 1 {
+		t.Fatalf("%d packets retransmitted, want 1", n)
+	}
+}
+
 // wire.md "Packet streams": the transport timeout fails requests with 13 when the peer had
 // answered before (it is unresponsive), with 15 when it never did (unreachable).
 func TestTraceTimeoutOfAPeerHeardBefore(t *testing.T) {
@@ -882,12 +961,13 @@ func TestTraceTimeoutOfAPeerHeardBefore(t *testing.T) {
 // slots all name it, and freeing it for each would hand one message to several later requests.
 func TestTraceTransportTimeoutFreesMessagesOnce(t *testing.T) {
 	r := newTrace(t, 2, nil)
+	r.hear()
 	r.post(1, efaio.OpRDMAWrite, 4*r.tr.segSize()) // four packets
 	if d := r.data(); len(d) != 4 {
 		t.Fatalf("sent %d packets, want 4", len(d))
 	}
 	r.advance(1100 * time.Millisecond)
-	r.wantCompletion(1, efaio.StatusLocalUnreachRemote)
+	r.wantCompletion(1, efaio.StatusLocalUnrespRemote) // (heard from before)
 	seen := make(map[*Msg]bool)
 	for _, m := range r.tr.freeMsgs {
 		if seen[m] {
@@ -1184,6 +1264,7 @@ func TestTraceReadDataAfterDereg(t *testing.T) {
 // after it in the next, and the acknowledgement of the second counted the first lost.
 func TestTracePacketsStampedWhenSent(t *testing.T) {
 	r := newTrace(t, 2, nil)
+	r.hear()
 	send := func(wrid uint16, now time.Duration) {
 		req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 100}
 		req.Src[0], req.NSrc = r.buf[:100], 1
@@ -1485,7 +1566,7 @@ func TestTraceForeignPortChallengeResendsNothing(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	ports := []uint16{traceDev.Port(), 4800}
 	r.tr.ports = ports
-	r.meet()
+	r.hear()
 	for i := range 20 {
 		r.post(uint16(i), efaio.OpSend, 1000)
 	}

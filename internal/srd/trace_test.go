@@ -341,6 +341,16 @@ func (r *trace) meet() {
 	r.take(wire.TypeChallenge)
 }
 
+// hear has the peer met (meet) and heard from by the transport: a datagram of the peer, with the
+// cookie, is taken. The transport then sends the peer a window of packets, not one.
+func (r *trace) hear() {
+	r.meet()
+	r.send(0, func(b []byte) []byte { return wire.AppendAck(b, &wire.Ack{}) })
+	if p := r.tr.peers[config.GIDFromAddr(tracePeer)]; p == nil || !p.heard {
+		r.t.Fatal("the transport did not take the peer's datagram with its cookie")
+	}
+}
+
 // ack acknowledges the transport's stream: every PSN below cum, and the PSNs in sack beyond it, as
 // the peer's DATA on path path would be answered.
 func (r *trace) ack(cum wire.PSN, sack []wire.PSN, path uint8) {
