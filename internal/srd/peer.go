@@ -112,9 +112,10 @@ func (t *Transport) resetPeer(p *peer, st efaio.Status, inc uint32) {
 	t.resetTx(p, st, resetRestart) // the answers were for the peer's earlier life
 }
 
-// pickPath chooses the path for the next packet to p: the current one for a burst of packets,
-// so that GSO/GRO-style batching survives, then the next healthy one; never avoid if another
-// healthy path exists.
+// pickPath chooses the path for the next packet to p: the current one for a burst of 16
+// datagrams (counted by sendSeg and sendUD: small messages share datagrams, and a burst of 16
+// packets cut their datagrams at 16 frames), so that GSO/GRO-style batching survives, then the
+// next healthy one; never avoid if another healthy path exists.
 func (t *Transport) pickPath(p *peer, avoid int) int {
 	const burst = 16
 	t.revalidate(p)
@@ -123,13 +124,12 @@ func (t *Transport) pickPath(p *peer, avoid int) int {
 		return 0
 	}
 	if avoid < 0 && p.tx.burst < burst && p.paths[p.pathRR].usable() {
-		p.tx.burst++
 		return p.pathRR
 	}
 	for i := 1; i <= n; i++ {
 		c := (p.pathRR + i) % n
 		if p.paths[c].usable() && c != avoid {
-			p.pathRR, p.tx.burst = c, 1
+			p.pathRR, p.tx.burst = c, 0
 			return c
 		}
 	}

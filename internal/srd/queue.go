@@ -19,6 +19,8 @@ type Queue struct {
 	path   int
 	maxLen int
 	turn   bool // holds the turn to send (Transport.Hold)
+
+	started uint64 // datagrams begun (roomFor), ever
 }
 
 // NewQueue makes a datagram queue for a goroutine that does the device's work.
@@ -69,6 +71,7 @@ func (t *Transport) roomFor(p *peer, path, size, ride int) []byte {
 		pk.Buf = make([]byte, 0, q.maxLen) // once per slot: kept for every later datagram
 	}
 	q.n++
+	q.started++
 	q.cur, q.path = p, path
 	t.revalidate(p)
 	p.lastTx = t.now

@@ -22,9 +22,9 @@ type rxStream struct {
 	highest  wire.PSN // highest PSN seen (cum-1 while none beyond cum has)
 	seen     window   // which PSNs in [cum, cum+rxWindow) arrived
 	ackDue   bool
-	ackSince time.Duration // when the ACK became due
-	ackPath  uint8         // the path of the latest DATA frame with a PSN not seen before
-	sinceAck int
+	ackSince time.Duration      // when the ACK became due
+	ackPath  uint8              // the path of the latest DATA frame with a PSN not seen before
+	sinceAck int                // datagrams with DATA of the stream since the last ACK
 	in       map[uint32]Inbound // messages arriving in segments, by the peer's message id
 	// aborted holds the messages whose ABORT came before some earlier PSN of the stream, by
 	// message id, with the latest such ABORT's PSN: a segment of one that arrives after its ABORT
@@ -209,7 +209,7 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		t.resetTx(p, efaio.StatusRemoteAbort, resetBehind)
 	}
 	f := &t.frame // (not on the stack: the host's methods take pointers into it)
-	probed := false
+	probed, data := false, false
 	for len(frames) > 0 {
 		if frames, err = wire.NextFrame(frames, f); err != nil {
 			t.counts.BadPackets.Add(1)
@@ -217,6 +217,7 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		}
 		switch f.Type {
 		case wire.TypeData:
+			data = data || f.Data.Flags&wire.FlagUD == 0
 			t.onData(p, &h, &f.Data, now)
 		case wire.TypeAck:
 			if h.RxEpoch == p.tx.epoch {
@@ -242,6 +243,16 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 			t.onChallenge(p, f.Cookie, f.Port)
 		}
 	}
+	// An ACK every ackEvery datagrams of the peer's stream within a batch (and one at its end:
+	// inputBatch), counted in datagrams, not frames: small messages share datagrams, and an ACK
+	// per 16 of them made ACK datagrams nearly as many as the data's. Only now, with the
+	// datagram's frames handled, may an ACK cover them: a failed message's RESP must lie below
+	// the horizon of the ACK that covers its last segment.
+	if r := &p.rx; data {
+		if r.sinceAck++; r.sinceAck >= ackEvery {
+			t.sendAck(p)
+		}
+	}
 }
 
 // onData takes a DATA frame: UD frames at once; stream frames once each, in any order.
@@ -265,7 +276,6 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 	}
 	t.rxReady(p)
 	t.oweAck(p, now)
-	r.sinceAck++
 	psn := f.PSN
 	switch {
 	case psn.Less(r.cum):
@@ -330,11 +340,6 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 		if m := r.abortQ.pop(); r.aborted[m.msgID] == m.psn {
 			delete(r.aborted, m.msgID)
 		}
-	}
-	// Only now, with the frame handled, may an ACK cover it: a failed message's RESP must lie
-	// below the horizon of the ACK that covers its last segment.
-	if r.sinceAck >= ackEvery {
-		t.sendAck(p)
 	}
 	if len(p.tx.waiting) > 0 {
 		t.settle(p) // our stream may have reached a horizon

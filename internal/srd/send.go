@@ -101,7 +101,7 @@ type txStream struct {
 	lossAt     time.Duration // when a packet was last counted lost (by acknowledgements or the timer)
 	lossRate   float64       // moving average of packets' fates, 1 lost, 0 acknowledged (lossGain)
 	sentAt     time.Duration // when a DATA frame last went to the peer (flushAcks)
-	burst      int           // packets sent on the current path since it was picked
+	burst      int           // datagrams of DATA started on the current path since it was picked
 
 	// The window before the latest cut, kept while every packet counted lost since could still
 	// prove spurious (undoLeft of them not yet acknowledged as originals): then the cut is
@@ -262,7 +262,11 @@ func (t *Transport) sendUD(dst [16]byte, r *Request) efaio.Status {
 		hdr.Flags |= wire.FlagImm
 	}
 	size := wire.FrameHeaderSize + wire.DataHeaderSize + int(r.Length)
+	started := t.txq.started
 	b := t.roomLarge(p, t.pickPath(p, -1), size)
+	if t.txq.started != started {
+		p.tx.burst++ // (a datagram of the burst: pickPath)
+	}
 	b = wire.AppendDataHeader(b, &hdr, int(r.Length))
 	for _, s := range r.Src[:r.NSrc] {
 		b = append(b, s...)
@@ -363,7 +367,11 @@ func (t *Transport) sendAgain(p *peer, psn wire.PSN, e *sentPkt, now time.Durati
 // sendSeg writes the DATA frame for slot e (PSN psn) on a path other than avoid when it can.
 func (t *Transport) sendSeg(p *peer, psn wire.PSN, e *sentPkt, now time.Duration, avoid int) {
 	path := t.pickPath(p, avoid)
+	started := t.txq.started
 	n := t.writeSeg(p, psn, e, path, ackIfOwed)
+	if t.txq.started != started {
+		p.tx.burst++ // (a datagram of the burst: pickPath)
+	}
 	e.at, e.path = now, uint8(path)
 	p.tx.sentAt = now
 	p.tx.inflight++

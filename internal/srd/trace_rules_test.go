@@ -941,6 +941,58 @@ func TestTraceFirstContactSendsOnePacket(t *testing.T) {
 	}
 }
 
+// wire.md "Datagrams": small messages share datagrams up to the path MTU, and a path carries a
+// burst of 16 datagrams, not of 16 frames, before the next takes over.
+func TestTraceSmallMessagesFillDatagrams(t *testing.T) {
+	r := newTrace(t, 2, func(c *config.Device) { c.PathMTU = 9001 })
+	r.hear()
+	const n = 60 // (within the initial window)
+	r.batch(r.q, func(now time.Duration) {
+		for i := range n {
+			req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 64}
+			req.Src[0], req.NSrc = r.buf[:64], 1
+			if _, st := r.tr.Request(now, config.GIDFromAddr(tracePeer), &req, uint16(i)); st != efaio.StatusOK {
+				t.Fatalf("request %d: status %d", i, st)
+			}
+		}
+	})
+	r.collect()
+	d := r.data()
+	if len(d) != n {
+		t.Fatalf("sent %d DATA frames, want %d", len(d), n)
+	}
+	if dgrams := d[n-1].dgram - d[0].dgram + 1; dgrams > 2 {
+		t.Fatalf("%d messages of 64 bytes took %d datagrams of 9,001 bytes at most, want 1 or 2", n, dgrams)
+	}
+	for _, f := range d {
+		if f.h.Path != d[0].h.Path {
+			t.Fatalf("frames on paths %d and %d: two datagrams are one burst", d[0].h.Path, f.h.Path)
+		}
+	}
+}
+
+// wire.md "Packet streams": within a batch the receiver acknowledges after every 16 datagrams
+// of the peer's stream, however many frames they carry, and at the batch's end.
+func TestTraceAckEvery16Datagrams(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	for range 20 {
+		r.inject(0, func(b []byte) []byte {
+			for range 4 {
+				d := wire.Data{Op: wire.OpWrite, MsgID: uint32(r.next), Length: 10, Payload: make([]byte, 10), PSN: r.next}
+				r.next++
+				b = wire.AppendData(b, &d)
+			}
+			return b
+		})
+	}
+	r.drive()
+	acks := r.take(wire.TypeAck)
+	if len(acks) != 2 || acks[0].f.Ack.Cum != 64 || acks[1].f.Ack.Cum != 80 {
+		t.Fatalf("ACKs %+v of 20 datagrams of 4 frames, want two: after 16 datagrams and at the end", acks)
+	}
+}
+
 // wire.md "Packet streams": the transport timeout fails requests with 13 when the peer had
 // answered before (it is unresponsive), with 15 when it never did (unreachable).
 func TestTraceTimeoutOfAPeerHeardBefore(t *testing.T) {

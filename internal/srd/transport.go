@@ -23,7 +23,7 @@ const (
 	initialRTO    = 10 * time.Millisecond
 	pathFailLoss  = 3                     // consecutive losses on a path that mark it failed
 	probeInterval = 50 * time.Millisecond // how often a failed path is probed
-	ackEvery      = 16                    // DATA frames between ACKs within one receive batch
+	ackEvery      = 16                    // datagrams carrying DATA between ACKs within one receive batch
 	datagramSlack = 48                    // IPv6 + UDP headers: what PathMTU leaves for us
 )
 
