@@ -120,6 +120,7 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 			// waited the timeout is left to the acknowledgements still to come (F-RTO, RFC
 			// 5682); had it been lost, the timer fires again, and then counts it lost.
 			t.counts.SpuriousTimeouts.Add(1)
+			t.stalled(now, now-s.rtoLine) // (the packets sent up to rtoLine waited this long, at least)
 		}
 		s.progress, s.rtoAt = now, 0
 	}

@@ -9,6 +9,36 @@ func (s *txStream) resetRTO() {
 	}
 }
 
+// stallMemory is how long the retransmission timer keeps a floor set by a stall (stalled) before
+// halving it; maxStallFloor the highest floor a stall sets.
+const (
+	stallMemory   = time.Second
+	maxStallFloor = 16 * time.Millisecond
+)
+
+// stalled records a retransmission timeout proved spurious at now, the acknowledgement having
+// come stall after the packets it waited for were sent: a process off its core (ours, or a
+// peer's), not a loss. The device's timers wait at least a quarter longer than that from now on
+// (checkRTO), up to maxStallFloor, forgetting it by halves (forgetStalls): on a loaded machine
+// the stalls recur, and the RTT estimator alone forgets one within a few fast acknowledgements,
+// to fire spuriously at the next (the loaded bench's runs fired the timer about a hundred times
+// each, 2026-12-05). The floor is the device's, not a peer's: our own process's stalls hold up
+// every peer's acknowledgements alike, and a peer's context stays within its memory budget.
+func (t *Transport) stalled(now, stall time.Duration) {
+	t.stallFloor, t.stallAt = min(max(t.stallFloor, stall+stall/4), maxStallFloor), now
+}
+
+// forgetStalls halves the timer's floor for each stallMemory since a stall last raised or
+// halved it.
+func (t *Transport) forgetStalls(now time.Duration) {
+	for t.stallFloor > 0 && now-t.stallAt >= stallMemory {
+		t.stallAt += stallMemory
+		if t.stallFloor /= 2; t.stallFloor < minRTO {
+			t.stallFloor = 0
+		}
+	}
+}
+
 func (s *txStream) sampleRTT(rtt time.Duration) {
 	if s.srtt == 0 {
 		s.srtt, s.rttvar, s.minRTT = rtt, rtt/2, rtt

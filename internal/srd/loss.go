@@ -43,6 +43,7 @@ func (s *txStream) countFate(lost bool) {
 // retransmission timeouts. It reports whether any stream has something outstanding.
 func (t *Transport) transportTick(now time.Duration) bool {
 	t.expirePeers(now)
+	t.forgetStalls(now)
 	t.linger = t.slimIdle(now)
 	busy := false
 	for _, p := range t.active { // (a slim peer is idle: no timer of its runs, no path is probed)
@@ -131,7 +132,7 @@ func (t *Transport) checkRTO(p *peer, now time.Duration) {
 		}
 	}
 	s.dropAcked()
-	if oldest == nil || now-max(oldest.at, s.rtoAt) < s.rto {
+	if oldest == nil || now-max(oldest.at, s.rtoAt) < max(s.rto, t.stallFloor) {
 		return
 	}
 	// No loss is counted before the stream's first RTT sample (the initial timer is a guess), nor
@@ -164,7 +165,7 @@ func (t *Transport) checkRTO(p *peer, now time.Duration) {
 		t.copySeg(p, probePSN, e)
 	}
 	t.counts.RetransTimeoutEvents.Add(1)
-	rto := s.rto
+	rto := max(s.rto, t.stallFloor)
 	if !noLoss {
 		s.countFate(true)
 		s.lossAt = now

@@ -993,6 +993,58 @@ func TestTraceAckEvery16Datagrams(t *testing.T) {
 	}
 }
 
+// congestion.md "Loss detection" (timer): a timeout proved spurious by an acknowledgement that
+// came 8 ms after the packets went (a stall) keeps the device's timers at 10 ms at least, after
+// the RTT estimate has come back down, for a second; then the floor halves each second.
+func TestTraceStallRaisesTheTimer(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.hear()
+	r.rttSample() // 1 ms: the timer at 2 ms
+	// probeAfter posts a SEND and reports how long the timer took to send it again.
+	probeAfter := func(wrid uint16) time.Duration {
+		r.post(wrid, efaio.OpSend, 100)
+		d := r.data()
+		start := r.f.Now()
+		r.awaitData()
+		r.ack(wire.PSN(d[0].f.Data.PSN+1), nil, d[0].h.Path)
+		r.completions()
+		return r.f.Now() - start
+	}
+	// exchange makes n round trips of 1 ms: the RTT estimate back at 1 ms.
+	exchange := func(n int) {
+		for i := range n {
+			r.post(uint16(100+i), efaio.OpSend, 100)
+			d := r.data()
+			r.advance(time.Millisecond)
+			r.ack(d[0].f.Data.PSN+1, nil, d[0].h.Path)
+			r.completions()
+		}
+	}
+	// PSNs 1 and 2; the timer fires and probes PSN 1; PSN 2, sent once, is acknowledged 8 ms
+	// after it went: the timeout was spurious.
+	r.post(1, efaio.OpSend, 100)
+	r.post(2, efaio.OpSend, 100)
+	d := r.data()
+	start := r.f.Now()
+	r.awaitData()
+	r.advance(start + 8*time.Millisecond - r.f.Now())
+	r.ack(1, []wire.PSN{2}, d[1].h.Path)
+	r.ack(3, nil, d[1].h.Path)
+	r.completions()
+	if n := r.counts.SpuriousTimeouts.Load(); n != 1 {
+		t.Fatalf("%d spurious timeouts, want 1", n)
+	}
+	exchange(20)
+	if took := probeAfter(3); took < 10*time.Millisecond {
+		t.Fatalf("the timer fired %v after a send, within a second of an 8 ms stall: want 10 ms at least", took)
+	}
+	r.advance(2 * time.Second)
+	exchange(20)
+	if took := probeAfter(4); took > 3*time.Millisecond {
+		t.Fatalf("the timer fired %v after a send, 2 s after the stall: want the floor forgotten", took)
+	}
+}
+
 // wire.md "Packet streams": the transport timeout fails requests with 13 when the peer had
 // answered before (it is unresponsive), with 15 when it never did (unreachable).
 func TestTraceTimeoutOfAPeerHeardBefore(t *testing.T) {

@@ -103,6 +103,9 @@ type Transport struct {
 
 	sendTurn chan struct{} // holds a value while a goroutine puts datagrams on the link (Hold)
 
+	stallFloor time.Duration // the least retransmission timeout, after stalls (stalled)
+	stallAt    time.Duration // when stallFloor last rose or was halved
+
 	peers    map[[16]byte]*peer
 	peerList []*peer // the same, in the order they came: what loops over peers follow
 	// active lists the peers not slim, in no order: the timer's loops over peers follow it, so
