@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"container/heap"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -18,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/softefa/softefa/internal/wire"
@@ -279,12 +281,15 @@ func runFabric(args []string) error {
 
 // fabric is a running fabric.
 type fabric struct {
-	o      *fabricOpts
-	server netip.AddrPort
-	front  *net.UDPConn
+	o             *fabricOpts
+	server        netip.AddrPort
+	front         *net.UDPConn
+	frontOverflow overflowCounter
 
 	mu      sync.Mutex // guards below
 	paths   []*memlink.Path
+	line    *delayLine    // every path's delayed datagrams (its own lock)
+	done    chan struct{} // closed when the fabric stops: the delay lines end
 	imps    []memlink.Impairment
 	stats   []fabricPathStats
 	clients map[netip.AddrPort]*fabricClient // by the client's endpoint
@@ -298,10 +303,29 @@ type flowKey struct{ src, dst uint16 }
 
 type fabricPathStats struct{ In, Delivered, Dropped, Duplicated, Corrupted uint64 }
 
+// fabricSocketBuffer is each fabric socket's buffer, each way: the fabric reads every datagram
+// with a system call of its own, so a sender's burst must fit in the buffer while it catches up.
+const fabricSocketBuffer = 16 << 20
+
+// overflowCounter keeps one socket's count of datagrams the kernel dropped for want of buffer.
+type overflowCounter struct{ n atomic.Uint32 }
+
+// read reads one datagram from c, noting the socket's overflow count as the kernel reports it.
+func (o *overflowCounter) read(c *net.UDPConn, buf, oob []byte) (int, netip.AddrPort, error) {
+	n, oobn, _, src, err := c.ReadMsgUDPAddrPort(buf, oob)
+	if err == nil {
+		if k, ok := socketOverflows(oob[:oobn]); ok {
+			o.n.Store(k)
+		}
+	}
+	return n, src, err
+}
+
 // fabricClient is one client's socket towards the server.
 type fabricClient struct {
 	endpoint netip.AddrPort // where the client receives (softefa: its device endpoint)
 	conn     *net.UDPConn
+	overflow overflowCounter
 }
 
 func newFabric(o *fabricOpts, imps []memlink.Impairment) (*fabric, error) {
@@ -317,8 +341,10 @@ func newFabric(o *fabricOpts, imps []memlink.Impairment) (*fabric, error) {
 	if err != nil {
 		return nil, err
 	}
+	tuneFabricSocket(front)
 	fb := &fabric{o: o, server: server, front: front, imps: imps, stats: make([]fabricPathStats, o.paths),
-		clients: make(map[netip.AddrPort]*fabricClient), flows: make(map[flowKey]int), nflows: make(map[bool]int)}
+		clients: make(map[netip.AddrPort]*fabricClient), flows: make(map[flowKey]int), nflows: make(map[bool]int),
+		line: newDelayLine(), done: make(chan struct{})}
 	for i := range o.paths {
 		fb.paths = append(fb.paths, memlink.NewPath(o.seed, uint64(i)))
 	}
@@ -331,8 +357,12 @@ func (fb *fabric) frontAddr() netip.AddrPort {
 }
 
 func (fb *fabric) run(ctx context.Context) error {
-	fb.wg.Add(1)
+	fb.wg.Add(2)
 	go fb.readFront()
+	go func() {
+		defer fb.wg.Done()
+		fb.line.run(fb.done)
+	}()
 	var tick <-chan time.Time
 	if fb.o.statsEvery > 0 {
 		t := time.NewTicker(fb.o.statsEvery)
@@ -374,6 +404,7 @@ func (fb *fabric) run(ctx context.Context) error {
 }
 
 func (fb *fabric) close() {
+	close(fb.done)
 	fb.front.Close()
 	fb.mu.Lock()
 	for _, c := range fb.clients {
@@ -390,14 +421,26 @@ func (fb *fabric) printStats(w io.Writer) {
 	for i, s := range fb.stats {
 		fmt.Fprintf(w, "%-5d %10d %10d %10d %10d %10d\n", i, s.In, s.Delivered, s.Dropped, s.Duplicated, s.Corrupted)
 	}
+	fmt.Fprintf(w, "overflowed %d\n", fb.overflowed())
+}
+
+// overflowed counts the datagrams the kernel dropped at the fabric's own sockets, before the
+// fabric read them: losses no path made, which a measurement through the fabric must not have.
+// Caller holds fb.mu.
+func (fb *fabric) overflowed() uint64 {
+	n := uint64(fb.frontOverflow.n.Load())
+	for _, c := range fb.clients {
+		n += uint64(c.overflow.n.Load())
+	}
+	return n
 }
 
 // readFront carries datagrams from clients to the server.
 func (fb *fabric) readFront() {
 	defer fb.wg.Done()
-	buf := make([]byte, 65536)
+	buf, oob := make([]byte, 65536), make([]byte, fabricOOBSize)
 	for {
-		n, src, err := fb.front.ReadFromUDPAddrPort(buf)
+		n, src, err := fb.frontOverflow.read(fb.front, buf, oob)
 		if err != nil {
 			return
 		}
@@ -442,6 +485,7 @@ func (fb *fabric) client(endpoint netip.AddrPort) (*fabricClient, error) {
 	if err != nil {
 		return nil, err
 	}
+	tuneFabricSocket(conn)
 	c := &fabricClient{endpoint: endpoint, conn: conn}
 	fb.clients[endpoint] = c
 	fb.wg.Add(1)
@@ -452,9 +496,9 @@ func (fb *fabric) client(endpoint netip.AddrPort) (*fabricClient, error) {
 // readBack carries the server's datagrams to one client.
 func (fb *fabric) readBack(c *fabricClient) {
 	defer fb.wg.Done()
-	buf := make([]byte, 65536)
+	buf, oob := make([]byte, 65536), make([]byte, fabricOOBSize)
 	for {
-		n, src, err := c.conn.ReadFromUDPAddrPort(buf)
+		n, src, err := c.overflow.read(c.conn, buf, oob)
 		if err != nil {
 			return
 		}
@@ -503,11 +547,97 @@ func (fb *fabric) forward(b []byte, src netip.AddrPort, conn *net.UDPConn, dst n
 			st.Corrupted++
 			fb.mu.Unlock()
 		}
-		send := func() { _, _ = conn.WriteToUDPAddrPort(out, dst) }
 		if v.Delay[c] > 0 {
-			time.AfterFunc(v.Delay[c], send)
+			fb.line.add(delayed{due: time.Now().Add(v.Delay[c]), b: out, conn: conn, dst: dst})
 		} else {
-			send()
+			_, _ = conn.WriteToUDPAddrPort(out, dst)
 		}
 	}
+}
+
+// delayed is a datagram held back by a path's delay.
+type delayed struct {
+	due  time.Time
+	b    []byte
+	conn *net.UDPConn
+	dst  netip.AddrPort
+}
+
+// delayLine sends the fabric's delayed datagrams, of every path, in the order they fall due, from
+// one goroutine: a timer per datagram sent them in whatever order the scheduler ran the timers'
+// goroutines, and a goroutine per path let one path fall behind the others while its goroutine
+// waited for a processor; on 2 busy cores either reordered datagrams by milliseconds where the
+// paths' delays asked for 200 µs. Late, the one goroutine delays every datagram due by then
+// alike, and reorders none.
+type delayLine struct {
+	send func(delayed) // sends a datagram that fell due
+	mu   sync.Mutex
+	q    delayHeap
+	wake chan struct{} // a datagram was added (one slot: a wake-up pending is enough)
+}
+
+func newDelayLine() *delayLine {
+	return &delayLine{send: func(d delayed) { _, _ = d.conn.WriteToUDPAddrPort(d.b, d.dst) }, wake: make(chan struct{}, 1)}
+}
+
+func (l *delayLine) add(d delayed) {
+	l.mu.Lock()
+	heap.Push(&l.q, d)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run sends datagrams as they fall due until done is closed.
+func (l *delayLine) run(done <-chan struct{}) {
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		l.mu.Lock()
+		var wait time.Duration = -1
+		var now time.Time
+		for l.q.Len() > 0 {
+			if now.IsZero() {
+				now = time.Now()
+			}
+			if wait = l.q[0].due.Sub(now); wait > 0 {
+				break
+			}
+			d := heap.Pop(&l.q).(delayed)
+			l.mu.Unlock()
+			l.send(d)
+			l.mu.Lock()
+			wait, now = -1, time.Time{}
+		}
+		l.mu.Unlock()
+		var fire <-chan time.Time
+		if wait > 0 {
+			t.Reset(wait)
+			fire = t.C
+		}
+		select {
+		case <-done:
+			return
+		case <-l.wake:
+		case <-fire:
+		}
+	}
+}
+
+// delayHeap orders delayed datagrams by when they fall due, earliest first; datagrams due at
+// the same instant keep no particular order (the clock's resolution makes that rare).
+type delayHeap []delayed
+
+func (h delayHeap) Len() int           { return len(h) }
+func (h delayHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h delayHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *delayHeap) Push(x any)        { *h = append(*h, x.(delayed)) }
+func (h *delayHeap) Pop() any {
+	old := *h
+	d := old[len(old)-1]
+	old[len(old)-1] = delayed{}
+	*h = old[:len(old)-1]
+	return d
 }
