@@ -56,6 +56,9 @@ func sampleFigures() []figure {
 		fig("softefa", twoProc, wLat, "retrans", 0, 0, 0, 0),
 		fig("softefa", twoProc, wLatFab, "p99", 400),
 		fig("softefa", twoProc, wLatLoss, "p99", 900),
+		// Through jitter, retransmissions count per 1,000 packets, not in the idle target.
+		fig("softefa", twoProc, wBW4Jit, "retrans", 12, 12, 12),
+		fig("softefa", twoProc, wBW4Jit, "retrans-per-1000", 0.5, 0.5, 0.5),
 		// Loaded: TCP keeps 80% of its bandwidth, softefa 50% (≥ 40%: met); TCP 50% of its rate,
 		// softefa 20% (< 25%: missed); TCP's p99 ×3, softefa's ×5 (≤ 6: met).
 		fig("tcp", twoProc, wBWLoaded, "goodput", 8),
@@ -115,6 +118,7 @@ func TestTargets(t *testing.T) {
 		"loaded p99 ×idle (≤ 2× TCP's)":            {5, "met"},
 		"loaded: packets retransmitted, no loss":   {3, "MISSED"},
 		"idle: packets retransmitted, no loss":     {0, "met"},
+		"jitter 0-200 µs: retransmitted per 1,000": {0.5, "met"},
 		"10,000 peers: heap per idle peer":         {900, "met"},
 		"peers: linear (per peer 10,000 / 1,000)":  {1.125, "met"},
 		"10,000 idle peers: receiver CPU":          {0.2, "met"},

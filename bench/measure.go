@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -26,6 +27,7 @@ const (
 	wLatFab   = "pingpong-64B-fabric" // through the fabric without loss: what the hop itself costs
 	wBW4      = "bw-8KiB-4paths"
 	wBW4Down  = "bw-8KiB-4paths-1down"
+	wBW4Jit   = "bw-8KiB-4paths-jitter" // 4 paths, each datagram delayed 0-200 µs: reordered, none lost
 	wWrite64K = "write-64KiB-samedev"
 	wPeers    = "peers" // selects peers-N for every N of --peers
 
@@ -106,7 +108,7 @@ func measureAll(o *options) ([]figure, samples, error) {
 	if o.only != nil && !o.only["softefa"] {
 		return figs, smp, nil
 	}
-	if o.wants(wBW4) || o.wants(wBW4Down) {
+	if o.wants(wBW4) || o.wants(wBW4Down) || o.wants(wBW4Jit) {
 		for _, md := range o.modes {
 			f, err := multipathFigures(o, md)
 			if err != nil {
@@ -337,20 +339,31 @@ func quantile(s []time.Duration, q float64) time.Duration {
 // blackholed a third of the way through the run, and checks that nothing was lost.
 func multipathFigures(o *options, md mode) ([]figure, error) {
 	sf := softefaTransport{paths: 4}
-	healthy := fabricRouter(o, "--paths", "4", "--spread")
-	done := o.progress(wBW4, md.name, "softefa")
-	figs, err := streamFigures(o, wBW4, "softefa", md.name, 8192, false, func() (streamResult, error) {
-		return streamRun(md, sf, 8192, o.duration, healthy)
-	})
-	done()
-	if err != nil {
-		return nil, err
+	var figs []figure
+	if o.wants(wBW4) {
+		healthy := fabricRouter(o, "--paths", "4", "--spread")
+		done := o.progress(wBW4, md.name, "softefa")
+		f, err := streamFigures(o, wBW4, "softefa", md.name, 8192, false, func() (streamResult, error) {
+			return streamRun(md, sf, 8192, o.duration, healthy)
+		})
+		done()
+		if err != nil {
+			return nil, err
+		}
+		figs = append(figs, f...)
+	}
+	if o.wants(wBW4Jit) {
+		f, err := jitterFigures(o, md, sf)
+		if err != nil {
+			f = o.failure(wBW4Jit, md.name, "softefa", err)
+		}
+		figs = append(figs, f...)
 	}
 	if !o.wants(wBW4Down) {
 		return figs, nil
 	}
 	down := fabricRouter(o, "--paths", "4", "--spread", "--down", "busiest", "--down-after", (o.duration / 3).String())
-	done = o.progress(wBW4Down, md.name, "softefa")
+	done := o.progress(wBW4Down, md.name, "softefa")
 	// stream fails unless every completed send arrived exactly once, and a send that cannot be
 	// delivered completes with an error: a run that returns is a run that lost nothing.
 	f, err := streamFigures(o, wBW4Down, "softefa", md.name, 8192, false, func() (streamResult, error) {
@@ -363,16 +376,52 @@ func multipathFigures(o *options, md mode) ([]figure, error) {
 		return append(figs, o.failure(wBW4Down, md.name, "softefa", err)...), nil
 	}
 	f[0].Note = "0 messages lost"
-	if figs[0].Value > 0 {
-		figs = append(figs, figure{Transport: "softefa", Mode: md.name, Workload: wBW4Down, Metric: "of-healthy", Value: f[0].Value / figs[0].Value,
-			Unit: "ratio", Runs: []float64{f[0].Value / figs[0].Value}})
+	if healthy := value(figs, "softefa", wBW4, "goodput", md.name); healthy > 0 {
+		figs = append(figs, figure{Transport: "softefa", Mode: md.name, Workload: wBW4Down, Metric: "of-healthy", Value: f[0].Value / healthy,
+			Unit: "ratio", Runs: []float64{f[0].Value / healthy}})
 	}
 	return append(figs, f...), nil
+}
+
+// jitterFigures streams 8 KiB SENDs through 4 paths that lose nothing but delay each datagram
+// by 0-200 µs, so that the paths, and datagrams within a path, overtake each other, and reports
+// the packets retransmitted per 1,000 sent: all of them needless. A run in which the fabric
+// itself dropped datagrams (its sockets overflowed) measures nothing of the kind and fails.
+func jitterFigures(o *options, md mode, sf softefaTransport) ([]figure, error) {
+	var overflowed atomic.Uint64
+	via := fabricRouterCounting(o, &overflowed, "--paths", "4", "--spread", "--jitter", "200us")
+	var sent []float64
+	done := o.progress(wBW4Jit, md.name, "softefa")
+	figs, err := streamFigures(o, wBW4Jit, "softefa", md.name, 8192, true, func() (streamResult, error) {
+		r, err := streamRun(md, sf, 8192, o.duration, via)
+		if n := overflowed.Swap(0); err == nil && n > 0 {
+			err = fmt.Errorf("the fabric's sockets dropped %d datagrams: not a loss-free run", n)
+		}
+		sent = append(sent, float64(r.sent))
+		return r, err
+	})
+	done()
+	if err != nil {
+		return nil, err
+	}
+	r := figs[len(figs)-1] // retransFigure's
+	per := figure{Transport: "softefa", Mode: md.name, Workload: wBW4Jit, Metric: "retrans-per-1000", Unit: "pkts", Note: r.Note}
+	for i, n := range r.Runs {
+		per.Runs = append(per.Runs, 1000*n/max(sent[i], 1))
+	}
+	per.Value = median(per.Runs)
+	return append(figs, per), nil
 }
 
 // fabricRouter starts `softefa fabric` towards the server with the given flags (and a new seed
 // per run) and returns its front address.
 func fabricRouter(o *options, flags ...string) router {
+	return fabricRouterCounting(o, nil, flags...)
+}
+
+// fabricRouterCounting is fabricRouter that also adds to overflowed, if not nil, the datagrams
+// the kernel dropped at the fabric's own sockets in each run (its "overflowed" line).
+func fabricRouterCounting(o *options, overflowed *atomic.Uint64, flags ...string) router {
 	seed := 0
 	return func(server netip.AddrPort, more ...string) (netip.AddrPort, func() error, error) {
 		seed++
@@ -391,6 +440,13 @@ func fabricRouter(o *options, flags ...string) router {
 		stop := func() error {
 			cmd.Process.Signal(syscall.SIGINT)
 			err := cmd.Wait()
+			if overflowed != nil {
+				n, ok := fabricOverflowed(stats.String())
+				if !ok && err == nil {
+					err = fmt.Errorf("softefa fabric printed no overflow count")
+				}
+				overflowed.Add(n)
+			}
 			if showCounters {
 				fmt.Fprintf(o.log, "\nsoftefa %s\n%s", strings.Join(args, " "), stats.String())
 			}
@@ -418,6 +474,17 @@ func fabricRouter(o *options, flags ...string) router {
 		}()
 		return front, stop, nil
 	}
+}
+
+// fabricOverflowed finds the count in the fabric's "overflowed N" line.
+func fabricOverflowed(stats string) (uint64, bool) {
+	for _, line := range strings.Split(stats, "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "overflowed" {
+			n, err := strconv.ParseUint(f[1], 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
 }
 
 // buildSoftefa builds ../cmd/softefa into a temporary directory.

@@ -63,6 +63,7 @@ func targets(figs []figure) []target {
 		{"loaded p99 ×idle (≤ 2× TCP's)", vsIdle("softefa", wLat, "p99"), "≤", 2 * vsIdle("tcp", wLat, "p99"), "×"},
 		{"loaded: packets retransmitted, no loss", worstRetrans(figs, true), "≤", 0, "pkts"},
 		{"idle: packets retransmitted, no loss", worstRetrans(figs, false), "≤", 0, "pkts"},
+		{"jitter 0-200 µs: retransmitted per 1,000", sf(wBW4Jit, "retrans-per-1000"), "≤", 1, "pkts"},
 		{"10,000 peers: heap per idle peer", peers(10000, "heap/peer"), "≤", 1024, "B"},
 		{"peers: linear (per peer 10,000 / 1,000)", peers(10000, "heap/peer") / peers(1000, "heap/peer"), "≤", peersLinear, "×"},
 		{"10,000 idle peers: receiver CPU", peers(10000, "idle-cpu"), "≤", idleCPU, "ms/s"},
@@ -82,11 +83,12 @@ const (
 )
 
 // worstRetrans is the most packets softefa retransmitted in any one run of the two-process
-// workloads without loss, loaded or idle; NaN if there was none.
+// workloads without loss or reordering, loaded or idle; NaN if there was none.
 func worstRetrans(figs []figure, loaded bool) float64 {
 	worst := math.NaN()
 	for _, f := range figs {
-		if f.Transport != "softefa" || f.Metric != "retrans" || f.Mode != twoProc || strings.HasSuffix(f.Workload, loadedSuffix) != loaded {
+		if f.Transport != "softefa" || f.Metric != "retrans" || f.Mode != twoProc || f.Workload == wBW4Jit ||
+			strings.HasSuffix(f.Workload, loadedSuffix) != loaded {
 			continue
 		}
 		for _, r := range f.Runs {

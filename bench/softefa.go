@@ -214,7 +214,7 @@ func (s *sfSide) postTo(ah *verbs.AH, k int, qpn uint32, first uint64, build fun
 
 func (s *sfSide) counts() sfCounts {
 	c := s.ctx.Counters()
-	return sfCounts{retrans: c.RetransPkts, spurious: c.SpuriousRetrans, timeouts: c.RetransTimeoutEvents}
+	return sfCounts{retrans: c.RetransPkts, spurious: c.SpuriousRetrans, timeouts: c.RetransTimeoutEvents, sent: c.TxPkts}
 }
 
 // ---- the server end ----
@@ -479,7 +479,7 @@ func (t softefaTransport) stream(srv server, size int, d time.Duration, via rout
 	}
 	c := cl.counts()
 	res.msgs, res.elapsed = msgs, time.Unix(0, r.End).Sub(start)
-	res.sfCounts = sfCounts{retrans: c.retrans + r.Retrans, spurious: c.spurious + r.Spurious, timeouts: c.timeouts + r.Timeouts}
+	res.sfCounts = sfCounts{retrans: c.retrans + r.Retrans, spurious: c.spurious + r.Spurious, timeouts: c.timeouts + r.Timeouts, sent: c.sent}
 	return res, nil
 }
 

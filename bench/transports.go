@@ -71,6 +71,7 @@ type pingResult struct {
 // leave them zero.
 type sfCounts struct {
 	retrans, spurious, timeouts uint64
+	sent                        uint64 // packets the client's device sent
 }
 
 // router returns where a client should send to reach server: server itself, or a fabric's
