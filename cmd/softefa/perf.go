@@ -390,6 +390,7 @@ func perfServeConn(o *perfOpts, ln net.Listener, c net.Conn) error {
 		_ = w.Encode(hello{Err: err.Error()})
 		return clientFault{fmt.Errorf("server: client %s: GID %q: %w", who, h.GID, err)}
 	}
+	runtime.GC() // the start-up's garbage collected before the client starts: see latency
 	if err := w.Encode(e.hello()); err != nil {
 		return clientFault{exchangeErr("server: sending the hello to client "+who, o.timeout, err)}
 	}
@@ -671,6 +672,12 @@ func (e *endpoint) latency(o *perfOpts, sh *hello) (*result, error) {
 			}
 		}
 	}
+	// Room for every sample kept, and the heap collected, before the clock starts: a slice
+	// grown by append as samples come, and the start-up's garbage, each brought a collection
+	// into the run, and with one processor the collector held the process up for 2 ms or more
+	// (the peer's retransmission timer fired: the run's maximum).
+	res.lat.reserve(o.iters, o.duration > 0)
+	runtime.GC()
 	start := time.Now()
 	more := func(i int) bool {
 		if o.duration > 0 {

@@ -72,6 +72,16 @@ type latencies struct {
 	rng      *rand.Rand
 }
 
+// reserve makes room for the samples of a run of iters latencies (of up to maxLatSamples, if the
+// run is timed instead), so that add does not allocate while the run is measured.
+func (l *latencies) reserve(iters int, timed bool) {
+	n := min(iters, maxLatSamples)
+	if timed {
+		n = maxLatSamples
+	}
+	l.keep = slices.Grow(l.keep, n)
+}
+
 // add records one latency.
 func (l *latencies) add(d time.Duration) {
 	l.n++

@@ -125,3 +125,23 @@ func TestLatenciesBounded(t *testing.T) {
 		t.Fatalf("summary %+v, want min 10 p50 10 p99 100 max 100 avg 40", bs)
 	}
 }
+
+// A latency run records its samples without allocating once it has reserved room for them: an
+// allocation in the run brings the collector into it.
+func TestLatenciesReservedDoNotAllocate(t *testing.T) {
+	for _, c := range []struct {
+		iters int
+		timed bool
+	}{{1000, false}, {0, true}} {
+		var l latencies
+		l.reserve(c.iters, c.timed)
+		n := 500 // twice: AllocsPerRun runs it once before it counts
+		if allocs := testing.AllocsPerRun(1, func() {
+			for i := range n {
+				l.add(time.Duration(i))
+			}
+		}); allocs != 0 {
+			t.Errorf("iters %d timed %v: %v allocations adding %d samples", c.iters, c.timed, allocs, n)
+		}
+	}
+}
