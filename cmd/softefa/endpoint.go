@@ -241,7 +241,8 @@ func (e *endpoint) poll(timeout time.Duration) ([]verbs.WC, error) {
 }
 
 // waitEvent blocks until the CQ's next completion event (or ctx's end), re-arming it: the
-// passive side of a test waits this way so that it leaves the CPU to the side being measured.
+// passive side of a test waits this way when no completion has come for a while (passiveSpin),
+// so that an idle server leaves the CPU alone.
 func (e *endpoint) waitEvent(ctx context.Context) error {
 	cq, err := e.ch.GetCQEvent(ctx)
 	if err != nil {
