@@ -105,8 +105,8 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 	fs.IntVar(&o.iters, "n", 1000, "iterations")
 	fs.Var((*secondsFlag)(&o.duration), "D", "run for this long instead of -n iterations: seconds as perftest (2), or a Go duration (1m30s)")
 	fs.IntVar(&o.qps, "q", 1, "number of QPs, 1 to 64 (bandwidth tests)")
-	fs.IntVar(&o.txDepth, "t", 128, "tx depth: WRs outstanding per QP, 1 to 4096 (bandwidth tests)")
-	fs.IntVar(&o.postList, "l", 32, "post list: WRs posted at once, with one doorbell, 1 to 4096 (bandwidth tests;\n"+
+	fs.IntVar(&o.txDepth, "t", 256, "tx depth: WRs outstanding per QP, 1 to 4096 (bandwidth tests; perftest's default is 128)")
+	fs.IntVar(&o.postList, "l", 64, "post list: WRs posted at once, with one doorbell, 1 to 4096 (bandwidth tests;\n"+
 		"perftest's default is 1, a doorbell per WR)")
 	fs.IntVar(&o.mtu, "mtu", 0, "path MTU, 576 to 65535 (0: 9001 on loopback, else 1500)")
 	fs.IntVar(&o.paths, "paths", 4, "paths (UDP source ports) per device, 1 to 255")
