@@ -100,7 +100,9 @@ type Device struct {
 	// RxSpin is how long the receive loop keeps reading without waiting after traffic, so that
 	// it does not depend on the Go network poller's wake-up (which a busy-polling application
 	// can delay by milliseconds). It stops sooner when a yield between reads takes over 40 µs:
-	// other goroutines are waiting for the processor. Default 200 µs; negative: never spin.
+	// other goroutines are waiting for the processor; and it does not spin while an application
+	// goroutine busy-polls the device (CQ.Poll on an empty CQ reads the socket itself), so that one
+	// device has one spinning thread, not two. Default 200 µs; negative: never spin.
 	RxSpin time.Duration
 
 	// PollMin and PollMax bound the period at which the engine looks at doorbells stored without

@@ -98,8 +98,9 @@ type Device struct {
 
 	drv *driver // config.Device.Driven: the state Drive reuses; nil otherwise
 
-	busyMu sync.Mutex // held by a goroutine in PollNetwork
-	busyRx *busyPoll  // nil: the device cannot be busy-polled
+	busyMu sync.Mutex   // held by a goroutine in PollNetwork
+	busyAt atomic.Int64 // time.Now().UnixNano() of the last PollNetwork (rxOrdered)
+	busyRx *busyPoll    // nil: the device cannot be busy-polled
 
 	kick     chan struct{} // one slot: wakes the engine loop
 	evNotify chan struct{} // one slot: an async event was queued

@@ -191,7 +191,7 @@ func (d *Device) run() {
 			// Before the timers look for losses: what arrived and is not read yet. A process
 			// short of CPU may wake here before its receive loop does, with the ACKs of every
 			// packet the timer would otherwise send again waiting in the socket.
-			d.PollNetwork()
+			d.pollNetwork(true) // (not PollNetwork: the timer is no busy poller)
 		}
 		var stop, reset bool
 		d.locked(q, func(now time.Duration) {
@@ -391,6 +391,7 @@ func (d *Device) pollWhile(waiting func() bool, budget time.Duration, lazy bool)
 	}
 	start := time.Now()
 	for waiting() {
+		d.markBusy()
 		got := d.pollNetwork(lazy)
 		waited := time.Since(start)
 		if !got && waited >= yieldAfter {
@@ -424,7 +425,20 @@ func (q *QP) TalksToPeers() bool { return q.remote.Load() }
 // goes back to its CQ instead of waiting, so holding the token across the receive and the send
 // blocks nobody. When nothing came, the owed ACKs are flushed only if mu is free (TryLock): a
 // holder of mu flushes what is due at the end of its own batch.
-func (d *Device) PollNetwork() bool { return d.pollNetwork(true) }
+//
+// A goroutine that busy-polls keeps the receive loop from spinning (rxOrdered): two threads
+// spinning for one device take the cores other processes need.
+func (d *Device) PollNetwork() bool {
+	d.markBusy()
+	return d.pollNetwork(true)
+}
+
+// markBusy notes that an application's goroutine busy-polls the device now (rxOrdered).
+func (d *Device) markBusy() {
+	if d.busyRx != nil {
+		d.busyAt.Store(time.Now().UnixNano())
+	}
+}
 
 // pollNetwork is PollNetwork; lazy leaves the batch's ACKs owed (for up to AckDelay, so that the
 // application's answer can carry them), otherwise they go at once, as the receive loop's do.
@@ -480,7 +494,8 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 	more := false                    // the last read got datagrams: read again before waiting
 	_, spins := d.link.(link.Poller) // as rxLoop: a link that is no Poller is never spun on
 	for {
-		spin := spins && d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin
+		spin := spins && d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin &&
+			time.Now().UnixNano()-d.busyAt.Load() > int64(busyQuiet)
 		if !spin && !more {
 			if err := w.WaitReadable(); err != nil {
 				if d.stopping(err) {
@@ -574,6 +589,9 @@ func (d *Device) wakeAfterInput() {
 		d.wake()
 	}
 }
+
+// busyQuiet: the receive loop spins only when no goroutine has busy-polled for this long.
+const busyQuiet = 50 * time.Microsecond
 
 // spinYield: a yield longer than this ends the receive loop's spin.
 const spinYield = 40 * time.Microsecond

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efaio"
@@ -114,5 +115,61 @@ func TestReceiveLoopDrainsReaderBeforeWaiting(t *testing.T) {
 	}
 	if n := bn.waitedHolding.Load(); n != 0 {
 		t.Fatalf("the receive loop waited for the socket %d times while its reader held datagrams", n)
+	}
+}
+
+// emptyReads is a memlink node that counts the receive loop's reads that found nothing.
+type emptyReads struct {
+	*memlink.Node
+	n atomic.Int64
+}
+
+func (e *emptyReads) NewPoller() link.Poller { return e }
+
+func (e *emptyReads) TryReceive(pkts []link.Packet) (int, error) {
+	n, err := e.Node.NewPoller().TryReceive(pkts)
+	if n == 0 && err == nil && calledBy("rxOrdered") {
+		e.n.Add(1)
+	}
+	return n, err
+}
+
+// While a goroutine busy-polls the device (PollNetwork: it reads the socket itself whenever its
+// CQ is empty), the receive loop does not spin after traffic but waits for the socket: two
+// threads spinning for one device took the cores of two processes on two cores. (With the rule
+// taken out, the loop read 58-612 times more, finding nothing. Without a poller it spins, but
+// stops when its yields take long, which a test cannot rule out: no control case.)
+func TestReceiveLoopWaitsWhileBusyPolled(t *testing.T) {
+	f := memlink.New(1)
+	an := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
+	bn := &emptyReads{Node: f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)}
+	a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
+	b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1, RxSpin: time.Hour})
+	// A poller that never stops (the loop compares with the clock: a poll "in the future" stays
+	// recent for the whole test, whatever the scheduler does).
+	b.d.busyAt.Store(time.Now().Add(time.Hour).UnixNano())
+	ah, err := a.d.CreateAH(a.pd, b.d.GID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	efaio.RxDesc(b.q.rq.ring[:efaio.RxDescSize]).Encode(&efaio.RxDescFields{
+		Addr: b.a.iova, ReqID: 0, Length: 64, LKey: b.a.lkey, First: true, Last: true})
+	a.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 0, Length: 1, AHN: ah.ahn, QKey: 9,
+		DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase,
+		SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: 64, LKey: a.a.lkey, Addr: a.a.iova}}})
+	atomic.StoreUint32(b.q.rq.db, 1)
+	b.d.Ring(b.q)
+	atomic.StoreUint32(a.q.sq.db, 1)
+	a.d.Ring(a.q)
+	for b.q.recvCQ.written.Load() < 1 {
+		runtime.Gosched()
+	}
+	// Traffic came: a spinning loop now reads on and on, a waiting one at most once more.
+	before := bn.n.Load()
+	for range 2000 {
+		runtime.Gosched()
+	}
+	if got := bn.n.Load() - before; got > 1 {
+		t.Errorf("the receive loop read %d times more after traffic, finding nothing; want it waiting", got)
 	}
 }
