@@ -264,9 +264,7 @@ func (t *Transport) sendUD(dst [16]byte, r *Request) efaio.Status {
 	size := wire.FrameHeaderSize + wire.DataHeaderSize + int(r.Length)
 	started := t.txq.started
 	b := t.roomLarge(p, t.pickPath(p, -1), size)
-	if t.txq.started != started {
-		p.tx.burst++ // (a datagram of the burst: pickPath)
-	}
+	t.countBurst(p, started)
 	b = wire.AppendDataHeader(b, &hdr, int(r.Length))
 	for _, s := range r.Src[:r.NSrc] {
 		b = append(b, s...)
@@ -364,14 +362,20 @@ func (t *Transport) sendAgain(p *peer, psn wire.PSN, e *sentPkt, now time.Durati
 	t.sendSeg(p, psn, e, now, int(e.path))
 }
 
+// countBurst counts towards p's burst on its path (pickPath) the datagram that a DATA frame just
+// written began, if it began one: the queue had begun started datagrams before the write.
+func (t *Transport) countBurst(p *peer, started uint64) {
+	if t.txq.started != started {
+		p.tx.burst++
+	}
+}
+
 // sendSeg writes the DATA frame for slot e (PSN psn) on a path other than avoid when it can.
 func (t *Transport) sendSeg(p *peer, psn wire.PSN, e *sentPkt, now time.Duration, avoid int) {
 	path := t.pickPath(p, avoid)
 	started := t.txq.started
 	n := t.writeSeg(p, psn, e, path, ackIfOwed)
-	if t.txq.started != started {
-		p.tx.burst++ // (a datagram of the burst: pickPath)
-	}
+	t.countBurst(p, started)
 	e.at, e.path = now, uint8(path)
 	p.tx.sentAt = now
 	p.tx.inflight++
