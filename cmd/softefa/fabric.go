@@ -285,11 +285,11 @@ type fabric struct {
 	server        netip.AddrPort
 	front         *net.UDPConn
 	frontOverflow overflowCounter
+	line          *delayLine    // every path's delayed datagrams (its own lock)
+	done          chan struct{} // closed when the fabric stops: the delay line ends
 
 	mu      sync.Mutex // guards below
 	paths   []*memlink.Path
-	line    *delayLine    // every path's delayed datagrams (its own lock)
-	done    chan struct{} // closed when the fabric stops: the delay lines end
 	imps    []memlink.Impairment
 	stats   []fabricPathStats
 	clients map[netip.AddrPort]*fabricClient // by the client's endpoint

@@ -99,7 +99,7 @@ type Device struct {
 	drv *driver // config.Device.Driven: the state Drive reuses; nil otherwise
 
 	busyMu sync.Mutex   // held by a goroutine in PollNetwork
-	busyAt atomic.Int64 // time.Now().UnixNano() of the last PollNetwork (rxOrdered)
+	busyAt atomic.Int64 // time.Now().UnixNano() of an application goroutine's last busy poll (markBusy)
 	busyRx *busyPoll    // nil: the device cannot be busy-polled
 
 	kick     chan struct{} // one slot: wakes the engine loop
