@@ -133,22 +133,28 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 		s.resetRTO()
 	}
 	// A packet is lost when one sent after it on the same path has been acknowledged (each path
-	// is taken to keep its own order, with a reordering allowance of an eighth of the RTT), or
+	// is taken to keep its own order, with the reordering allowance: reorderWindow), or
 	// when one sent no earlier on any path has and the packet has waited two of its own path's
 	// RTTs (paths differ in delay, but one that far behind has dropped it: this is what finds a
-	// dead path within a few RTTs). A packet of the batch that sent the newest one acknowledged
-	// (the same send time) went before it if its PSN is lower (a batch sends in PSN order:
-	// retransmissions, then new packets); one that went after it waits at least minRTO, not two
-	// RTTs: the peer may have read the first part of the batch while the rest was still going
-	// out. The first acknowledgement of anything after the
-	// retransmission timer fired also counts as lost every packet that had waited the timeout
-	// then (timedOut): the timer sent only the oldest again, as a probe (checkRTO), unless that
-	// acknowledgement shows the timer spurious (acksEarly).
+	// dead path within a few RTTs), and as long as the latest-sent packet acknowledged took to be
+	// acknowledged (RACK's RTT, RFC 8985: a receiver slow to read acknowledges late what it has,
+	// and what was sent with it is no later than that). A packet of the batch that sent the
+	// newest one acknowledged (the same send time) went before it if its PSN is lower (a batch
+	// sends in PSN order: retransmissions, then new packets); one that went after it waits at
+	// least minRTO, not two RTTs: the peer may have read the first part of the batch while the
+	// rest was still going out. The first acknowledgement of anything after the retransmission
+	// timer fired also counts as lost every packet that had waited the timeout then (timedOut):
+	// the timer sent only the oldest again, as a probe (checkRTO), unless that acknowledgement
+	// shows the timer spurious (acksEarly).
 	lost := 0
 	reo := s.reorderWindow()
 	var anyAcked time.Duration
 	for i := range p.paths {
 		anyAcked = max(anyAcked, p.paths[i].ackedAt)
+	}
+	var ackRTT time.Duration // how long the packet sent at anyAcked took to be acknowledged
+	if s.rackAt == anyAcked {
+		ackRTT = s.rackRTT
 	}
 	var batchTop wire.PSN // the highest PSN acknowledged of the newest batch acknowledged (found once needed)
 	topKnown := false
@@ -158,7 +164,7 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 			continue
 		}
 		ps := &p.paths[e.path]
-		wait := 2*cmp.Or(ps.srtt, s.srtt) + reo
+		wait := max(2*cmp.Or(ps.srtt, s.srtt), ackRTT) + reo
 		if e.at == anyAcked {
 			if !topKnown {
 				batchTop, topKnown = s.batchTop(anyAcked), true
@@ -298,7 +304,11 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 		if tally.early {
 			minRTT = -1
 		}
-		creditPath(&p.paths[e.path], e, now, minRTT)
+		ps := &p.paths[e.path]
+		creditPath(ps, e, now, minRTT)
+		if ps.ackedAt == e.at && e.at >= s.rackAt {
+			s.rackAt, s.rackRTT = e.at, now-e.at
+		}
 		p.echoed(e)
 	}
 	m := e.msg

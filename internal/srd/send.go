@@ -86,6 +86,8 @@ type txStream struct {
 	rto        time.Duration
 	rtoAt      time.Duration // when the retransmission timer last fired (checkRTO); 0 after progress
 	rtoLine    time.Duration // the packets sent up to then had waited the timeout when it fired
+	rackAt     time.Duration // send time of the latest-sent packet acknowledged (RACK's xmit_ts, RFC 8985)
+	rackRTT    time.Duration // and how long after it went its acknowledgement came (RACK.rtt)
 	progress   time.Duration // last time the peer acknowledged something, or the stream was idle
 	queue      []*Msg        // messages with segments not yet sent, in order
 	answers    int           // those of them that answer the peer (Msg.answer; onData's backlog)
