@@ -14,9 +14,12 @@ import (
 	"github.com/softefa/softefa/verbs"
 )
 
+// demoOp is one row of the demo: run does work request i of size bytes from a to b, checks
+// that it landed, and returns how long the transfer took, from the post to the completions that
+// end it (preparing the data and checking it are not timed).
 type demoOp struct {
 	name string
-	run  func(a, b *endpoint, i, size int) error
+	run  func(a, b *endpoint, i, size int) (time.Duration, error)
 }
 
 const demoTimeout = 10 * time.Second
@@ -61,7 +64,10 @@ func runDemo(args []string) error {
 	}
 	// Two devices on UDP sockets, or one device with two contexts (-same-device).
 	var a, b *endpoint
-	ec := endpointConfig{typ: verbs.QPTDriver, qps: 1, bufSize: max(*rdma, *size), depth: 256, paths: *paths, pathMTU: *pathMTU}
+	// One goroutine plays both sides: it sleeps on completion events when a transfer takes longer
+	// than a spin (endpoint.sleepAfter).
+	ec := endpointConfig{typ: verbs.QPTDriver, qps: 1, bufSize: max(*rdma, *size), depth: 256, paths: *paths, pathMTU: *pathMTU,
+		events: true, sleepAfter: 50 * time.Microsecond}
 	var err error
 	if *same {
 		dev, derr := verbs.NewDevice(config.Device{Name: "efa_demo"})
@@ -106,14 +112,15 @@ func runDemo(args []string) error {
 		if op.name == "RDMA_WRITE (large)" || op.name == "RDMA_READ (large)" {
 			n, sz = max(*iters/100, 1), *rdma
 		}
-		start := time.Now()
+		var el time.Duration
 		for i := range n {
-			if err := op.run(a, b, i, sz); err != nil {
+			took, err := op.run(a, b, i, sz)
+			if err != nil {
 				tw.Flush()
 				return fmt.Errorf("%s #%d: %w", op.name, i, err)
 			}
+			el += took
 		}
-		el := time.Since(start)
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%.2f\t%.1f\tyes\t\n", op.name, n, sz, float64(el.Microseconds()),
 			float64(el.Nanoseconds())/float64(n)/1e3, float64(n*sz)/el.Seconds()/1e6)
 	}
@@ -136,12 +143,13 @@ func fillSeq(b []byte, i int) uint32 {
 	return crc32.ChecksumIEEE(b)
 }
 
-func sendOp(withImm bool) func(a, b *endpoint, i, size int) error {
-	return func(a, b *endpoint, i, size int) error {
+func sendOp(withImm bool) func(a, b *endpoint, i, size int) (time.Duration, error) {
+	return func(a, b *endpoint, i, size int) (time.Duration, error) {
 		if err := b.recv(b.qps[0], uint64(i), 0, size); err != nil {
-			return err
+			return 0, err
 		}
 		sum := fillSeq(a.buf[:size], i)
+		start := time.Now()
 		if err := a.post(a.qps[0], uint64(i), b.qps[0].QPN(), func(x *verbs.QPEx) {
 			if withImm {
 				x.WRSendImm(uint32(i))
@@ -150,22 +158,25 @@ func sendOp(withImm bool) func(a, b *endpoint, i, size int) error {
 			}
 			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), uint32(size))
 		}); err != nil {
-			return err
+			return 0, err
 		}
 		if err := a.await(verbs.WCSend, demoTimeout, nil); err != nil {
-			return err
+			return 0, err
 		}
-		return b.await(verbs.WCRecv, demoTimeout, func(wc verbs.WC) error {
-			if int(wc.ByteLen) != size || crc32.ChecksumIEEE(b.buf[:size]) != sum || withImm && wc.ImmData != uint32(i) {
-				return fmt.Errorf("received %d bytes, imm %d: data or immediate differ", wc.ByteLen, wc.ImmData)
-			}
-			return nil
-		})
+		var got verbs.WC
+		if err := b.await(verbs.WCRecv, demoTimeout, func(wc verbs.WC) error { got = wc; return nil }); err != nil {
+			return 0, err
+		}
+		took := time.Since(start)
+		if int(got.ByteLen) != size || crc32.ChecksumIEEE(b.buf[:size]) != sum || withImm && got.ImmData != uint32(i) {
+			return 0, fmt.Errorf("received %d bytes, imm %d: data or immediate differ", got.ByteLen, got.ImmData)
+		}
+		return took, nil
 	}
 }
 
-func rdmaOp(read, withImm bool) func(a, b *endpoint, i, size int) error {
-	return func(a, b *endpoint, i, size int) error {
+func rdmaOp(read, withImm bool) func(a, b *endpoint, i, size int) (time.Duration, error) {
+	return func(a, b *endpoint, i, size int) (time.Duration, error) {
 		var sum uint32
 		if read {
 			sum = fillSeq(b.buf[:size], i)
@@ -174,9 +185,10 @@ func rdmaOp(read, withImm bool) func(a, b *endpoint, i, size int) error {
 		}
 		if withImm {
 			if err := b.recv(b.qps[0], uint64(i), 0, 0); err != nil {
-				return err
+				return 0, err
 			}
 		}
+		start := time.Now()
 		if err := a.post(a.qps[0], uint64(i), b.qps[0].QPN(), func(x *verbs.QPEx) {
 			switch {
 			case read:
@@ -188,35 +200,36 @@ func rdmaOp(read, withImm bool) func(a, b *endpoint, i, size int) error {
 			}
 			x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), uint32(size))
 		}); err != nil {
-			return err
+			return 0, err
 		}
 		op := verbs.WCRDMAWrite
 		if read {
 			op = verbs.WCSend // libefa reports reads as SEND
 		}
 		if err := a.await(op, demoTimeout, nil); err != nil {
-			return err
+			return 0, err
 		}
+		var imm verbs.WC
+		if withImm {
+			if err := b.await(verbs.WCRecvRDMAWithImm, demoTimeout, func(wc verbs.WC) error { imm = wc; return nil }); err != nil {
+				return 0, err
+			}
+		}
+		took := time.Since(start)
 		got := a.buf[:size]
-		if !read {
-			if !withImm { // read it back to see it landed: b's memory is b's to look at
-				return readBack(a, b, i, size, sum)
-			}
-			err := b.await(verbs.WCRecvRDMAWithImm, demoTimeout, func(wc verbs.WC) error {
-				if wc.ImmData != uint32(i) || int(wc.ByteLen) != size {
-					return fmt.Errorf("write-with-imm completion %+v", wc)
-				}
-				return nil
-			})
-			if err != nil {
-				return err
-			}
+		switch {
+		case read:
+		case !withImm: // read it back to see it landed: b's memory is b's to look at
+			return took, readBack(a, b, i, size, sum)
+		case imm.ImmData != uint32(i) || int(imm.ByteLen) != size:
+			return 0, fmt.Errorf("write-with-imm completion %+v", imm)
+		default:
 			got = b.buf[:size]
 		}
 		if crc32.ChecksumIEEE(got) != sum {
-			return errors.New("data differs after the transfer")
+			return 0, errors.New("data differs after the transfer")
 		}
-		return nil
+		return took, nil
 	}
 }
 

@@ -27,6 +27,12 @@ type endpoint struct {
 	ah      *verbs.AH // to the peer
 	wc      []verbs.WC
 	ch      *verbs.CompChannel // completion events, for a side that waits instead of spinning
+	// sleepAfter: how long poll spins on an empty CQ before it sleeps until a completion event
+	// (0: it spins until its timeout). The demo plays both sides on one goroutine: while it
+	// spins, the other device's receive goroutine runs only if Go has a second processor for it
+	// (with GOMAXPROCS 1 a spinning goroutine keeps the network poller from running, and each
+	// transfer waited for a timer, about a millisecond).
+	sleepAfter time.Duration
 
 	pending []verbs.WC // completions polled and not yet taken (pingpong)
 }
@@ -41,8 +47,11 @@ type endpointConfig struct {
 	depth   int // send and receive queue depth per QP
 	paths   int
 	pathMTU int
-	events  bool   // give the CQ a completion channel
-	key     []byte // authenticated encryption
+	events  bool // give the CQ a completion channel
+	// sleepAfter: poll sleeps on completion events after spinning this long (endpoint.sleepAfter);
+	// needs events.
+	sleepAfter time.Duration
+	key        []byte // authenticated encryption
 
 	rxSpin         time.Duration // config.Device's settings of the same names
 	noSparseCopies bool
@@ -63,7 +72,7 @@ func newEndpoint(c endpointConfig) (*endpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &endpoint{dev: dev, ownsDev: true, wc: make([]verbs.WC, 64)}
+	e := &endpoint{dev: dev, ownsDev: true, wc: make([]verbs.WC, 64), sleepAfter: c.sleepAfter}
 	if err := e.setup(c); err != nil {
 		e.close()
 		return nil, err
@@ -73,7 +82,7 @@ func newEndpoint(c endpointConfig) (*endpoint, error) {
 
 // endpointOn makes an endpoint with a context of its own on a device it does not own.
 func endpointOn(dev *verbs.Device, c endpointConfig) (*endpoint, error) {
-	e := &endpoint{dev: dev, wc: make([]verbs.WC, 64)}
+	e := &endpoint{dev: dev, wc: make([]verbs.WC, 64), sleepAfter: c.sleepAfter}
 	if err := e.setup(c); err != nil {
 		e.close()
 		return nil, err
@@ -215,7 +224,7 @@ var errTimeout = errors.New("no completion within the timeout")
 // poll returns the completions available now, waiting (spinning, then yielding) up to timeout
 // for at least one; a completion with an error status is returned as an error after the others.
 func (e *endpoint) poll(timeout time.Duration) ([]verbs.WC, error) {
-	var deadline time.Time
+	var start, deadline time.Time
 	for spins := 0; ; spins++ {
 		n, err := e.cq.Poll(e.wc)
 		if err != nil {
@@ -230,14 +239,40 @@ func (e *endpoint) poll(timeout time.Duration) ([]verbs.WC, error) {
 			return e.wc[:n], nil
 		}
 		if spins&63 == 63 {
-			if deadline.IsZero() {
-				deadline = time.Now().Add(timeout)
-			} else if time.Now().After(deadline) {
+			now := time.Now()
+			switch {
+			case deadline.IsZero():
+				start, deadline = now, now.Add(timeout)
+			case now.After(deadline):
 				return nil, errTimeout
+			case e.sleepAfter > 0 && now.Sub(start) > e.sleepAfter:
+				if err := e.sleep(deadline); err != nil {
+					return nil, err
+				}
+				continue
 			}
 			runtime.Gosched()
 		}
 	}
+}
+
+// sleep waits, until deadline at the latest, for the CQ's next completion event (an arm with
+// completions not yet polled raises one at once: nothing that came before it is waited for).
+func (e *endpoint) sleep(deadline time.Time) error {
+	if err := e.cq.ReqNotify(false); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	cq, err := e.ch.GetCQEvent(ctx)
+	if err == context.DeadlineExceeded {
+		return nil // poll reports the timeout
+	}
+	if err != nil {
+		return err
+	}
+	cq.AckEvents(1)
+	return nil
 }
 
 // waitEvent blocks until the CQ's next completion event (or ctx's end), re-arming it: the
