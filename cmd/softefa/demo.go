@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"math/rand/v2"
 	"os"
 	"text/tabwriter"
@@ -24,7 +25,10 @@ type demoOp struct {
 
 const demoTimeout = 10 * time.Second
 
-func runDemo(args []string) error {
+func runDemo(args []string) error { return demo(args, os.Stdout) }
+
+// demo runs the demo with args, printing its table to out.
+func demo(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	iters := fs.Int("n", 1000, "work requests per operation (the large RDMA ones: a hundredth, at least 1)")
 	size := fs.Int("s", 4096, "message size in bytes, 4 to 8192 (SEND ≤ the 8 KiB MTU)")
@@ -99,13 +103,13 @@ func runDemo(args []string) error {
 		return err
 	}
 	if *same {
-		fmt.Printf("softefa demo: device %s, GID %v, QP %d -> QP %d (same device, two contexts)\n",
+		fmt.Fprintf(out, "softefa demo: device %s, GID %v, QP %d -> QP %d (same device, two contexts)\n",
 			a.dev.Name(), a.dev.GID(), a.qps[0].QPN(), b.qps[0].QPN())
 	} else {
-		fmt.Printf("softefa demo: SRD over UDP, %d paths, path MTU %d\n  %v QP %d  ->  %v QP %d\n",
+		fmt.Fprintf(out, "softefa demo: SRD over UDP, %d paths, path MTU %d\n  %v QP %d  ->  %v QP %d\n",
 			*paths, a.dev.PathMTU(), a.dev.Addr(), a.qps[0].QPN(), b.dev.Addr(), b.qps[0].QPN())
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "operation\tWRs\tbytes/WR\ttotal µs\tµs/WR\tMB/s\tchecked\t")
 	for _, op := range demoOps() {
 		n, sz := *iters, *size
@@ -126,7 +130,7 @@ func runDemo(args []string) error {
 	}
 	tw.Flush()
 	c := a.ctx.Counters()
-	fmt.Printf("requester: send_wrs %d rdma_write_wrs %d rdma_read_wrs %d tx_pkts %d rx_pkts %d retrans_pkts %d, errors 0\n",
+	fmt.Fprintf(out, "requester: send_wrs %d rdma_write_wrs %d rdma_read_wrs %d tx_pkts %d rx_pkts %d retrans_pkts %d, errors 0\n",
 		c.SendWRs, c.RDMAWriteWRs, c.RDMAReadWRs, c.TxPkts, c.RxPkts, c.RetransPkts)
 	return nil
 }

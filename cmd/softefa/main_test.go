@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -131,6 +132,39 @@ func TestDevinfo(t *testing.T) {
 	for _, want := range []string{"vendor_id:              0x1d0f", "max_msg_sz:", "RDMA_READ, RNR_RETRY, CQ_WITH_SGID, RDMA_WRITE, UNSOLICITED_WRITE_RECV"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("devinfo -v lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// The README's main job: every operation over UDP and on one device, each transfer checked. With
+// GOMAXPROCS 1 too, where the demo's one goroutine must sleep for the other device to run.
+func TestDemo(t *testing.T) {
+	for _, c := range []struct {
+		args  []string
+		procs int
+	}{
+		{[]string{"-n", "200", "--rdma", "300000"}, 0},
+		{[]string{"-n", "200", "--rdma", "300000"}, 1},
+		{[]string{"-n", "200", "--same-device"}, 0},
+	} {
+		var out bytes.Buffer
+		err := func() error {
+			if c.procs > 0 {
+				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(c.procs))
+			}
+			return demo(c.args, &out)
+		}()
+		if err != nil {
+			t.Fatalf("demo %v: %v\n%s", c.args, err, out.String())
+		}
+		rows := 0
+		for _, line := range strings.Split(out.String(), "\n") {
+			if strings.HasSuffix(strings.TrimSpace(line), "yes") {
+				rows++
+			}
+		}
+		if rows != len(demoOps()) || !strings.Contains(out.String(), "send_wrs 400 rdma_write_wrs 402 rdma_read_wrs 404") {
+			t.Fatalf("demo %v printed %d checked rows, want %d, and the requester's counts:\n%s", c.args, rows, len(demoOps()), out.String())
 		}
 	}
 }
