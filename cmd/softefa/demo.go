@@ -183,7 +183,18 @@ func rdmaOp(read, withImm bool) func(a, b *endpoint, i, size int) (time.Duration
 	return func(a, b *endpoint, i, size int) (time.Duration, error) {
 		var sum uint32
 		if read {
+			// A real target learns that the last READ is over, and tells its peer that new data
+			// is ready, through its own device; here one goroutine plays both sides, and the
+			// target's device reads the data on its own goroutine. Taking that device's lock
+			// before and after the writes (arming the CQ does) orders them after the last
+			// READ's and before the next, as Go's memory model (and -race) sees it.
+			if err := b.cq.ReqNotify(false); err != nil {
+				return 0, err
+			}
 			sum = fillSeq(b.buf[:size], i)
+			if err := b.cq.ReqNotify(false); err != nil {
+				return 0, err
+			}
 		} else {
 			sum = fillSeq(a.buf[:size], i)
 		}
