@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"text/tabwriter"
 	"time"
 
@@ -69,9 +70,14 @@ func demo(args []string, out io.Writer) error {
 	// Two devices on UDP sockets, or one device with two contexts (-same-device).
 	var a, b *endpoint
 	// One goroutine plays both sides: it sleeps on completion events when a transfer takes longer
-	// than a spin (endpoint.sleepAfter).
+	// than a spin (endpoint.sleepAfter); at once with one Go processor, where the other device
+	// runs only while this goroutine sleeps.
+	sleepAfter := 50 * time.Microsecond
+	if runtime.GOMAXPROCS(0) == 1 {
+		sleepAfter = time.Nanosecond
+	}
 	ec := endpointConfig{typ: verbs.QPTDriver, qps: 1, bufSize: max(*rdma, *size), depth: 256, paths: *paths, pathMTU: *pathMTU,
-		events: true, sleepAfter: 50 * time.Microsecond}
+		events: true, sleepAfter: sleepAfter}
 	var err error
 	if *same {
 		dev, derr := verbs.NewDevice(config.Device{Name: "efa_demo"})
