@@ -9,7 +9,7 @@ import (
 // completeReq finishes a request with st: its owner is told (mayRetry: an RNR it may try again)
 // and it leaves its stream's request table.
 func (t *Transport) completeReq(m *Msg, st efaio.Status, mayRetry bool) {
-	delete(m.p.tx.reqs, m.hdr.MsgID)
+	m.p.tx.reqs.remove(m.hdr.MsgID)
 	m.p.tx.unwait(m)
 	m.done = true
 	m.answered = true
@@ -25,7 +25,7 @@ func (t *Transport) completeReq(m *Msg, st efaio.Status, mayRetry bool) {
 // ABORT frame tells it to let go.
 func (t *Transport) cancel(m *Msg) {
 	m.owner = nil
-	delete(m.p.tx.reqs, m.hdr.MsgID) // an answer, if one comes, finds nothing
+	m.p.tx.reqs.remove(m.hdr.MsgID) // an answer, if one comes, finds nothing
 	m.p.tx.unwait(m)
 	m.done = true
 	if m.sent < m.nseg {

@@ -314,7 +314,7 @@ func (t *Transport) onData(p *peer, h *wire.Header, f *wire.Data, now time.Durat
 	case wire.OpReadResp:
 		t.onReadResp(p, f, h.TxEpoch)
 	case wire.OpResp:
-		if o := p.tx.reqs[f.MsgID]; o != nil {
+		if o := p.tx.reqs.get(f.MsgID); o != nil {
 			t.completeReq(o, respStatus(f.Status), true)
 		}
 	case wire.OpAbort:
@@ -406,7 +406,7 @@ func (t *Transport) onReadReq(p *peer, f *wire.Data) {
 // data is the whole answer again (the responder's stream timed out and it sent the read data
 // anew, docs/wire.md "Completion"): the count starts over.
 func (t *Transport) onReadResp(p *peer, f *wire.Data, epoch wire.Epoch) {
-	o := p.tx.reqs[f.MsgID]
+	o := p.tx.reqs.get(f.MsgID)
 	if o == nil || o.hdr.Op != wire.OpReadReq {
 		return // answered already, or flushed
 	}

@@ -2,7 +2,6 @@ package srd
 
 import (
 	"cmp"
-	"maps"
 	"slices"
 
 	"github.com/softefa/softefa/efaio"
@@ -40,7 +39,8 @@ func (t *Transport) resetTx(p *peer, st efaio.Status, why int) {
 	var reads []readAgain
 	var carry []*Msg
 	// In the order they were sent (not the map's), so that a replayed run completes them alike.
-	reqs := slices.SortedFunc(maps.Values(s.reqs), func(a, b *Msg) int { return cmp.Compare(a.hdr.MsgID-s.nextMsg, b.hdr.MsgID-s.nextMsg) })
+	reqs := s.reqs.all(nil)
+	slices.SortFunc(reqs, func(a, b *Msg) int { return cmp.Compare(a.hdr.MsgID-s.nextMsg, b.hdr.MsgID-s.nextMsg) })
 	for _, m := range reqs {
 		switch {
 		case m.owner == nil:
@@ -132,7 +132,7 @@ func (m *Msg) acked() uint32 { return m.sent - uint32(m.pending) }
 // same owner).
 func (t *Transport) resend(m *Msg) {
 	p := m.p
-	delete(p.tx.reqs, m.hdr.MsgID) // an answer to the old message, if one comes, finds nothing
+	p.tx.reqs.remove(m.hdr.MsgID) // an answer to the old message, if one comes, finds nothing
 	p.tx.unwait(m)
 	*m = Msg{kind: kindRequest, p: p, owner: m.owner, hdr: m.hdr, src: m.src, nsrc: m.nsrc, length: m.length,
 		sink: m.sink}

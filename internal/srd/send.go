@@ -92,7 +92,7 @@ type txStream struct {
 	queue      []*Msg        // messages with segments not yet sent, in order
 	answers    int           // those of them that answer the peer (Msg.answer; onData's backlog)
 	retx       []wire.PSN    // PSNs counted lost, to send again
-	reqs       map[uint32]*Msg
+	reqs       reqTable // requests sent and not yet answered or failed
 	waiting    []*Msg   // requests acknowledged whole, waiting for the peer's horizon (settle)
 	unsent     uint32   // segments in queue not yet sent once: next+unsent is where the stream ends
 	respEnd    wire.PSN // the PSN after our latest RESP, queued or sent: our ACKs' horizon
@@ -168,7 +168,7 @@ func (s *txStream) init() {
 func (s *txStream) slot(psn wire.PSN) *sentPkt { return &s.ring[uint32(psn)&uint32(len(s.ring)-1)] }
 
 // busy reports whether the stream has anything outstanding.
-func (s *txStream) busy() bool { return s.una != s.next || len(s.queue) > 0 || len(s.reqs) > 0 }
+func (s *txStream) busy() bool { return s.una != s.next || len(s.queue) > 0 || s.reqs.len() > 0 }
 
 // grow doubles the ring, keeping [una, next) in place by PSN.
 func (s *txStream) grow() {
@@ -224,7 +224,7 @@ func (t *Transport) queue(p *peer, m *Msg) {
 		p.seen = p.tx.progress
 	}
 	if m.kind == kindRequest {
-		p.tx.reqs[m.hdr.MsgID] = m // after the idle check: an outstanding request makes the stream busy
+		p.tx.reqs.put(m) // after the idle check: an outstanding request makes the stream busy
 	}
 	t.busy = true // the device's timer runs until the stream is idle again (Tick)
 	p.tx.queue = append(p.tx.queue, m)
