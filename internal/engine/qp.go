@@ -40,6 +40,7 @@ type QPInit struct {
 type QP struct {
 	d      *Device
 	pd     *PD
+	lastAH *AH // the AH the QP's last send named (prepare): a stream to one peer looks it up once
 	qpn    uint32
 	gen    uint16
 	typ    int

@@ -91,9 +91,13 @@ func (d *Device) prepare(q *QP, w *efaio.TxDesc, m *message) efaio.Status {
 		w.Op == efaio.OpRDMAWrite && caps&uapi.CapRDMAWrite == 0:
 		return efaio.StatusLocalUnsupportedOp
 	}
-	ah := q.pd.ahs.byNum[w.AHN]
-	if ah == nil {
-		return efaio.StatusLocalInvalidAH
+	ah := q.lastAH
+	if ah == nil || ah.ahn != w.AHN || ah.refs <= 0 { // (a destroyed AH's number may be another's now)
+		ah = q.pd.ahs.byNum[w.AHN]
+		if ah == nil {
+			return efaio.StatusLocalInvalidAH
+		}
+		q.lastAH = ah
 	}
 	*m = message{
 		op: w.Op, typ: q.typ, hasImm: w.HasImm, imm: w.Imm, qkey: w.QKey,
