@@ -92,11 +92,11 @@ type txStream struct {
 	queue      []*Msg        // messages with segments not yet sent, in order
 	answers    int           // those of them that answer the peer (Msg.answer; onData's backlog)
 	retx       []wire.PSN    // PSNs counted lost, to send again
-	reqs       reqTable // requests sent and not yet answered or failed
-	waiting    []*Msg   // requests acknowledged whole, waiting for the peer's horizon (settle)
-	unsent     uint32   // segments in queue not yet sent once: next+unsent is where the stream ends
-	respEnd    wire.PSN // the PSN after our latest RESP, queued or sent: our ACKs' horizon
-	resp       bool     // a RESP has been queued in this epoch: respEnd means something (it may be 0)
+	reqs       reqTable      // requests sent and not yet answered or failed
+	waiting    []*Msg        // requests acknowledged whole, waiting for the peer's horizon (settle)
+	unsent     uint32        // segments in queue not yet sent once: next+unsent is where the stream ends
+	respEnd    wire.PSN      // the PSN after our latest RESP, queued or sent: our ACKs' horizon
+	resp       bool          // a RESP has been queued in this epoch: respEnd means something (it may be 0)
 	nextMsg    uint32
 	reoSteps   int           // the reordering allowance, in steps of a quarter of minRTT (reorderWindow)
 	reoClean   int           // loss episodes since the last loss that proved spurious
