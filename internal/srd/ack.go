@@ -91,7 +91,7 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 		return
 	}
 	s.hzn, s.hasHzn, s.hznEpoch = a.Horizon, a.HasHorizon, epoch
-	tally := ackTally{rtt: -1, early: s.rtoAt != 0 && s.acksEarly(a), answered: a.Path}
+	tally := ackTally{rtt: -1, early: s.rtoAt != 0 && s.acksEarly(a), answered: a.Path, rackAt: p.newestAcked()}
 	if !a.Highest.Less(s.una) && a.Highest.Less(s.next) {
 		tally.newest = s.slot(a.Highest)
 	}
@@ -148,14 +148,8 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 	// shows the timer spurious (acksEarly).
 	lost := 0
 	reo := s.reorderWindow()
-	var anyAcked time.Duration
-	for i := range p.paths {
-		anyAcked = max(anyAcked, p.paths[i].ackedAt)
-	}
-	var ackRTT time.Duration // how long the packet sent at anyAcked took to be acknowledged
-	if s.rackAt == anyAcked {
-		ackRTT = s.rackRTT
-	}
+	anyAcked := p.newestAcked()
+	ackRTT := s.rackRTT   // (how long the packet sent at anyAcked took to be acknowledged)
 	var batchTop wire.PSN // the highest PSN acknowledged of the newest batch acknowledged (found once needed)
 	topKnown := false
 	for psn := s.una; psn.Less(s.next); psn++ {
@@ -198,6 +192,16 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 	t.pump(p)
 }
 
+// newestAcked is the send time of the latest-sent packet acknowledged on any path: the one whose
+// RTT txStream.rackRTT is (both move together in ackSlot; after a new epoch, before the stream's
+// first acknowledgement, rackRTT is 0).
+func (p *peer) newestAcked() (at time.Duration) {
+	for i := range p.paths {
+		at = max(at, p.paths[i].ackedAt)
+	}
+	return at
+}
+
 // batchTop returns the highest PSN in the window acknowledged among those sent at at, or the PSN
 // below the window if none is (they were all below it).
 func (s *txStream) batchTop(at time.Duration) wire.PSN {
@@ -235,8 +239,9 @@ type ackTally struct {
 	rtt   time.Duration
 	early bool
 
-	answered uint8    // the path of the newest DATA frame the acknowledgement answers
-	newest   *sentPkt // the slot of the highest PSN the peer has, if still in the window
+	rackAt   time.Duration // the send time of the latest-sent packet acknowledged so far (creditPath moves it)
+	answered uint8         // the path of the newest DATA frame the acknowledgement answers
+	newest   *sentPkt      // the slot of the highest PSN the peer has, if still in the window
 
 	// byAnswer: no acknowledgement came, but the peer's answer to the request showed that it
 	// had the packet (ackAnswered): no RTT sample, no credit to a path.
@@ -306,8 +311,8 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 		}
 		ps := &p.paths[e.path]
 		creditPath(ps, e, now, minRTT)
-		if ps.ackedAt == e.at && e.at >= s.rackAt {
-			s.rackAt, s.rackRTT = e.at, now-e.at
+		if ps.ackedAt == e.at && e.at >= tally.rackAt {
+			tally.rackAt, s.rackRTT = e.at, now-e.at
 		}
 		p.echoed(e)
 	}

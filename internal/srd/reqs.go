@@ -6,7 +6,8 @@ package srd
 // table's size of ids older, still outstanding) goes in a map beside it. A map for all of them,
 // as before, hashed the key and grew and shrank its buckets for every message: a tenth of the CPU
 // a 64-byte message cost its sender. The slots double when half full, and never shrink while the
-// stream is in use (slimPeer gives them back with the rest of an idle peer's buffers).
+// stream is in use (slimPeer lets go of the table with the rest of an idle peer's buffers: a
+// slim peer's stream has none, nil, and txReady makes one).
 type reqTable struct {
 	slots []*Msg // len a power of two, or nil
 	more  map[uint32]*Msg
@@ -16,8 +17,9 @@ type reqTable struct {
 // reqsStart is the slots of a new table.
 const reqsStart = 16
 
+// get returns the request with id, or nil; a nil table holds none.
 func (r *reqTable) get(id uint32) *Msg {
-	if r.slots == nil {
+	if r == nil || r.slots == nil {
 		return nil
 	}
 	if m := r.slots[id&uint32(len(r.slots)-1)]; m != nil && m.hdr.MsgID == id {
@@ -49,7 +51,7 @@ func (r *reqTable) place(m *Msg) {
 
 // remove takes out the request with id, if there is one.
 func (r *reqTable) remove(id uint32) {
-	if r.slots == nil {
+	if r == nil || r.slots == nil {
 		return
 	}
 	if slot := &r.slots[id&uint32(len(r.slots)-1)]; *slot != nil && (*slot).hdr.MsgID == id {
@@ -77,10 +79,18 @@ func (r *reqTable) grow() {
 }
 
 // len is how many requests the table holds.
-func (r *reqTable) len() int { return r.n }
+func (r *reqTable) len() int {
+	if r == nil {
+		return 0
+	}
+	return r.n
+}
 
 // all appends every request in the table to out.
 func (r *reqTable) all(out []*Msg) []*Msg {
+	if r == nil {
+		return out
+	}
 	for _, m := range r.slots {
 		if m != nil {
 			out = append(out, m)

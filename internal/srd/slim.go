@@ -26,6 +26,9 @@ func (t *Transport) txReady(p *peer) {
 			s.ring = make([]sentPkt, ringStart)
 		}
 	}
+	if s.reqs == nil {
+		s.reqs = new(reqTable)
+	}
 	p.slim = false
 	t.activate(p)
 }
@@ -90,7 +93,7 @@ func (t *Transport) slimPeer(p *peer) {
 		clear(s.ring) // (idle: no slot is in use)
 		t.rings = append(t.rings, s.ring)
 	}
-	s.ring, s.reqs, s.queue, s.retx, s.waiting = nil, reqTable{}, nil, nil, nil
+	s.ring, s.reqs, s.queue, s.retx, s.waiting = nil, nil, nil, nil, nil
 	if r.seen != nil && (!r.started || r.highest.Less(r.cum)) {
 		// Nothing beyond the cumulative point arrived: every bit is clear (window).
 		if len(t.windows) < poolMax {
