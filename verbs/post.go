@@ -197,7 +197,9 @@ func (qp *QP) PostRecv(wrs []RecvWR) (int, error) {
 	n, err := qp.postRecvs(wrs)
 	atomic.StoreUint32(rq.db, uint32(rq.pc))
 	rq.mu.Unlock()
-	qp.ctx.e.Ring(qp.e) // after letting go: Ring may do the device's work on this goroutine
+	if e := qp.ctx.e; e.RecvsWanted() {
+		e.Ring(qp.e) // after letting go: Ring may do the device's work on this goroutine
+	}
 	return n, err
 }
 

@@ -91,10 +91,13 @@ type Device struct {
 	freeIn  []*inbound
 	freeWRs []*sendWR
 
-	txqs     chan *srd.Queue // free list of datagram queues for posters working inline (ringInline)
-	inlineQ  [1]*QP          // ringInline's batch of one, under mu
-	inlined  atomic.Bool     // set by ringInline after work, for the engine loop to poll fast
-	fastPoll atomic.Bool     // the engine loop polls every PollMin
+	txqs    chan *srd.Queue // free list of datagram queues for posters working inline (ringInline)
+	inlineQ [1]*QP          // ringInline's batch of one, under mu
+	inlined atomic.Bool     // set after work outside the engine loop (ringInline, a batch of input), for it to poll fast
+	// parkedSends: some QP holds sends parked after RNR (set when one parks, recomputed by each
+	// step; under mu). Only then does a receive posted on this device need a step (WantsRing).
+	parkedSends atomic.Bool
+	fastPoll    atomic.Bool // the engine loop polls every PollMin
 
 	drv *driver // config.Device.Driven: the state Drive reuses; nil otherwise
 

@@ -152,6 +152,7 @@ func (h *host) Done(now time.Duration, owner any, st efaio.Status, mayRetry bool
 		if mayRetry && st == efaio.StatusRemoteRNR && (q.attr.RNRRetry == uapi.RNRRetryInfinite || sw.tries < int(q.attr.RNRRetry)) &&
 			(q.attr.State == uapi.QPSRTS || q.attr.State == uapi.QPSSQD) {
 			q.parked = append(q.parked, parked(&sw.w, sw.tries+1, now+d.cfg.RNRInterval))
+			d.parkedSends.Store(true)
 		} else {
 			msg := message{length: sw.length}
 			d.count(q, &sw.w, &msg, st)

@@ -25,6 +25,12 @@ func (d *Device) Ring(q *QP) {
 	d.wake()
 }
 
+// RecvsWanted reports whether sends parked after RNR wait on this device: a receive posted now
+// lets them go at once if its poster rings the doorbell (Ring), where otherwise they wait for their
+// retry interval. A receive posted while nothing waits needs no ring: the device reads the
+// receive queue's doorbell when a message arrives for it.
+func (d *Device) RecvsWanted() bool { return d.parkedSends.Load() }
+
 // ringInline does for q what the engine loop does for a kicked QP, if the device is free, and
 // hands the engine loop whatever one step left (a batch limit, parked RNR retries); it reports
 // false, having done nothing, if the device was busy or closed.
@@ -263,12 +269,15 @@ func (d *Device) step(batch []*QP, polled bool, now time.Duration) (worked, busy
 		}
 		d.recheckArms()
 	}
+	parked := false
 	for _, q := range d.qpList {
 		d.retryParked(q, rqMoved, now)
 		if len(q.parked) > 0 {
-			busy = true
+			parked = true
 		}
 	}
+	d.parkedSends.Store(parked)
+	busy = busy || parked
 	if d.srd == nil {
 		return worked || rqMoved, busy
 	}
@@ -586,6 +595,10 @@ func (d *Device) rxLoop() {
 // datagram (a ping-pong between two processes on 2 vCPUs spent a tenth of its CPU switching).
 func (d *Device) wakeAfterInput() {
 	if !d.fastPoll.Load() {
+		// Traffic after a quiet spell: the timer ticks again (at least once), as after an
+		// inline post, so that what only ticks do (forgetting idle peers, probing paths) runs
+		// while the device is in use.
+		d.inlined.Store(true)
 		d.wake()
 	}
 }

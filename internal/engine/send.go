@@ -75,6 +75,7 @@ func (d *Device) execute(q *QP, w *efaio.TxDesc, tries int, now time.Duration) {
 	if st == efaio.StatusRemoteRNR && q.typ == uapi.QPTypeDriver &&
 		(q.attr.RNRRetry == uapi.RNRRetryInfinite || tries < int(q.attr.RNRRetry)) {
 		q.parked = append(q.parked, parked(w, tries+1, now+d.cfg.RNRInterval))
+		d.parkedSends.Store(true)
 		return
 	}
 	d.count(q, w, &m, st)
