@@ -251,9 +251,9 @@ func (e *endpoint) poll(timeout time.Duration) ([]verbs.WC, error) {
 				}
 				continue
 			}
-			if spins&63 == 63 {
-				runtime.Gosched()
-			}
+		}
+		if spins&63 == 63 {
+			runtime.Gosched() // (with one Go processor, nothing else of the process runs otherwise)
 		}
 	}
 }
