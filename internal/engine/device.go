@@ -97,6 +97,7 @@ type Device struct {
 	// parkedSends: some QP holds sends parked after RNR (set when one parks, recomputed by each
 	// step; under mu). Only then does a receive posted on this device need a step (WantsRing).
 	parkedSends atomic.Bool
+	whole       inbound     // respond's scratch, for a message that comes whole (under mu)
 	fastPoll    atomic.Bool // the engine loop polls every PollMin
 
 	drv *driver // config.Device.Driven: the state Drive reuses; nil otherwise

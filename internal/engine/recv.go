@@ -158,11 +158,12 @@ func (in *inbound) usesLKey(lkey uint32) bool {
 	return false
 }
 
-// respond carries out a same-device message at once and returns the requester's status.
+// respond carries out a message that came whole (a same-device one, or one datagram from the
+// network) at once, under the device lock, and returns the requester's status.
 func (d *Device) respond(m *message) efaio.Status {
-	var in inbound
-	if st := d.accept(m, &in); st != efaio.StatusOK || in.dropped {
-		return d.finish(&in)
+	in := &d.whole // (a kilobyte: zeroed on the stack for every message, it cost 1.5% of one)
+	if st := d.accept(m, in); st != efaio.StatusOK || in.dropped {
+		return d.finish(in)
 	}
 	if m.op == efaio.OpRDMARead {
 		src, _ := d.remoteSpan(in.t.pd, m.rkey, m.raddr, m.length, uapi.AccessRemoteRead)
@@ -174,10 +175,10 @@ func (d *Device) respond(m *message) efaio.Status {
 	}
 	var off uint64
 	for _, b := range m.src[:m.nsrc] {
-		d.place(&in, off, b)
+		d.place(in, off, b)
 		off += uint64(len(b))
 	}
-	return d.finish(&in)
+	return d.finish(in)
 }
 
 // accept checks a message against its destination before any of its data lands: the QP exists,
@@ -188,7 +189,11 @@ func (d *Device) respond(m *message) efaio.Status {
 // per-message statuses that leave both QPs as they are; a UD message that cannot be delivered is
 // marked dropped.
 func (d *Device) accept(m *message, in *inbound) efaio.Status {
-	*in = inbound{m: *m, idx: -1}
+	// Field by field, not a whole new inbound: its receive descriptors and buffers (most of
+	// its kilobyte) are read only up to their counts, which start at 0 (zeroing and copying
+	// all of it was 4% of a 64-byte message's cost).
+	in.t, in.m, in.status, in.dropped, in.hasWR, in.ndst, in.got, in.idx = nil, *m, 0, false, false, 0, 0, -1
+	in.wr.reqID, in.wr.ndesc, in.wr.bad = 0, 0, false
 	in.m.src, in.m.nsrc, in.m.sink = [efaio.TxNumBufs][]byte{}, 0, nil
 	t := d.qps[uint32(m.dstQPN)]
 	ud := m.typ == uapi.QPTypeUD
