@@ -91,7 +91,7 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 		return
 	}
 	s.hzn, s.hasHzn, s.hznEpoch = a.Horizon, a.HasHorizon, epoch
-	tally := ackTally{rtt: -1, early: s.rtoAt != 0 && s.acksEarly(a), answered: a.Path, rackAt: p.newestAcked()}
+	tally := ackTally{rtt: -1, early: s.rtoAt != 0 && s.acksEarly(a), answered: a.Path}
 	if !a.Highest.Less(s.una) && a.Highest.Less(s.next) {
 		tally.newest = s.slot(a.Highest)
 	}
@@ -133,23 +133,19 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 		s.resetRTO()
 	}
 	// A packet is lost when one sent after it on the same path has been acknowledged (each path
-	// is taken to keep its own order, with the reordering allowance: reorderWindow), or
-	// when one sent no earlier on any path has and the packet has waited two of its own path's
-	// RTTs (paths differ in delay, but one that far behind has dropped it: this is what finds a
-	// dead path within a few RTTs), and as long as the latest-sent packet acknowledged took to be
-	// acknowledged (RACK's RTT, RFC 8985: a receiver slow to read acknowledges late what it has,
-	// and what was sent with it is no later than that). A packet of the batch that sent the
-	// newest one acknowledged (the same send time) went before it if its PSN is lower (a batch
-	// sends in PSN order: retransmissions, then new packets); one that went after it waits at
-	// least minRTO, not two RTTs: the peer may have read the first part of the batch while the
-	// rest was still going out. The first acknowledgement of anything after the retransmission
-	// timer fired also counts as lost every packet that had waited the timeout then (timedOut):
-	// the timer sent only the oldest again, as a probe (checkRTO), unless that acknowledgement
-	// shows the timer spurious (acksEarly).
+	// is taken to keep its own order, with the reordering allowance: reorderWindow), or when one
+	// sent no earlier on any path has and the packet has waited two of its own path's RTTs (paths
+	// differ in delay, but one that far behind has dropped it: this is what finds a dead path
+	// within a few RTTs). A packet of the batch that sent the newest one acknowledged (the same
+	// send time) went before it if its PSN is lower (a batch sends in PSN order: retransmissions,
+	// then new packets); one that went after it waits at least minRTO, not two RTTs: the peer may
+	// have read the first part of the batch while the rest was still going out. The first
+	// acknowledgement of anything after the retransmission timer fired also counts as lost every
+	// packet that had waited the timeout then (timedOut): the timer sent only the oldest again, as
+	// a probe (checkRTO), unless that acknowledgement shows the timer spurious (acksEarly).
 	lost := 0
 	reo := s.reorderWindow()
 	anyAcked := p.newestAcked()
-	ackRTT := s.rackRTT   // (how long the packet sent at anyAcked took to be acknowledged)
 	var batchTop wire.PSN // the highest PSN acknowledged of the newest batch acknowledged (found once needed)
 	topKnown := false
 	for psn := s.una; psn.Less(s.next); psn++ {
@@ -158,7 +154,7 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 			continue
 		}
 		ps := &p.paths[e.path]
-		wait := max(2*cmp.Or(ps.srtt, s.srtt), ackRTT) + reo
+		wait := 2*cmp.Or(ps.srtt, s.srtt) + reo
 		if e.at == anyAcked {
 			if !topKnown {
 				batchTop, topKnown = s.batchTop(anyAcked), true
@@ -192,9 +188,7 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 	t.pump(p)
 }
 
-// newestAcked is the send time of the latest-sent packet acknowledged on any path: the one whose
-// RTT txStream.rackRTT is (both move together in ackSlot; after a new epoch, before the stream's
-// first acknowledgement, rackRTT is 0).
+// newestAcked is the send time of the latest-sent packet acknowledged on any path.
 func (p *peer) newestAcked() (at time.Duration) {
 	for i := range p.paths {
 		at = max(at, p.paths[i].ackedAt)
@@ -239,9 +233,8 @@ type ackTally struct {
 	rtt   time.Duration
 	early bool
 
-	rackAt   time.Duration // the send time of the latest-sent packet acknowledged so far (creditPath moves it)
-	answered uint8         // the path of the newest DATA frame the acknowledgement answers
-	newest   *sentPkt      // the slot of the highest PSN the peer has, if still in the window
+	answered uint8    // the path of the newest DATA frame the acknowledgement answers
+	newest   *sentPkt // the slot of the highest PSN the peer has, if still in the window
 
 	// byAnswer: no acknowledgement came, but the peer's answer to the request showed that it
 	// had the packet (ackAnswered): no RTT sample, no credit to a path.
@@ -309,11 +302,7 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 		if tally.early {
 			minRTT = -1
 		}
-		ps := &p.paths[e.path]
-		creditPath(ps, e, now, minRTT)
-		if ps.ackedAt == e.at && e.at >= tally.rackAt {
-			tally.rackAt, s.rackRTT = e.at, now-e.at
-		}
+		creditPath(&p.paths[e.path], e, now, minRTT)
 		p.echoed(e)
 	}
 	m := e.msg

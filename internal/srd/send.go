@@ -85,7 +85,6 @@ type txStream struct {
 	rto        time.Duration
 	rtoAt      time.Duration // when the retransmission timer last fired (checkRTO); 0 after progress
 	rtoLine    time.Duration // the packets sent up to then had waited the timeout when it fired
-	rackRTT    time.Duration // how long the latest-sent packet acknowledged took to be (RACK.rtt, RFC 8985)
 	progress   time.Duration // last time the peer acknowledged something, or the stream was idle
 	queue      []*Msg        // messages with segments not yet sent, in order
 	answers    int           // those of them that answer the peer (Msg.answer; onData's backlog)
@@ -113,8 +112,9 @@ type txStream struct {
 	hzn                    wire.PSN   // the horizon of the newest ACK (wire.Ack.Horizon)
 	hasHzn                 bool       // whether it named one (wire.Ack.HasHorizon)
 	hznEpoch               wire.Epoch // and the epoch of the peer's stream it is in
-	// The stream's epoch; last, beside the other small fields: first, its padding made every
-	// peer context 8 bytes longer, past the allocator's 640-byte size class (TestOneQPManyPeers).
+	// The stream's epoch; last, beside the other small fields: first, its padding made every peer
+	// context 8 bytes longer (over 632 bytes, the allocator's header puts a pointerful object in
+	// the next size class, 704: TestOneQPManyPeers).
 	epoch wire.Epoch
 }
 
