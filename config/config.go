@@ -102,7 +102,9 @@ type Device struct {
 	// can delay by milliseconds). It stops sooner when a yield between reads takes over 40 µs:
 	// other goroutines are waiting for the processor; and it does not spin while an application
 	// goroutine busy-polls the device (CQ.Poll on an empty CQ reads the socket itself), so that one
-	// device has one spinning thread, not two. Default 200 µs; negative: never spin.
+	// device has one spinning thread, not two; nor with GOMAXPROCS 1, where a spinning goroutine
+	// keeps the network poller, and every goroutine waiting on it, from running. Default 200 µs;
+	// negative: never spin.
 	RxSpin time.Duration
 
 	// PollMin and PollMax bound the period at which the engine looks at doorbells stored without

@@ -522,7 +522,9 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 				return
 			}
 		case got:
-			last = time.Now()
+			if spinnable() {
+				last = time.Now()
+			}
 		case spin:
 			t := time.Now()
 			runtime.Gosched()
@@ -583,7 +585,9 @@ func (d *Device) rxLoop() {
 			}
 			continue
 		}
-		last = time.Now()
+		if spinnable() {
+			last = time.Now()
+		}
 		d.locked(q, func(now time.Duration) { d.srd.Input(now, rx, n, false) })
 		d.wakeAfterInput()
 	}
@@ -605,6 +609,13 @@ func (d *Device) wakeAfterInput() {
 
 // busyQuiet: the receive loop spins only when no goroutine has busy-polled for this long.
 const busyQuiet = 50 * time.Microsecond
+
+// spinnable reports whether the receive loop may spin after traffic (config.Device.RxSpin): not
+// on Go's only processor. A goroutine that yields with runtime.Gosched there is run again at once
+// whenever no other goroutine is runnable, and the network poller is not asked meanwhile: every
+// goroutine waiting for the network (another device's receive loop, the application's own
+// sockets) waited for the spin to end (TestReceiveLoopLeavesTheOnlyProcessor).
+func spinnable() bool { return runtime.GOMAXPROCS(0) > 1 }
 
 // spinYield: a yield longer than this ends the receive loop's spin.
 const spinYield = 40 * time.Microsecond

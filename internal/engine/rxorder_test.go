@@ -134,6 +134,44 @@ func (e *emptyReads) TryReceive(pkts []link.Packet) (int, error) {
 	return n, err
 }
 
+// With one Go processor the receive loop does not spin after traffic (spinnable): a goroutine
+// that yields there is run again at once whenever nothing else is runnable, and the network poller
+// is not asked, so every goroutine waiting for the network waited for the spin's end (the demo's
+// two devices in one process with GOMAXPROCS 1: 236 µs a 4 KiB SEND, 74 without the spin).
+func TestReceiveLoopLeavesTheOnlyProcessor(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	f := memlink.New(1)
+	an := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
+	bn := &emptyReads{Node: f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)}
+	a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
+	b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1, RxSpin: time.Hour})
+	ah, err := a.d.CreateAH(a.pd, b.d.GID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	efaio.RxDesc(b.q.rq.ring[:efaio.RxDescSize]).Encode(&efaio.RxDescFields{
+		Addr: b.a.iova, ReqID: 0, Length: 64, LKey: b.a.lkey, First: true, Last: true})
+	a.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 0, Length: 1, AHN: ah.ahn, QKey: 9,
+		DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase,
+		SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: 64, LKey: a.a.lkey, Addr: a.a.iova}}})
+	atomic.StoreUint32(b.q.rq.db, 1)
+	b.d.Ring(b.q)
+	atomic.StoreUint32(a.q.sq.db, 1)
+	a.d.Ring(a.q)
+	for b.q.recvCQ.written.Load() < 1 {
+		runtime.Gosched()
+	}
+	// Traffic came, and nobody polls: a spinning loop reads on and on, a waiting one at most once
+	// more.
+	before := bn.n.Load()
+	for range 2000 {
+		runtime.Gosched()
+	}
+	if got := bn.n.Load() - before; got > 1 {
+		t.Errorf("the receive loop read %d times more after traffic, finding nothing, on the only processor; want it waiting", got)
+	}
+}
+
 // While a goroutine busy-polls the device (PollNetwork: it reads the socket itself whenever its
 // CQ is empty), the receive loop does not spin after traffic but waits for the socket: two
 // threads spinning for one device took the cores of two processes on two cores. (With the rule
