@@ -187,22 +187,23 @@ func sendOp(withImm bool) func(a, b *endpoint, i, size int) (time.Duration, erro
 
 func rdmaOp(read, withImm bool) func(a, b *endpoint, i, size int) (time.Duration, error) {
 	return func(a, b *endpoint, i, size int) (time.Duration, error) {
-		var sum uint32
+		sum := fillSeq(a.buf[:size], i)
 		if read {
-			// A real target learns that the last READ is over, and tells its peer that new data
-			// is ready, through its own device; here one goroutine plays both sides, and the
-			// target's device reads the data on its own goroutine. Taking that device's lock
-			// before and after the writes (arming the CQ does) orders them after the last
-			// READ's and before the next, as Go's memory model (and -race) sees it.
-			if err := b.cq.ReqNotify(false); err != nil {
+			// The READ's source is put in place by an RDMA WRITE, not written by this goroutine:
+			// the target's device may send a READ's data again after the requester has it all
+			// (a packet it counted lost), reading the source on its own goroutine, and only the
+			// device itself writes it in step with that. What the READ brings lands where the
+			// pattern was, cleared first.
+			if err := a.post(a.qps[0], uint64(i), b.qps[0].QPN(), func(x *verbs.QPEx) {
+				x.WRRDMAWrite(b.mr.RKey(), b.mr.Addr())
+				x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), uint32(size))
+			}); err != nil {
 				return 0, err
 			}
-			sum = fillSeq(b.buf[:size], i)
-			if err := b.cq.ReqNotify(false); err != nil {
+			if err := a.await(verbs.WCRDMAWrite, demoTimeout, nil); err != nil {
 				return 0, err
 			}
-		} else {
-			sum = fillSeq(a.buf[:size], i)
+			clear(a.buf[:size])
 		}
 		if withImm {
 			if err := b.recv(b.qps[0], uint64(i), 0, 0); err != nil {

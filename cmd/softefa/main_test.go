@@ -163,7 +163,7 @@ func TestDemo(t *testing.T) {
 				rows++
 			}
 		}
-		if rows != len(demoOps()) || !strings.Contains(out.String(), "send_wrs 400 rdma_write_wrs 402 rdma_read_wrs 404") {
+		if rows != len(demoOps()) || !strings.Contains(out.String(), "send_wrs 400 rdma_write_wrs 604 rdma_read_wrs 404") {
 			t.Fatalf("demo %v printed %d checked rows, want %d, and the requester's counts:\n%s", c.args, rows, len(demoOps()), out.String())
 		}
 	}
