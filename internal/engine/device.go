@@ -95,7 +95,7 @@ type Device struct {
 	inlineQ [1]*QP          // ringInline's batch of one, under mu
 	inlined atomic.Bool     // set after work outside the engine loop (ringInline, a batch of input), for it to poll fast
 	// parkedSends: some QP holds sends parked after RNR (set when one parks, recomputed by each
-	// step; under mu). Only then does a receive posted on this device need a step (WantsRing).
+	// step; under mu). Only then does a receive posted on this device need a step (RecvsWanted).
 	parkedSends atomic.Bool
 	whole       inbound     // respond's scratch, for a message that comes whole (under mu)
 	fastPoll    atomic.Bool // the engine loop polls every PollMin

@@ -183,9 +183,7 @@ func (t *Transport) controlPath(p *peer) int {
 // acknowledged packet proves its path: within a few RTTs of the newest; (0, 0) if even the newest
 // is older than that now.
 func (p *peer) provenSince(now time.Duration) (newest, recent time.Duration) {
-	for i := range p.paths {
-		newest = max(newest, p.paths[i].ackedAt)
-	}
+	newest = p.newestAcked()
 	window := 4 * max(p.tx.srtt, minRTO)
 	if now-newest > window {
 		return 0, 0
