@@ -8,6 +8,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/mem"
 	"github.com/softefa/softefa/internal/uapi"
 )
 
@@ -82,7 +83,11 @@ func (r *accessRig) guardsIntact(t *testing.T) {
 }
 
 // within reports whether b lies inside region.
-func within(b, region []byte) bool {
+func within(s mem.Span, region []byte) bool {
+	b, own := s.Bytes()
+	if !own {
+		return false
+	}
 	if len(b) == 0 {
 		return true
 	}
@@ -111,10 +116,10 @@ func FuzzRemoteAccess(f *testing.F) {
 			dstQPN: uint16(r.q.qpn), length: length % (1 << 20), raddr: raddr, rkey: rkey}
 		sink := make([]byte, m.length)
 		if m.op == efaio.OpRDMARead {
-			m.sink = sink
+			m.sink = mem.Own(sink)
 		}
 		// Whole-message delivery, as for a same-device requester...
-		m.src[0], m.nsrc = payload, 1
+		m.src[0], m.nsrc = mem.Own(payload), 1
 		if uint64(len(payload)) <= m.length {
 			r.d.respond(&m)
 		}

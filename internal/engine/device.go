@@ -76,6 +76,7 @@ type Device struct {
 	// deregistered, since a read response or a message received in part may still hold slices
 	// of it.
 	foreign bool
+	bounce  []byte // same-device messages from another process's memory pass through it (placeSpan)
 	// receiving lists the messages from the network accepted and received in part (inbound.idx):
 	// a flush, reset or destroy of their QP, or a deregistration of their buffers, ends them.
 	receiving []*inbound

@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/mem"
 	"github.com/softefa/softefa/internal/uapi"
 	"github.com/softefa/softefa/internal/wire"
 )
@@ -14,13 +15,13 @@ import (
 // access to a foreign region probes it first, and what would fault fails as a bad key would.
 func TestForeignRegionFaults(t *testing.T) {
 	const page = 4096
-	mem, err := syscall.Mmap(-1, 0, 3*page, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	pages, err := syscall.Mmap(-1, 0, 3*page, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer munmap(mem)
+	defer munmap(pages)
 	r := newAccessRig(t)
-	mr, err := r.d.RegForeignMR(r.pd, mem, 0x100000, uapi.AccessLocalWrite|uapi.AccessRemoteWrite|uapi.AccessRemoteRead)
+	mr, err := r.d.RegForeignMR(r.pd, pages, 0x100000, uapi.AccessLocalWrite|uapi.AccessRemoteWrite|uapi.AccessRemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,10 +29,10 @@ func TestForeignRegionFaults(t *testing.T) {
 	// unmapped: a hole of one page is soon filled by the next small mmap of the Go runtime (the
 	// race detector's or the heap's), and then the "gone" page reads fine. Both fault the same
 	// way; cabi's TestUnmappedBuffer unmaps for real.
-	if err := syscall.Mprotect(mem[page:2*page], syscall.PROT_READ); err != nil {
+	if err := syscall.Mprotect(pages[page:2*page], syscall.PROT_READ); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Mprotect(mem[2*page:], syscall.PROT_NONE); err != nil {
+	if err := syscall.Mprotect(pages[2*page:], syscall.PROT_NONE); err != nil {
 		t.Fatal(err)
 	}
 	ah, err := r.d.CreateAH(r.pd, r.d.gid)
@@ -68,17 +69,17 @@ func TestForeignRegionFaults(t *testing.T) {
 		}
 	}
 	// Copies after the probe (a segment built or placed later) are guarded too.
-	if r.d.copyMem(mem[:64], mem[2*page:2*page+64]) || r.d.copyMem(mem[page:page+64], mem[:64]) {
+	if r.d.copyMem(mem.Own(pages[:64]), mem.Own(pages[2*page:2*page+64])) || r.d.copyMem(mem.Own(pages[page:page+64]), mem.Own(pages[:64])) {
 		t.Error("a copy from an inaccessible page or into a read-only one reported success")
 	}
-	if !r.d.copyMem(mem[:64], mem[page:page+64]) {
+	if !r.d.copyMem(mem.Own(pages[:64]), mem.Own(pages[page:page+64])) {
 		t.Error("a copy from a read-only page into a writable one failed")
 	}
 	scratch := make([]byte, 0, 128)
-	if _, ok := (*host)(r.d).Gather(scratch, [][]byte{mem[page-32 : page], mem[2*page : 2*page+64]}, 0, 96); ok {
+	if _, ok := (*host)(r.d).Gather(scratch, []mem.Span{mem.Own(pages[page-32 : page]), mem.Own(pages[2*page : 2*page+64])}, 0, 96); ok {
 		t.Error("a segment reaching into an inaccessible page was read")
 	}
-	if _, ok := (*host)(r.d).Gather(scratch, [][]byte{mem[page-32 : page], mem[page : page+64]}, 16, 64); !ok {
+	if _, ok := (*host)(r.d).Gather(scratch, []mem.Span{mem.Own(pages[page-32 : page]), mem.Own(pages[page : page+64])}, 16, 64); !ok {
 		t.Error("a segment over two readable pages could not be read")
 	}
 	// A SEND from the inaccessible page completes in error instead of crashing the process.
@@ -108,13 +109,13 @@ func munmap(b []byte) error {
 // into a failure, not a crash, also once no foreign region is registered any more.
 func TestGatherAfterForeignDereg(t *testing.T) {
 	const page = 4096
-	mem, err := syscall.Mmap(-1, 0, page, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	pages, err := syscall.Mmap(-1, 0, page, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer munmap(mem)
+	defer munmap(pages)
 	r := newAccessRig(t)
-	mr, err := r.d.RegForeignMR(r.pd, mem, 0x100000, uapi.AccessRemoteRead)
+	mr, err := r.d.RegForeignMR(r.pd, pages, 0x100000, uapi.AccessRemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,12 +128,12 @@ func TestGatherAfterForeignDereg(t *testing.T) {
 	if err := r.d.DeregMR(mr); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Mprotect(mem, syscall.PROT_NONE); err != nil {
+	if err := syscall.Mprotect(pages, syscall.PROT_NONE); err != nil {
 		t.Fatal(err)
 	}
 	r.d.mu.Lock()
 	defer r.d.mu.Unlock()
-	if _, ok := (*host)(r.d).Gather(nil, [][]byte{src}, 0, 16); ok {
+	if _, ok := (*host)(r.d).Gather(nil, []mem.Span{src}, 0, 16); ok {
 		t.Error("a gather from a protected page succeeded")
 	}
 }
@@ -148,8 +149,8 @@ func TestReadRegionLiveUntilDereg(t *testing.T) {
 	b, region, st := h.Read([16]byte{1}, &f)
 	live := h.Live(region)
 	r.d.mu.Unlock()
-	if st != efaio.StatusOK || len(b) != 64 || !live {
-		t.Fatalf("read: %d bytes, status %d, live %v; want 64, OK, live", len(b), st, live)
+	if st != efaio.StatusOK || b.Len() != 64 || !live {
+		t.Fatalf("read: %d bytes, status %d, live %v; want 64, OK, live", b.Len(), st, live)
 	}
 	if err := r.d.DeregMR(r.a); err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/mem"
 	"github.com/softefa/softefa/internal/srd"
 	"github.com/softefa/softefa/internal/uapi"
 	"github.com/softefa/softefa/internal/wire"
@@ -38,7 +39,7 @@ func (d *Device) sendRemote(q *QP, w *efaio.TxDesc, m *message, tries int, now t
 	sw.q, sw.w, sw.tries, sw.length = q, *w, tries, m.length
 	if w.Inline {
 		sw.w.InlineBuf = sw.inl[:copy(sw.inl[:], w.InlineBuf)]
-		m.src[0] = sw.w.InlineBuf
+		m.src[0] = mem.Own(sw.w.InlineBuf)
 	}
 	r := m.request()
 	switch m.op {
@@ -174,7 +175,7 @@ func (h *host) Receive(src [16]byte, f *wire.Data, prev srd.Inbound) (srd.Inboun
 	}
 	if prev == nil && f.Whole() {
 		m := d.message(src, f, op, uapi.QPTypeDriver)
-		m.src[0], m.nsrc = f.Payload, 1
+		m.src[0], m.nsrc = mem.Own(f.Payload), 1
 		return nil, d.respond(&m), true
 	}
 	in, _ := prev.(*inbound)
@@ -208,12 +209,12 @@ func (h *host) Receive(src [16]byte, f *wire.Data, prev srd.Inbound) (srd.Inboun
 }
 
 // Read checks an RDMA read request from src and returns the memory it reads, and its MR.
-func (h *host) Read(src [16]byte, f *wire.Data) ([]byte, any, efaio.Status) {
+func (h *host) Read(src [16]byte, f *wire.Data) (mem.Span, any, efaio.Status) {
 	d := (*Device)(h)
 	m := d.message(src, f, efaio.OpRDMARead, uapi.QPTypeDriver)
 	var in inbound
 	if st := d.accept(&m, &in); st != efaio.StatusOK {
-		return nil, nil, st
+		return mem.Span{}, nil, st
 	}
 	mr := d.mrs.byRKey[m.rkey]
 	b, _ := d.remoteSpan(in.t.pd, m.rkey, m.raddr, m.length, uapi.AccessRemoteRead)
@@ -231,22 +232,24 @@ func (h *host) Live(region any) bool {
 func (h *host) UD(src [16]byte, f *wire.Data) {
 	d := (*Device)(h)
 	m := d.message(src, f, efaio.OpSend, uapi.QPTypeUD)
-	m.src[0], m.nsrc = f.Payload, 1
+	m.src[0], m.nsrc = mem.Own(f.Payload), 1
 	d.respond(&m)
 }
 
 // Gather appends bytes [off, off+n) of src, under a fault guard once the device has had a foreign
 // region (copyMem).
-func (h *host) Gather(b []byte, src [][]byte, off uint64, n int) ([]byte, bool) {
+func (h *host) Gather(b []byte, src []mem.Span, off uint64, n int) ([]byte, bool) {
 	if !h.foreign {
-		return srd.AppendRange(b, src, off, n), true
+		return mem.Append(b, src, off, n)
 	}
-	ok := catchFault(func() { b = srd.AppendRange(b, src, off, n) })
-	return b, ok
+	ok := false
+	return b, catchFault(func() { b, ok = mem.Append(b, src, off, n) }) && ok
 }
 
-// Copy copies read data into application memory (copyMem).
-func (h *host) Copy(dst, src []byte) bool { return (*Device)(h).copyMem(dst, src) }
+// Copy copies read data into application memory at byte off of dst (writeMem).
+func (h *host) Copy(dst mem.Span, off int, src []byte) bool {
+	return (*Device)(h).writeMem(dst.Slice(off, len(src)), src)
+}
 
 // Abort ends a message that arrived in part: its receive WR, if it took one, completes with
 // REMOTE_ABORT.

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/softefa/softefa/internal/mem"
 	"github.com/softefa/softefa/internal/uapi"
 )
 
@@ -61,10 +62,11 @@ func (d *Device) DeallocPD(pd *PD) error {
 	return nil
 }
 
-// MR is a registered memory region: a Go byte slice addressed by IOVAs [IOVA, IOVA+len).
+// MR is a registered memory region: bytes addressed by IOVAs [IOVA, IOVA+len), which are the
+// device's own memory (a byte slice) or a range of another process's (RegProcessMR).
 type MR struct {
 	pd     *PD
-	buf    []byte
+	mem    mem.Span
 	iova   uint64
 	access int
 	lkey   uint32 // 24 bits: 16-bit table index, 8-bit generation
@@ -85,22 +87,25 @@ func (mr *MR) RKey() uint32 { return mr.rkey }
 func (mr *MR) IOVA() uint64 { return mr.iova }
 
 // Len returns the region's length.
-func (mr *MR) Len() int { return len(mr.buf) }
+func (mr *MR) Len() int { return mr.mem.Len() }
 
 // Access returns the access flags the region was registered with.
 func (mr *MR) Access() int { return mr.access }
 
 // span returns the bytes [addr, addr+n) of the region, or false if they are not all inside it.
 // The arithmetic cannot overflow.
-func (mr *MR) span(addr, n uint64) ([]byte, bool) {
+func (mr *MR) span(addr, n uint64) (mem.Span, bool) {
 	if addr < mr.iova {
-		return nil, false
+		return mem.Span{}, false
 	}
-	off := addr - mr.iova
-	if off > uint64(len(mr.buf)) || n > uint64(len(mr.buf))-off {
-		return nil, false
+	off, l := addr-mr.iova, uint64(mr.mem.Len())
+	if off > l || n > l-off {
+		return mem.Span{}, false
 	}
-	return mr.buf[off : off+n], true
+	if b, own := mr.mem.Bytes(); own {
+		return mem.Own(b[off : off+n]), true
+	}
+	return mr.mem.Slice(int(off), int(n)), true
 }
 
 // supportedAccess are the access flags EFA takes (efa_reg_mr); remote bits need the device cap.
@@ -110,7 +115,7 @@ const supportedAccess = uapi.AccessLocalWrite | uapi.AccessRemoteRead | uapi.Acc
 // empty or oversized region or REMOTE_WRITE without LOCAL_WRITE; EOPNOTSUPP for access flags the
 // device does not support; ENOMEM past MaxMR. Optional access bits are ignored.
 func (d *Device) RegMR(pd *PD, buf []byte, iova uint64, access int) (*MR, error) {
-	return d.regMR(pd, buf, iova, access, false)
+	return d.regMR(pd, mem.Own(buf), iova, access, false)
 }
 
 // RegForeignMR is RegMR for memory the Go runtime does not own, such as a C program's buffer:
@@ -118,18 +123,34 @@ func (d *Device) RegMR(pd *PD, buf []byte, iova uint64, access int) (*MR, error)
 // probes the pages first, and one that would fault fails as a bad key would (LOCAL_ERROR_INVALID_LKEY
 // at the requester, REMOTE_ERROR_BAD_ADDRESS at a responder) instead of crashing the process.
 func (d *Device) RegForeignMR(pd *PD, buf []byte, iova uint64, access int) (*MR, error) {
-	return d.regMR(pd, buf, iova, access, true)
+	return d.regMR(pd, mem.Own(buf), iova, access, true)
 }
 
-func (d *Device) regMR(pd *PD, buf []byte, iova uint64, access int, foreign bool) (*MR, error) {
+// RegProcessMR is RegMR for n bytes at addr in another process p (a program the device serves):
+// the device reads and writes them with process_vm_readv/writev (package mem). Every page must
+// be mapped readable when the region is registered (EFAULT otherwise; ESRCH once p is gone,
+// EPERM where the device may not reach p); later an access that finds the memory gone, or a
+// write that finds it read-only, fails its work request as a bad key would (RegForeignMR), and
+// every access fails once p has exited.
+func (d *Device) RegProcessMR(pd *PD, p *mem.Process, addr uint64, n int, iova uint64, access int) (*MR, error) {
+	if n > 0 && uint64(n) <= d.cfg.MaxMRSize && addr+uint64(n) >= addr {
+		if err := p.Check(addr, n); err != nil {
+			return nil, fmt.Errorf("engine: registering %d bytes at %#x: %w", n, addr, err)
+		}
+	}
+	return d.regMR(pd, mem.In(p, addr, n), iova, access, false)
+}
+
+func (d *Device) regMR(pd *PD, m mem.Span, iova uint64, access int, foreign bool) (*MR, error) {
 	access &^= uapi.AccessOptionalMask
+	n := uint64(m.Len())
 	switch {
-	case len(buf) == 0:
+	case n == 0:
 		return nil, fmt.Errorf("engine: empty memory region: %w", syscall.EINVAL)
-	case uint64(len(buf)) > d.cfg.MaxMRSize:
-		return nil, fmt.Errorf("engine: region of %d bytes over max_mr_size %d: %w", len(buf), d.cfg.MaxMRSize, syscall.EINVAL)
-	case iova+uint64(len(buf)) < iova:
-		return nil, fmt.Errorf("engine: region at %#x of %d bytes wraps the address space: %w", iova, len(buf), syscall.EINVAL)
+	case n > d.cfg.MaxMRSize:
+		return nil, fmt.Errorf("engine: region of %d bytes over max_mr_size %d: %w", n, d.cfg.MaxMRSize, syscall.EINVAL)
+	case iova+n < iova:
+		return nil, fmt.Errorf("engine: region at %#x of %d bytes wraps the address space: %w", iova, n, syscall.EINVAL)
 	case access&^supportedAccess != 0,
 		access&uapi.AccessRemoteRead != 0 && d.cfg.Caps&uapi.CapRDMARead == 0,
 		access&uapi.AccessRemoteWrite != 0 && d.cfg.Caps&uapi.CapRDMAWrite == 0:
@@ -142,7 +163,7 @@ func (d *Device) regMR(pd *PD, buf []byte, iova uint64, access int, foreign bool
 	if d.pds[pd.pdn] != pd {
 		return nil, fmt.Errorf("engine: PD %d is not allocated: %w", pd.pdn, syscall.EINVAL)
 	}
-	mr := &MR{pd: pd, buf: buf, iova: iova, access: access, foreign: foreign}
+	mr := &MR{pd: pd, mem: m, iova: iova, access: access, foreign: foreign}
 	if err := d.mrs.insert(mr); err != nil {
 		return nil, err
 	}
@@ -174,29 +195,22 @@ func (d *Device) DeregMR(mr *MR) error {
 
 // localSpan checks a local SGE: the lkey names a live region of pd with every access bit in need,
 // and [addr, addr+n) lies inside it.
-func (d *Device) localSpan(pd *PD, lkey uint32, addr, n uint64, need int) ([]byte, bool) {
+func (d *Device) localSpan(pd *PD, lkey uint32, addr, n uint64, need int) (mem.Span, bool) {
 	mr := d.mrs.byLKey(lkey)
 	if mr == nil || mr.pd != pd || mr.access&need != need {
-		return nil, false
+		return mem.Span{}, false
 	}
 	return mr.probedSpan(addr, n, need&uapi.AccessLocalWrite != 0)
 }
 
 // remoteSpan checks a remote access: the rkey names a live region of pd that grants need, and
 // [addr, addr+n) lies inside it.
-func (d *Device) remoteSpan(pd *PD, rkey uint32, addr, n uint64, need int) ([]byte, bool) {
+func (d *Device) remoteSpan(pd *PD, rkey uint32, addr, n uint64, need int) (mem.Span, bool) {
 	mr := d.mrs.byRKey[rkey]
 	if mr == nil || mr.pd != pd || mr.access&need == 0 {
-		return nil, false
+		return mem.Span{}, false
 	}
 	return mr.probedSpan(addr, n, need&uapi.AccessRemoteWrite != 0)
-}
-
-// guardedCopy is copy that reports false instead of crashing when dst or src faults: for the
-// copies that touch foreign regions after their probe (a segment built or placed later), since
-// their owner may unmap them at any moment. Part of the bytes may have been copied.
-func guardedCopy(dst, src []byte) bool {
-	return catchFault(func() { copy(dst, src) })
 }
 
 // catchFault runs f with memory faults turned into panics, and reports false if one came.
@@ -216,23 +230,32 @@ func catchFault(f func()) (ok bool) {
 	return true
 }
 
-// copyMem is copy, guarded once the device has had a foreign region. Called with d.mu held.
-func (d *Device) copyMem(dst, src []byte) bool {
+// copyMem is mem.Copy, guarded once the device has had a foreign region. Called with d.mu held.
+func (d *Device) copyMem(dst, src mem.Span) bool {
 	if !d.foreign {
-		copy(dst, src)
-		return true
+		return mem.Copy(dst, src)
 	}
-	return guardedCopy(dst, src)
+	ok := false
+	return catchFault(func() { ok = mem.Copy(dst, src) }) && ok
+}
+
+// writeMem writes src into dst at its start, guarded as copyMem is.
+func (d *Device) writeMem(dst mem.Span, src []byte) bool {
+	if !d.foreign {
+		return dst.WriteAt(src, 0)
+	}
+	ok := false
+	return catchFault(func() { ok = dst.WriteAt(src, 0) }) && ok
 }
 
 // probedSpan is span, and for a foreign region also a probe of the bytes for reading (and for
 // writing, if write).
-func (mr *MR) probedSpan(addr, n uint64, write bool) ([]byte, bool) {
-	b, ok := mr.span(addr, n)
-	if ok && mr.foreign && !probe(b, write) {
-		return nil, false
+func (mr *MR) probedSpan(addr, n uint64, write bool) (mem.Span, bool) {
+	s, ok := mr.span(addr, n)
+	if b, own := s.Bytes(); ok && own && mr.foreign && !probe(b, write) {
+		return mem.Span{}, false
 	}
-	return b, ok
+	return s, ok
 }
 
 // probe touches a byte of b in every page it spans (a read, and for write a store of the value

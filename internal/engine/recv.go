@@ -6,6 +6,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/mem"
 	"github.com/softefa/softefa/internal/uapi"
 )
 
@@ -24,12 +25,12 @@ type message struct {
 	dstGID [16]byte
 	srcQPN uint16
 	dstQPN uint16
-	src    [efaio.TxNumBufs][]byte // SEND and WRITE payload, in order
+	src    [efaio.TxNumBufs]mem.Span // SEND and WRITE payload, in order
 	nsrc   int
-	length uint64 // payload bytes (SEND, WRITE) or bytes to read (READ)
-	raddr  uint64 // RDMA: remote address
-	rkey   uint32 // RDMA: remote key
-	sink   []byte // READ: where the data goes (same-device requester)
+	length uint64   // payload bytes (SEND, WRITE) or bytes to read (READ)
+	raddr  uint64   // RDMA: remote address
+	rkey   uint32   // RDMA: remote key
+	sink   mem.Span // READ: where the data goes (same-device requester)
 }
 
 // recvWR is a receive WR parsed from an RQ: its descriptors, or the number of descriptors of a
@@ -91,7 +92,7 @@ type inbound struct {
 	dropped bool // a UD message that cannot be delivered: dropped, the sender succeeds
 	hasWR   bool
 	wr      recvWR
-	dst     [config.MaxRQSGELimit][]byte // SEND: the receive buffers, after the GRH for UD
+	dst     [config.MaxRQSGELimit]mem.Span // SEND: the receive buffers, after the GRH for UD
 	ndst    int
 	got     uint64 // payload bytes placed
 	idx     int    // its place in d.receiving, -1 when not listed there
@@ -174,9 +175,9 @@ func (d *Device) respond(m *message) efaio.Status {
 		return efaio.StatusOK
 	}
 	var off uint64
-	for _, b := range m.src[:m.nsrc] {
-		d.place(in, off, b)
-		off += uint64(len(b))
+	for _, s := range m.src[:m.nsrc] {
+		d.placeSpan(in, off, s)
+		off += uint64(s.Len())
 	}
 	return d.finish(in)
 }
@@ -194,7 +195,7 @@ func (d *Device) accept(m *message, in *inbound) efaio.Status {
 	// all of it was 4% of a 64-byte message's cost).
 	in.t, in.m, in.status, in.dropped, in.hasWR, in.ndst, in.got, in.idx = nil, *m, 0, false, false, 0, 0, -1
 	in.wr.reqID, in.wr.ndesc, in.wr.bad = 0, 0, false
-	in.m.src, in.m.nsrc, in.m.sink = [efaio.TxNumBufs][]byte{}, 0, nil
+	in.m.src, in.m.nsrc, in.m.sink = [efaio.TxNumBufs]mem.Span{}, 0, mem.Span{}
 	t := d.qps[uint32(m.dstQPN)]
 	ud := m.typ == uapi.QPTypeUD
 	if t == nil || t.typ != m.typ || !canReceive(t.attr.State) || t.attr.QKey != m.qkey {
@@ -264,7 +265,7 @@ func (d *Device) acceptSend(in *inbound, ud bool) efaio.Status {
 		}
 		in.dst[in.ndst] = b
 		in.ndst++
-		room += uint64(len(b))
+		room += uint64(b.Len())
 	}
 	if room < need {
 		if ud { // UD consumes the WR and reports the short buffer to the receiver
@@ -279,8 +280,13 @@ func (d *Device) acceptSend(in *inbound, ud bool) efaio.Status {
 	if ud {
 		var grh [GRHSize]byte
 		writeGRH(grh[:], m)
-		rest := scatter(in.dst[:in.ndst], [][]byte{grh[:]}, 1)
+		rest, ok := d.scatterMem(in.dst[:in.ndst], grh[:])
 		in.ndst = copy(in.dst[:], rest)
+		if !ok { // the receive buffer faulted: the WR fails as for a bad key, the message is dropped
+			in.hasWR = false
+			t.completeRecv(&efaio.Completion{ReqID: wr.reqID, Status: efaio.StatusLocalInvalidLKey})
+			return in.fail(true, efaio.StatusOK)
+		}
 	}
 	return efaio.StatusOK
 }
@@ -295,23 +301,14 @@ func (d *Device) place(in *inbound, off uint64, data []byte) {
 	}
 	switch in.m.op {
 	case efaio.OpSend:
-		var tmp [config.MaxRQSGELimit][]byte // scatter consumes its list: work on a copy
-		dst := tmp[:copy(tmp[:], in.dst[:in.ndst])]
-		for len(dst) > 0 && off >= uint64(len(dst[0])) {
-			off -= uint64(len(dst[0]))
-			dst = dst[1:]
-		}
-		if len(dst) > 0 {
-			dst[0] = dst[0][off:]
-			if !d.scatterMem(dst, data) {
-				// The receive buffer (or, same device, the source) faulted: the receive WR
-				// fails as a bad local key would have, the sender gets a bad status.
-				if in.hasWR {
-					in.t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: efaio.StatusLocalInvalidLKey})
-					in.hasWR = false
-				}
-				in.status = efaio.StatusRemoteBadStatus
+		if !d.writeAcross(in.dst[:in.ndst], off, data) {
+			// The receive buffer (or, same device, the source) faulted: the receive WR fails as
+			// a bad local key would have, the sender gets a bad status.
+			if in.hasWR {
+				in.t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: efaio.StatusLocalInvalidLKey})
+				in.hasWR = false
 			}
+			in.status = efaio.StatusRemoteBadStatus
 		}
 	case efaio.OpRDMAWrite:
 		b, ok := d.remoteSpan(in.t.pd, in.m.rkey, in.m.raddr+off, uint64(len(data)), uapi.AccessRemoteWrite)
@@ -319,19 +316,63 @@ func (d *Device) place(in *inbound, off uint64, data []byte) {
 			in.status = efaio.StatusRemoteBadAddress
 			return
 		}
-		if !d.copyMem(b, data) {
+		if !d.writeMem(b, data) {
 			in.status = efaio.StatusRemoteBadAddress
 		}
 	}
 }
 
-// scatterMem is scatter of one source, guarded as copyMem is.
-func (d *Device) scatterMem(dst [][]byte, data []byte) bool {
-	if !d.foreign {
-		scatter(dst, [][]byte{data}, 1)
-		return true
+// placeSpan is place for a same-device message's source, which may be another process's memory:
+// that is read into the device's bounce buffer a piece at a time. A source that cannot be read
+// fails the message as a receive buffer that faults does.
+func (d *Device) placeSpan(in *inbound, off uint64, s mem.Span) {
+	if b, own := s.Bytes(); own {
+		d.place(in, off, b)
+		return
 	}
-	return catchFault(func() { scatter(dst, [][]byte{data}, 1) })
+	if d.bounce == nil {
+		d.bounce = make([]byte, bounceSize)
+	}
+	for done := 0; done < s.Len(); {
+		k := min(len(d.bounce), s.Len()-done)
+		if !s.ReadAt(d.bounce[:k], done) {
+			in.got += uint64(s.Len() - done)
+			if in.status == efaio.StatusOK {
+				if in.hasWR {
+					in.t.completeRecv(&efaio.Completion{ReqID: in.wr.reqID, Status: efaio.StatusLocalInvalidLKey})
+					in.hasWR = false
+				}
+				in.status = efaio.StatusRemoteBadStatus
+			}
+			return
+		}
+		d.place(in, off+uint64(done), d.bounce[:k])
+		done += k
+	}
+}
+
+// bounceSize is the size of the buffer same-device messages from another process's memory are
+// copied through.
+const bounceSize = 64 << 10
+
+// writeAcross is mem.WriteAcross, guarded as copyMem is.
+func (d *Device) writeAcross(dst []mem.Span, off uint64, data []byte) bool {
+	if !d.foreign {
+		return mem.WriteAcross(dst, off, data)
+	}
+	ok := false
+	return catchFault(func() { ok = mem.WriteAcross(dst, off, data) }) && ok
+}
+
+// scatterMem is mem.Scatter, guarded as copyMem is.
+func (d *Device) scatterMem(dst []mem.Span, data []byte) (rest []mem.Span, ok bool) {
+	if !d.foreign {
+		return mem.Scatter(dst, data)
+	}
+	if !catchFault(func() { rest, ok = mem.Scatter(dst, data) }) {
+		return nil, false
+	}
+	return rest, ok
 }
 
 // finish completes an accepted message once all its payload is placed: the receive completion
@@ -395,22 +436,6 @@ func (t *QP) completeRecv(c *efaio.Completion, srcGID ...[16]byte) {
 		}
 	}
 	t.recvCQ.post(c)
-}
-
-// scatter copies the first n buffers of src, in order, across dst and returns what is left of
-// dst. The caller has checked that dst has room.
-func scatter(dst [][]byte, src [][]byte, n int) [][]byte {
-	for _, s := range src[:n] {
-		for len(s) > 0 && len(dst) > 0 {
-			c := copy(dst[0], s)
-			s = s[c:]
-			dst[0] = dst[0][c:]
-			if len(dst[0]) == 0 {
-				dst = dst[1:]
-			}
-		}
-	}
-	return dst
 }
 
 // writeGRH fills the 40-byte IPv6-style Global Route Header of a UD receive: version 6, payload

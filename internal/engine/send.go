@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/mem"
 	"github.com/softefa/softefa/internal/uapi"
 )
 
@@ -112,7 +113,7 @@ func (d *Device) prepare(q *QP, w *efaio.TxDesc, m *message) efaio.Status {
 		return efaio.StatusLocalBadLength
 	}
 	if w.Inline {
-		m.src[0], m.nsrc = w.InlineBuf, 1
+		m.src[0], m.nsrc = mem.Own(w.InlineBuf), 1
 		return efaio.StatusOK
 	}
 	if w.Length == 0 {
@@ -143,7 +144,7 @@ func (d *Device) prepare(q *QP, w *efaio.TxDesc, m *message) efaio.Status {
 
 func (d *Device) prepareSend(q *QP, w *efaio.TxDesc, m *message) efaio.Status {
 	if w.Inline {
-		m.src[0], m.nsrc, m.length = w.InlineBuf, 1, uint64(len(w.InlineBuf))
+		m.src[0], m.nsrc, m.length = mem.Own(w.InlineBuf), 1, uint64(len(w.InlineBuf))
 	} else {
 		for i := range int(w.Length) {
 			m.length += uint64(w.SGL[i].Length)

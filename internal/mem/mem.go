@@ -12,30 +12,36 @@
 // process) guards these calls itself.
 package mem
 
+import "unsafe"
+
 // Span is a range of bytes: own memory or another process's. The zero Span is empty own memory.
+// (32 bytes: it is copied with every work request and segment.)
 type Span struct {
-	b    []byte   // own memory (p nil)
+	ptr  *byte    // own memory's first byte (p nil)
+	n    int      // the length
 	p    *Process // whose address space addr is in; nil for own memory
 	addr uint64   // p's: the address of the first byte
-	n    int      // p's: the length
 }
 
 // Own returns the span of b.
-func Own(b []byte) Span { return Span{b: b} }
+func Own(b []byte) Span { return Span{ptr: unsafe.SliceData(b), n: len(b)} }
 
 // In returns the span of n bytes at addr in p's address space. The address range must not wrap.
 func In(p *Process, addr uint64, n int) Span { return Span{p: p, addr: addr, n: n} }
 
 // Len returns the span's length.
-func (s Span) Len() int {
-	if s.p == nil {
-		return len(s.b)
-	}
-	return s.n
-}
+func (s Span) Len() int { return s.n }
 
 // Bytes returns own memory's bytes, and false for another process's.
-func (s Span) Bytes() ([]byte, bool) { return s.b, s.p == nil }
+func (s Span) Bytes() ([]byte, bool) {
+	if s.p != nil {
+		return nil, false
+	}
+	return unsafe.Slice(s.ptr, s.n), true
+}
+
+// own is Bytes for a span known to be own memory.
+func (s Span) own() []byte { return unsafe.Slice(s.ptr, s.n) }
 
 // Process returns the process whose memory s is, nil for own memory.
 func (s Span) Process() *Process { return s.p }
@@ -45,11 +51,11 @@ func (s Span) Addr() uint64 { return s.addr }
 
 // Slice returns bytes [off, off+n) of s; it panics if they are not all inside s, as slicing does.
 func (s Span) Slice(off, n int) Span {
-	if s.p == nil {
-		return Span{b: s.b[off : off+n]}
-	}
 	if off < 0 || n < 0 || off > s.n || n > s.n-off {
 		panic("mem: span slice out of range")
+	}
+	if s.p == nil {
+		return Own(s.own()[off : off+n])
 	}
 	return Span{p: s.p, addr: s.addr + uint64(off), n: n}
 }
@@ -60,7 +66,7 @@ func (s Span) From(off int) Span { return s.Slice(off, s.Len()-off) }
 // ReadAt copies bytes [off, off+len(dst)) of s into dst, which must lie inside s.
 func (s Span) ReadAt(dst []byte, off int) bool {
 	if s.p == nil {
-		copy(dst, s.b[off:off+len(dst)])
+		copy(dst, s.own()[off:off+len(dst)])
 		return true
 	}
 	if off < 0 || off > s.n || len(dst) > s.n-off {
@@ -72,7 +78,7 @@ func (s Span) ReadAt(dst []byte, off int) bool {
 // WriteAt copies src into s at byte off; the bytes must lie inside s.
 func (s Span) WriteAt(src []byte, off int) bool {
 	if s.p == nil {
-		copy(s.b[off:off+len(src)], src)
+		copy(s.own()[off:off+len(src)], src)
 		return true
 	}
 	if off < 0 || off > s.n || len(src) > s.n-off {
@@ -97,7 +103,7 @@ func Append(b []byte, src []Span, off uint64, n int) ([]byte, bool) {
 		}
 		k := min(n, int(l-off))
 		if s.p == nil {
-			b = append(b, s.b[off:int(off)+k]...)
+			b = append(b, s.own()[off:int(off)+k]...)
 		} else {
 			at := len(b)
 			b = grow(b, k)
@@ -134,6 +140,31 @@ func Scatter(dst []Span, src []byte) ([]Span, bool) {
 	return dst, ok
 }
 
+// WriteAcross copies src into the concatenation of dst from byte off on, as far as dst reaches,
+// and reports false if another process's memory could not be written. dst is left as it is.
+func WriteAcross(dst []Span, off uint64, src []byte) bool {
+	ok := true
+	for _, s := range dst {
+		if len(src) == 0 {
+			break
+		}
+		l := uint64(s.Len())
+		if off >= l {
+			off -= l
+			continue
+		}
+		c := min(len(src), int(l-off))
+		if s.p == nil {
+			copy(s.own()[off:], src[:c])
+		} else {
+			ok = s.p.write(src[:c], s.addr+off) && ok
+		}
+		src = src[c:]
+		off = 0
+	}
+	return ok
+}
+
 // chunk is how many bytes Copy moves at a time between two other processes.
 const chunk = 16 << 10
 
@@ -143,9 +174,9 @@ func Copy(dst, src Span) bool {
 	n := min(dst.Len(), src.Len())
 	switch {
 	case dst.p == nil:
-		return src.ReadAt(dst.b[:n], 0)
+		return src.ReadAt(dst.own()[:n], 0)
 	case src.p == nil:
-		return dst.WriteAt(src.b[:n], 0)
+		return dst.WriteAt(src.own()[:n], 0)
 	}
 	var buf [chunk]byte
 	for off := 0; off < n; off += chunk {

@@ -27,5 +27,5 @@ func (p *Process) Close() error { return nil }
 // Check fails.
 func (p *Process) Check(addr uint64, n int) error { return syscall.ENOSYS }
 
-func (p *Process) read(dst []byte, addr uint64) bool { return len(dst) == 0 }
+func (p *Process) read(dst []byte, addr uint64) bool  { return len(dst) == 0 }
 func (p *Process) write(src []byte, addr uint64) bool { return len(src) == 0 }

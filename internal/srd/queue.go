@@ -184,22 +184,3 @@ func (t *Transport) sealAll(q *Queue, pkts []link.Packet) []link.Packet {
 	}
 	return out
 }
-
-// AppendRange appends bytes [off, off+n) of the concatenation of src: what a host's Gather does
-// with memory that cannot fault.
-func AppendRange(b []byte, src [][]byte, off uint64, n int) []byte {
-	for _, s := range src {
-		if n == 0 {
-			break
-		}
-		if off >= uint64(len(s)) {
-			off -= uint64(len(s))
-			continue
-		}
-		k := min(n, len(s)-int(off))
-		b = append(b, s[off:int(off)+k]...)
-		n -= k
-		off = 0
-	}
-	return b
-}

@@ -397,7 +397,7 @@ func (t *Transport) onReadReq(p *peer, f *wire.Data) {
 	}
 	o := t.newMsg(p, kindReadResp)
 	o.hdr = wire.Data{MsgID: f.MsgID, Length: f.Length, Op: wire.OpReadResp, SrcQPN: f.DstQPN, DstQPN: f.SrcQPN}
-	o.src[0], o.nsrc, o.region, o.length, o.done = src, 1, region, uint64(len(src)), true
+	o.src[0], o.nsrc, o.region, o.length, o.done = src, 1, region, uint64(src.Len()), true
 	t.enqueue(p, o)
 }
 
@@ -415,12 +415,12 @@ func (t *Transport) onReadResp(p *peer, f *wire.Data, epoch wire.Epoch) {
 	}
 	o.hEpoch = epoch
 	end := uint64(f.Offset) + uint64(len(f.Payload))
-	if end > uint64(len(o.sink)) || uint64(f.Length) != o.length {
+	if end > uint64(o.sink.Len()) || uint64(f.Length) != o.length {
 		t.completeReq(o, efaio.StatusRemoteBadStatus, false)
 		return
 	}
 	if o.owner != nil { // a cancelled read's memory is the application's again
-		if !t.host.Copy(o.sink[f.Offset:], f.Payload) {
+		if !t.host.Copy(o.sink, int(f.Offset), f.Payload) {
 			t.completeReq(o, efaio.StatusLocalInvalidLKey, false)
 			return
 		}

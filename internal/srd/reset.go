@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/mem"
 	"github.com/softefa/softefa/internal/wire"
 )
 
@@ -114,7 +115,7 @@ func (t *Transport) resetTx(p *peer, st efaio.Status, why int) {
 // readAgain is read data to send again in a new stream (resetTimeout).
 type readAgain struct {
 	hdr    wire.Data
-	src    []byte
+	src    mem.Span
 	region any // Host.Live asks again before each segment of the new epoch
 	length uint64
 }

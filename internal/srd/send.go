@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/mem"
 	"github.com/softefa/softefa/internal/wire"
 )
 
@@ -23,7 +24,7 @@ type Msg struct {
 	kind    int
 	p       *peer
 	hdr     wire.Data // fields of every frame of the message; PSN, Offset and Payload per segment
-	src     [efaio.TxNumBufs][]byte
+	src     [efaio.TxNumBufs]mem.Span
 	nsrc    int
 	region  any // read data: the region src lies in (Host.Live)
 	length  uint64
@@ -40,11 +41,11 @@ type Msg struct {
 	again   bool // resetTx has noted it to go again (read data)
 
 	// Requests only.
-	owner    any    // whose outcome it is (Host.Done); nil once told, or cancelled
-	sink     []byte // RDMA read: where the data goes
-	got      uint64 // RDMA read: bytes arrived
-	answered bool   // the peer answered: it has every segment
-	faulted  bool   // the application's memory faulted under a segment: the rest go as ABORTs
+	owner    any      // whose outcome it is (Host.Done); nil once told, or cancelled
+	sink     mem.Span // RDMA read: where the data goes
+	got      uint64   // RDMA read: bytes arrived
+	answered bool     // the peer answered: it has every segment
+	faulted  bool     // the application's memory faulted under a segment: the rest go as ABORTs
 	// A SEND or WRITE whose every segment is acknowledged waits in txStream.waiting until the
 	// peer's stream reaches horizon (in the peer's epoch hEpoch): then no RESP says it failed.
 	// A READ's data is counted in got for the peer's epoch hEpoch.
@@ -269,8 +270,9 @@ func (t *Transport) sendUD(dst [16]byte, r *Request) efaio.Status {
 	b := t.roomLarge(p, t.pickPath(p, -1), size)
 	t.countBurst(p, started)
 	b = wire.AppendDataHeader(b, &hdr, int(r.Length))
-	for _, s := range r.Src[:r.NSrc] {
-		b = append(b, s...)
+	b, ok := t.host.Gather(b, r.Src[:r.NSrc], 0, int(r.Length))
+	if !ok {
+		return efaio.StatusLocalInvalidLKey // (the datagram is not committed: nothing goes)
 	}
 	t.commit(b)
 	return efaio.StatusOK

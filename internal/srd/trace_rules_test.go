@@ -11,6 +11,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/mem"
 	"github.com/softefa/softefa/internal/wire"
 )
 
@@ -839,7 +840,7 @@ func TestBatchesGoOutInOrder(t *testing.T) {
 			defer mu.Unlock()
 			r.tr.Use(q)
 			req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 100}
-			req.Src[0], req.NSrc = r.buf[:100], 1
+			req.Src[0], req.NSrc = mem.Own(r.buf[:100]), 1
 			if _, st := r.tr.Request(r.f.Now(), config.GIDFromAddr(tracePeer), &req, wrid); st != efaio.StatusOK {
 				t.Errorf("request: status %d", st)
 			}
@@ -950,7 +951,7 @@ func TestTraceSmallMessagesFillDatagrams(t *testing.T) {
 	r.batch(r.q, func(now time.Duration) {
 		for i := range n {
 			req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 64}
-			req.Src[0], req.NSrc = r.buf[:64], 1
+			req.Src[0], req.NSrc = mem.Own(r.buf[:64]), 1
 			if _, st := r.tr.Request(now, config.GIDFromAddr(tracePeer), &req, uint16(i)); st != efaio.StatusOK {
 				t.Fatalf("request %d: status %d", i, st)
 			}
@@ -1371,7 +1372,7 @@ func TestTracePacketsStampedWhenSent(t *testing.T) {
 	r.hear()
 	send := func(wrid uint16, now time.Duration) {
 		req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 100}
-		req.Src[0], req.NSrc = r.buf[:100], 1
+		req.Src[0], req.NSrc = mem.Own(r.buf[:100]), 1
 		if _, st := r.tr.Request(now, config.GIDFromAddr(tracePeer), &req, wrid); st != efaio.StatusOK {
 			t.Fatalf("request: status %d", st)
 		}
@@ -1826,7 +1827,7 @@ func TestTraceOwnRequestsAreNoBacklog(t *testing.T) {
 	r.batch(r.q, func(now time.Duration) {
 		for i := range maxBacklog + 100 {
 			req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 8, NSrc: 1}
-			req.Src[0] = r.buf[:8]
+			req.Src[0] = mem.Own(r.buf[:8])
 			if _, st := r.tr.Request(now, gid, &req, uint16(i)); st != efaio.StatusOK {
 				t.Fatalf("request %d: status %d", i, st)
 			}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/mem"
 	"github.com/softefa/softefa/internal/wire"
 	"github.com/softefa/softefa/link"
 	"github.com/softefa/softefa/link/memlink"
@@ -110,11 +111,11 @@ func (h *fakeHost) Receive(src [16]byte, f *wire.Data, prev Inbound) (Inbound, e
 	return nil, efaio.StatusOK, true
 }
 
-func (h *fakeHost) Read(src [16]byte, f *wire.Data) ([]byte, any, efaio.Status) {
+func (h *fakeHost) Read(src [16]byte, f *wire.Data) (mem.Span, any, efaio.Status) {
 	if int(f.Length) > len(h.mem) {
-		return nil, nil, efaio.StatusRemoteBadAddress
+		return mem.Span{}, nil, efaio.StatusRemoteBadAddress
 	}
-	return h.mem[:f.Length], h, efaio.StatusOK
+	return mem.Own(h.mem[:f.Length]), h, efaio.StatusOK
 }
 
 func (h *fakeHost) Live(region any) bool { return region == h && !h.dereg }
@@ -125,11 +126,11 @@ func (h *fakeHost) Done(now time.Duration, owner any, st efaio.Status, mayRetry 
 	h.done = append(h.done, completion{ReqID: owner.(uint16), Status: st, MayRetry: mayRetry})
 }
 
-func (h *fakeHost) Gather(b []byte, src [][]byte, off uint64, n int) ([]byte, bool) {
-	return AppendRange(b, src, off, n), true
+func (h *fakeHost) Gather(b []byte, src []mem.Span, off uint64, n int) ([]byte, bool) {
+	return mem.Append(b, src, off, n)
 }
 
-func (h *fakeHost) Copy(dst, src []byte) bool { copy(dst, src); return true }
+func (h *fakeHost) Copy(dst mem.Span, off int, src []byte) bool { return dst.WriteAt(src, off) }
 
 const traceQKey = 0x1234
 
@@ -172,9 +173,9 @@ func (r *trace) post(wrid uint16, op efaio.OpType, n int) {
 		req.Op = wire.OpReadReq
 	}
 	if op == efaio.OpRDMARead {
-		req.Sink = r.buf[:n]
+		req.Sink = mem.Own(r.buf[:n])
 	} else {
-		req.Src[0], req.NSrc = r.buf[:n], 1
+		req.Src[0], req.NSrc = mem.Own(r.buf[:n]), 1
 	}
 	if op != efaio.OpSend {
 		req.RKey, req.RAddr = 77, 0x2000

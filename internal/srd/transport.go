@@ -7,6 +7,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/mem"
 	"github.com/softefa/softefa/internal/seal"
 	"github.com/softefa/softefa/internal/wire"
 	"github.com/softefa/softefa/link"
@@ -37,7 +38,7 @@ type Host interface {
 	Receive(src [16]byte, f *wire.Data, in Inbound) (next Inbound, st efaio.Status, done bool)
 	// Read checks an RDMA read request from src and returns the memory the answer is read from,
 	// and the region it lies in, which Live names again before each segment is read from it.
-	Read(src [16]byte, f *wire.Data) (b []byte, region any, st efaio.Status)
+	Read(src [16]byte, f *wire.Data) (b mem.Span, region any, st efaio.Status)
 	// Live reports whether a region Read returned is still registered: a segment of read data
 	// sent (or sent again) after its region is gone would read memory the application has
 	// reused, so the read fails instead.
@@ -48,11 +49,11 @@ type Host interface {
 	// call that brought it was given). mayRetry: st is an RNR the owner may try again, as a new
 	// request.
 	Done(now time.Duration, owner any, st efaio.Status, mayRetry bool)
-	// Gather appends bytes [off, off+n) of the concatenation of src to b; false if the memory
-	// faulted.
-	Gather(b []byte, src [][]byte, off uint64, n int) ([]byte, bool)
-	// Copy copies src to dst (read data arriving); false if the memory faulted.
-	Copy(dst, src []byte) bool
+	// Gather appends bytes [off, off+n) of the concatenation of src to b (mem.Append); false if
+	// the memory faulted.
+	Gather(b []byte, src []mem.Span, off uint64, n int) ([]byte, bool)
+	// Copy copies src into dst at byte off (read data arriving); false if the memory faulted.
+	Copy(dst mem.Span, off int, src []byte) bool
 }
 
 // Inbound is the host's state for a message arriving in segments, which the transport keeps by
@@ -86,10 +87,10 @@ type Request struct {
 	HasImm         bool
 	RKey           uint32 // RDMA
 	RAddr          uint64 // RDMA
-	Src            [efaio.TxNumBufs][]byte
+	Src            [efaio.TxNumBufs]mem.Span
 	NSrc           int
 	Length         uint64
-	Sink           []byte // RDMA read: where the data goes
+	Sink           mem.Span // RDMA read: where the data goes
 }
 
 // Transport is one device's SRD endpoint: its peer contexts and everything they share.
