@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/softefa/softefa/internal/mem"
 	"golang.org/x/sys/unix"
 )
 
@@ -45,7 +46,7 @@ func vm(addr uint64, b []byte, write bool) error {
 	return nil
 }
 
-// Bytes returns the process memory [addr, addr+n) as a slice, after checking that every page of
+// Span returns the process memory [addr, addr+n) as own memory (a slice), after checking that every page of
 // it is mapped readable and, with write, writable (/proc/self/maps), as the kernel's pinning of
 // a memory region checks the mappings: EFAULT otherwise. As pinning does, it makes every page
 // present (MADV_POPULATE_WRITE, or _READ): libfabric's userfaultfd monitor watches registered
@@ -53,13 +54,13 @@ func vm(addr uint64, b []byte, write bool) error {
 // "libfabric's MR cache monitor"). A page that cannot be made present is EFAULT, or ENOMEM for
 // want of memory, as for pinning; a kernel without the advice (before 5.14: EINVAL) leaves the
 // pages as they are (the launcher then keeps libfabric's own monitor: cabi.Prepare).
-func (procMem) Bytes(addr, n uint64, write bool) ([]byte, error) {
+func (procMem) Span(addr, n uint64, write bool) (mem.Span, error) {
 	if addr == 0 || n == 0 || addr+n < addr {
-		return nil, syscall.EFAULT
+		return mem.Span{}, syscall.EFAULT
 	}
 	maps, err := os.ReadFile("/proc/self/maps")
-	if err != nil || !mapped(maps, addr&^4095, addr+n, write) {
-		return nil, syscall.EFAULT
+	if err != nil || !mem.Mapped(maps, addr&^4095, addr+n, write) {
+		return mem.Span{}, syscall.EFAULT
 	}
 	advice := unix.MADV_POPULATE_READ
 	if write {
@@ -69,11 +70,11 @@ func (procMem) Bytes(addr, n uint64, write bool) ([]byte, error) {
 	switch err := unix.Madvise(unsafe.Slice((*byte)(ptr(first)), addr+n-first), advice); err {
 	case nil, syscall.EINVAL:
 	case syscall.ENOMEM, syscall.EAGAIN:
-		return nil, syscall.ENOMEM
+		return mem.Span{}, syscall.ENOMEM
 	default:
-		return nil, syscall.EFAULT
+		return mem.Span{}, syscall.EFAULT
 	}
-	return unsafe.Slice((*byte)(ptr(addr)), n), nil
+	return mem.Own(unsafe.Slice((*byte)(ptr(addr)), n)), nil
 }
 
 // ptr turns an address outside the Go heap into a pointer.

@@ -128,13 +128,15 @@ func (d *Device) RegForeignMR(pd *PD, buf []byte, iova uint64, access int) (*MR,
 
 // RegProcessMR is RegMR for n bytes at addr in another process p (a program the device serves):
 // the device reads and writes them with process_vm_readv/writev (package mem). Every page must
-// be mapped readable when the region is registered (EFAULT otherwise; ESRCH once p is gone,
-// EPERM where the device may not reach p); later an access that finds the memory gone, or a
+// be mapped readable, and writable for an access that lets anyone write, when the region is
+// registered (EFAULT otherwise; ESRCH once p is gone, EPERM where the device may not reach p);
+// later an access that finds the memory gone, or a
 // write that finds it read-only, fails its work request as a bad key would (RegForeignMR), and
 // every access fails once p has exited.
 func (d *Device) RegProcessMR(pd *PD, p *mem.Process, addr uint64, n int, iova uint64, access int) (*MR, error) {
 	if n > 0 && uint64(n) <= d.cfg.MaxMRSize && addr+uint64(n) >= addr {
-		if err := p.Check(addr, n); err != nil {
+		write := access&(uapi.AccessLocalWrite|uapi.AccessRemoteWrite) != 0
+		if err := p.Check(addr, n, write); err != nil {
 			return nil, fmt.Errorf("engine: registering %d bytes at %#x: %w", n, addr, err)
 		}
 	}

@@ -220,6 +220,13 @@ func TestRegProcessMRChecksPages(t *testing.T) {
 	if mr.Len() != 3*page {
 		t.Fatalf("Len %d", mr.Len())
 	}
+	child.Protect(t, 10)
+	if _, err := r.d.RegProcessMR(r.pd, p, child.Base+10*page, page, 0x1000, uapi.AccessLocalWrite); !errors.Is(err, syscall.EFAULT) {
+		t.Fatalf("a writable region over a read-only page: %v, want EFAULT", err)
+	}
+	if _, err := r.d.RegProcessMR(r.pd, p, child.Base+10*page, page, 0x1000, 0); err != nil {
+		t.Fatalf("a read-only region over a read-only page: %v", err)
+	}
 	if _, err := r.d.RegProcessMR(r.pd, p, child.Base, 0, 0x1000, uapi.AccessLocalWrite); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("an empty region: %v, want EINVAL", err)
 	}

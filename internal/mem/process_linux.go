@@ -110,17 +110,29 @@ func (p *Process) write(src []byte, addr uint64) bool {
 // pageProbes is how many pages Check reads with one system call.
 const pageProbes = 512
 
-// Check reads one byte of every page of [addr, addr+n) and reports the first error: EFAULT where
-// a page is not mapped readable, ESRCH once the process is gone, EPERM where the caller may not
-// reach it. Nothing is written. A registration checks its range so, as the kernel pins a
-// region's pages when it is registered.
-func (p *Process) Check(addr uint64, n int) error {
+// Check reads one byte of every page of [addr, addr+n), which brings each page in, and reports
+// the first error: EFAULT where a page is not mapped readable or, with write, not mapped writable
+// (the process's /proc/PID/maps says), ESRCH once the process is gone, EPERM where the caller may
+// not reach it. Nothing is written. A registration checks its range so, as the kernel pins a
+// region's pages for it.
+func (p *Process) Check(addr uint64, n int, write bool) error {
 	const page = 4096
 	if n <= 0 {
 		return nil
 	}
 	if addr+uint64(n) < addr {
 		return fmt.Errorf("mem: range at %#x of %d bytes wraps: %w", addr, n, unix.EINVAL)
+	}
+	if write {
+		maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", p.pid))
+		switch {
+		case p.gone.Load():
+			return fmt.Errorf("mem: process %d: %w", p.pid, unix.ESRCH)
+		case err != nil:
+			return fmt.Errorf("mem: process %d: %w", p.pid, err)
+		case !Mapped(maps, addr&^(page-1), addr+uint64(n), true):
+			return fmt.Errorf("mem: process %d: [%#x, +%d) not all mapped writable: %w", p.pid, addr, n, unix.EFAULT)
+		}
 	}
 	var sink [pageProbes]byte
 	var local [1]unix.Iovec

@@ -40,7 +40,7 @@ func TestProcessReadWrite(t *testing.T) {
 	if got := k.Dump(t, 4088, 16); !bytes.Equal(got, append(append(memtest.Pattern(4088, 2), "hello, device"...), memtest.Pattern(4103, 1)...)) {
 		t.Fatalf("the child sees %q", got)
 	}
-	if err := p.Check(k.Base, memtest.Pages*memtest.PageSize); err != nil {
+	if err := p.Check(k.Base, memtest.Pages*memtest.PageSize, true); err != nil {
 		t.Fatalf("Check of a mapped buffer: %v", err)
 	}
 }
@@ -80,11 +80,17 @@ func TestProcessFaults(t *testing.T) {
 	k, p, far := start(t)
 	k.Unmap(t, 5)
 	k.Protect(t, 2)
-	if err := p.Check(k.Base, memtest.Pages*memtest.PageSize); !errors.Is(err, unix.EFAULT) {
+	if err := p.Check(k.Base, memtest.Pages*memtest.PageSize, true); !errors.Is(err, unix.EFAULT) {
 		t.Fatalf("Check over an unmapped page: %v, want EFAULT", err)
 	}
-	if err := p.Check(k.Base, 5*4096); err != nil {
+	if err := p.Check(k.Base, 5*4096, false); err != nil {
 		t.Fatalf("Check before it: %v", err)
+	}
+	if err := p.Check(k.Base+2*4096, 4096, true); !errors.Is(err, unix.EFAULT) {
+		t.Fatalf("Check for writing of a read-only page: %v, want EFAULT", err)
+	}
+	if err := p.Check(k.Base+2*4096, 4096, false); err != nil {
+		t.Fatalf("Check for reading of a read-only page: %v", err)
 	}
 	b := make([]byte, 100)
 	if far.ReadAt(b, 5*4096+10) {
@@ -112,7 +118,7 @@ func TestProcessExit(t *testing.T) {
 	if far.ReadAt(make([]byte, 8), 0) || far.WriteAt(make([]byte, 8), 0) {
 		t.Fatal("an access after the exit succeeded")
 	}
-	if err := p.Check(k.Base, 1); !errors.Is(err, unix.ESRCH) {
+	if err := p.Check(k.Base, 1, false); !errors.Is(err, unix.ESRCH) {
 		t.Fatalf("Check after the exit: %v, want ESRCH", err)
 	}
 }

@@ -25,7 +25,7 @@ func (p *Process) Exited() <-chan struct{} { return p.exit }
 func (p *Process) Close() error { return nil }
 
 // Check fails.
-func (p *Process) Check(addr uint64, n int) error { return syscall.ENOSYS }
+func (p *Process) Check(addr uint64, n int, write bool) error { return syscall.ENOSYS }
 
 func (p *Process) read(dst []byte, addr uint64) bool  { return len(dst) == 0 }
 func (p *Process) write(src []byte, addr uint64) bool { return len(src) == 0 }

@@ -5,6 +5,7 @@ package uverbs
 import (
 	"syscall"
 
+	"github.com/softefa/softefa/internal/engine"
 	"github.com/softefa/softefa/internal/uapi"
 )
 
@@ -140,11 +141,16 @@ func (f *File) regMR(c *call) error {
 		return syscall.EINVAL
 	}
 	writable := access&(uapi.AccessLocalWrite|uapi.AccessRemoteWrite|uapi.AccessRemoteAtomic|uapi.AccessMWBind) != 0
-	buf, err := f.mem.Bytes(start, length, writable)
+	span, err := f.mem.Span(start, length, writable)
 	if err != nil {
 		return syscall.EFAULT
 	}
-	mr, err := f.d.e.RegForeignMR(p.pd, buf, va, access)
+	var mr *engine.MR
+	if buf, own := span.Bytes(); own {
+		mr, err = f.d.e.RegForeignMR(p.pd, buf, va, access)
+	} else {
+		mr, err = f.d.e.RegProcessMR(p.pd, span.Process(), span.Addr(), span.Len(), va, access)
+	}
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/engine"
+	"github.com/softefa/softefa/internal/mem"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,11 +22,12 @@ import (
 type Memory interface {
 	Read(addr uint64, b []byte) error
 	Write(addr uint64, b []byte) error
-	// Bytes returns the n bytes at addr as a slice the engine keeps while a region is
-	// registered; EFAULT when any page of the range is not mapped readable or, with write, not
-	// writable (ib_umem_get pins the pages for writing when the access flags let anyone write
-	// them, which fails on a read-only mapping).
-	Bytes(addr, n uint64, write bool) ([]byte, error)
+	// Span returns the n bytes at addr as the engine keeps them while a region is registered:
+	// a slice of the device's own address space (the program's, when the device runs inside it)
+	// or a range of the program's process (mem.In); EFAULT when any page of the range is not
+	// mapped readable or, with write, not writable (ib_umem_get pins the pages for writing when
+	// the access flags let anyone write them, which fails on a read-only mapping).
+	Span(addr, n uint64, write bool) (mem.Span, error)
 }
 
 // Regions is the mmap space of a command fd: page-aligned regions named by their offset, the

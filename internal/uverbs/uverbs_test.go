@@ -10,6 +10,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/engine"
+	"github.com/softefa/softefa/internal/mem"
 	"github.com/softefa/softefa/internal/uapi"
 	"golang.org/x/sys/unix"
 )
@@ -47,11 +48,12 @@ func (m *fakeMem) Write(addr uint64, b []byte) error {
 	return err
 }
 
-func (m *fakeMem) Bytes(addr, n uint64, write bool) ([]byte, error) {
+func (m *fakeMem) Span(addr, n uint64, write bool) (mem.Span, error) {
 	if ro := m.segs[m.readOnly]; write && ro != nil && addr >= m.readOnly && addr-m.readOnly < uint64(len(ro)) {
-		return nil, syscall.EFAULT
+		return mem.Span{}, syscall.EFAULT
 	}
-	return m.find(addr, n)
+	b, err := m.find(addr, n)
+	return mem.Own(b), err
 }
 
 // heapRegions is a Regions over Go memory, for tests that do not need a real memfd.

@@ -26,7 +26,10 @@ const Pages = 32
 // PageSize is the size of the pages the child unmaps and protects.
 const PageSize = 4096
 
-const env = "MEMTEST_CHILD"
+const (
+	env     = "MEMTEST_CHILD"
+	envAddr = "MEMTEST_ADDR" // where the buffer goes (StartAt)
+)
 
 // Serve turns the process into the child if Start started it; otherwise it returns at once.
 // Call it first in TestMain.
@@ -34,11 +37,18 @@ func Serve() {
 	if os.Getenv(env) != "1" {
 		return
 	}
-	buf, err := unix.Mmap(-1, 0, Pages*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
-	if err != nil {
+	addr, _ := strconv.ParseUint(os.Getenv(envAddr), 0, 64)
+	flags := unix.MAP_PRIVATE | unix.MAP_ANON
+	if addr != 0 {
+		flags |= unix.MAP_FIXED_NOREPLACE
+	}
+	hint := uintptr(addr)
+	p, err := unix.MmapPtr(-1, 0, *(*unsafe.Pointer)(unsafe.Pointer(&hint)), Pages*PageSize, unix.PROT_READ|unix.PROT_WRITE, flags)
+	if err != nil || addr != 0 && uintptr(p) != uintptr(addr) {
 		fmt.Println("error", err)
 		os.Exit(1)
 	}
+	buf := unsafe.Slice((*byte)(p), Pages*PageSize)
 	copy(buf, Pattern(0, len(buf)))
 	fmt.Println(uintptr(unsafe.Pointer(&buf[0])))
 	in := bufio.NewScanner(os.Stdin)
@@ -80,8 +90,15 @@ type Child struct {
 // Start runs the test binary as a child, killed when the test ends.
 func Start(t testing.TB) *Child {
 	t.Helper()
+	return StartAt(t, 0)
+}
+
+// StartAt is Start with the child's buffer at addr (anywhere, for 0), which must be free in a
+// new process.
+func StartAt(t testing.TB, addr uint64) *Child {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), env+"=1")
+	cmd.Env = append(os.Environ(), env+"=1", fmt.Sprintf("%s=%#x", envAddr, addr))
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {

@@ -1,16 +1,14 @@
-//go:build linux && cgo
-
-package main
+package mem
 
 import (
 	"bytes"
 	"strconv"
 )
 
-// mapped reports whether the mappings maps lists (the text of /proc/PID/maps: one mapping a
+// Mapped reports whether the mappings maps lists (the text of /proc/PID/maps: one mapping a
 // line, "start-end perms …" in hex, in address order) cover [start, end) without a hole, every
 // one readable and, with write, writable.
-func mapped(maps []byte, start, end uint64, write bool) bool {
+func Mapped(maps []byte, start, end uint64, write bool) bool {
 	for line := range bytes.Lines(maps) {
 		f := bytes.Fields(line)
 		if len(f) < 2 || len(f[1]) < 2 {
