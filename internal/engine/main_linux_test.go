@@ -1,14 +1,10 @@
 package engine
 
 import (
-	"os"
 	"testing"
 
 	"github.com/softefa/softefa/internal/mem/memtest"
 )
 
 // TestMain lets the test binary serve as the child process whose memory the process tests reach.
-func TestMain(m *testing.M) {
-	memtest.Serve()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { memtest.Main(m) }

@@ -3,7 +3,6 @@ package mem
 import (
 	"bytes"
 	"errors"
-	"os"
 	"testing"
 	"time"
 
@@ -12,10 +11,7 @@ import (
 )
 
 // TestMain turns the test binary into the child whose memory the tests reach, when asked to.
-func TestMain(m *testing.M) {
-	memtest.Serve()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { memtest.Main(m) }
 
 // start runs a child and opens its memory.
 func start(t *testing.T) (*memtest.Child, *Process, Span) {

@@ -3,7 +3,6 @@
 package uverbs
 
 import (
-	"os"
 	"syscall"
 	"testing"
 
@@ -14,10 +13,7 @@ import (
 )
 
 // TestMain lets the test binary serve as the program process of TestFileOfAnotherProcess.
-func TestMain(m *testing.M) {
-	memtest.Serve()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { memtest.Main(m) }
 
 // A File can serve a program in another process: the commands' responses land in the program's
 // memory and its memory regions are ranges of its address space, checked page by page as the
@@ -71,13 +67,7 @@ func TestFileOfAnotherProcess(t *testing.T) {
 	pd := u32(r, 0)
 
 	reg := func(start, length uint64, access uint32) ([]byte, error) {
-		core := withResp(regMRReq)
-		put64(core, 8, start)
-		put64(core, 16, length)
-		put64(core, 24, start)
-		put32(core, 32, pd)
-		put32(core, 36, access)
-		return do(cmd(cmdRegMR, 3, core, nil))
+		return do(regMRCmd(start, length, start, pd, access))
 	}
 	r, err = reg(bufAddr, 8*page, 1|4) // LOCAL_WRITE | REMOTE_READ
 	if err != nil {

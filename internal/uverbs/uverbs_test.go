@@ -168,6 +168,17 @@ func (h *harness) allocPD() uint32 {
 	return u32(r, 0)
 }
 
+// regMRCmd is a REG_MR command without driver data.
+func regMRCmd(start, length, va uint64, pd, access uint32) []byte {
+	core := withResp(regMRReq)
+	put64(core, 8, start)
+	put64(core, 16, length)
+	put64(core, 24, va)
+	put32(core, 32, pd)
+	put32(core, 36, access)
+	return cmd(cmdRegMR, 3, core, nil)
+}
+
 // createCQCmd is a CREATE_CQ command's core and EFA driver data: entries, no channel, one sub-CQ.
 func createCQCmd(entries int, entrySize uint32, flags byte) (core, drv []byte) {
 	core = withResp(createCQReq)
@@ -294,13 +305,7 @@ func TestPDAndMR(t *testing.T) {
 	wantErrno(t, h.do(cmd(cmdAllocPD, 3, withResp(8), []byte{1, 0, 0, 0, 0, 0, 0, 0})), syscall.EINVAL)
 
 	reg := func(start, length, va uint64, pd uint32, access uint32) error {
-		core := withResp(regMRReq)
-		put64(core, 8, start)
-		put64(core, 16, length)
-		put64(core, 24, va)
-		put32(core, 32, pd)
-		put32(core, 36, access)
-		return h.do(cmd(cmdRegMR, 3, core, nil))
+		return h.do(regMRCmd(start, length, va, pd, access))
 	}
 	wantErrno(t, reg(bufAddr, 4096, bufAddr+1, pd, 1), syscall.EINVAL)   // page offsets differ
 	wantErrno(t, reg(bufAddr, 4096, bufAddr, pd, 2), syscall.EINVAL)     // REMOTE_WRITE without LOCAL_WRITE

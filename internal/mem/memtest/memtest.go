@@ -31,6 +31,13 @@ const (
 	envAddr = "MEMTEST_ADDR" // where the buffer goes (StartAt)
 )
 
+// Main is a TestMain that serves as the child when Start started the process (Serve) and runs
+// the tests otherwise.
+func Main(m *testing.M) {
+	Serve()
+	os.Exit(m.Run())
+}
+
 // Serve turns the process into the child if Start started it; otherwise it returns at once.
 // Call it first in TestMain.
 func Serve() {
