@@ -71,32 +71,45 @@ func (p *Process) watch() {
 		return
 	}
 	_ = rc.Read(func(fd uintptr) bool {
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(pfd, 0)
-		return err != nil || n > 0
+		for {
+			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			n, err := unix.Poll(pfd, 0)
+			if err == unix.EINTR { // (the runtime's preemption signals interrupt it)
+				continue
+			}
+			return err != nil || n > 0 // readable: the process has exited
+		}
 	})
 }
 
 // read copies len(dst) bytes at addr into dst.
-func (p *Process) read(dst []byte, addr uint64) bool { return p.vm(unix.ProcessVMReadv, dst, addr) }
-
-// write copies src to addr.
-func (p *Process) write(src []byte, addr uint64) bool { return p.vm(unix.ProcessVMWritev, src, addr) }
-
-// vm moves len(b) bytes between b and the process's addr with call (process_vm_readv or _writev),
-// unless the process is gone; false unless every byte moved.
-func (p *Process) vm(call func(int, []unix.Iovec, []unix.RemoteIovec, uint) (int, error), b []byte, addr uint64) bool {
-	if len(b) == 0 {
+func (p *Process) read(dst []byte, addr uint64) bool {
+	if len(dst) == 0 {
 		return true
 	}
 	if p.gone.Load() {
 		return false
 	}
-	local := [1]unix.Iovec{{Base: &b[0]}}
-	local[0].SetLen(len(b))
-	remote := [1]unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}
-	n, err := call(p.pid, local[:], remote[:], 0)
-	return err == nil && n == len(b)
+	local := [1]unix.Iovec{{Base: &dst[0]}}
+	local[0].SetLen(len(dst))
+	remote := [1]unix.RemoteIovec{{Base: uintptr(addr), Len: len(dst)}}
+	n, err := unix.ProcessVMReadv(p.pid, local[:], remote[:], 0)
+	return err == nil && n == len(dst)
+}
+
+// write copies src to addr.
+func (p *Process) write(src []byte, addr uint64) bool {
+	if len(src) == 0 {
+		return true
+	}
+	if p.gone.Load() {
+		return false
+	}
+	local := [1]unix.Iovec{{Base: &src[0]}}
+	local[0].SetLen(len(src))
+	remote := [1]unix.RemoteIovec{{Base: uintptr(addr), Len: len(src)}}
+	n, err := unix.ProcessVMWritev(p.pid, local[:], remote[:], 0)
+	return err == nil && n == len(src)
 }
 
 // pageProbes is how many pages Check reads with one system call.
