@@ -125,7 +125,13 @@ func TestFiInfo(t *testing.T) {
 // gzipped with Debian's python3-pyverbs, against the device. Every one must pass: a skip (pyverbs
 // skips a test whose verb answers EOPNOTSUPP) fails the test.
 func TestPyverbsEFA(t *testing.T) {
-	out := pyverbs(t, "-k", "test_efa")
+	checkEFATests(t, pyverbs(t, "-k", "test_efa"))
+}
+
+// checkEFATests fails the test unless out, run_tests.py's output, shows at least 16 tests, every
+// one ok and none skipped.
+func checkEFATests(t *testing.T, out string) {
+	t.Helper()
 	var ran int
 	if i := strings.Index(out, "\nRan "); i >= 0 {
 		fmt.Sscanf(out[i+1:], "Ran %d tests", &ran)
@@ -153,6 +159,12 @@ func TestPyverbsAll(t *testing.T) {
 // pyverbs runs rdma-core's run_tests.py with args on the device and returns its output.
 func pyverbs(t *testing.T, args ...string) string {
 	t.Helper()
+	return pyverbsOn(t, nil, args...)
+}
+
+// pyverbsOn is pyverbs on the device s prepares (nil: a device per process).
+func pyverbsOn(t *testing.T, s *Setup, args ...string) string {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("runs rdma-core's pyverbs tests")
 	}
@@ -163,7 +175,9 @@ func pyverbs(t *testing.T, args ...string) string {
 	if _, err := os.Stat(filepath.Join(shipped, "run_tests.py")); err != nil {
 		t.Skipf("rdma-core's tests are not installed: %v", err)
 	}
-	s := setupOrSkip(t)
+	if s == nil {
+		s = setupOrSkip(t)
+	}
 	work := t.TempDir()
 	if err := unpackTests(shipped, filepath.Join(work, "tests")); err != nil {
 		t.Fatal(err)
@@ -320,14 +334,17 @@ type pair struct {
 	env     []string      // added to both processes' environment
 	want    string        // what the client's output must contain
 	timeout time.Duration // for the client
+	setup   *Setup        // both processes' device (nil: each its own)
 }
 
 // runPair runs c's server and then its client against it on 127.0.0.1, fails the test unless
 // both exit successfully and the client printed c.want, and returns the client's output.
 func runPair(t *testing.T, c pair) string {
 	t.Helper()
-	srvSetup := setupOrSkip(t, c.tool)
-	cliSetup := setupOrSkip(t, c.tool)
+	srvSetup, cliSetup := c.setup, c.setup
+	if c.setup == nil {
+		srvSetup, cliSetup = setupOrSkip(t, c.tool), setupOrSkip(t, c.tool)
+	}
 	port := freeTCPPort(t)
 	var srv, cli []string
 	switch base := filepath.Base(c.tool); {

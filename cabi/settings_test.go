@@ -43,7 +43,7 @@ func TestSettingsReadAndListed(t *testing.T) {
 // plumbing are the variables by which softefa run (Prepare) tells the program's shim and engine
 // where things are, from its flags.
 var plumbing = []string{"SOFTEFA_ENGINE", "SOFTEFA_DEV_PATH", "SOFTEFA_DEV_RDEV", "SOFTEFA_NAME",
-	"SOFTEFA_PART_ID", "SOFTEFA_ADDR", "SOFTEFA_IP", "SOFTEFA_PATHS", "SOFTEFA_SYSFS_ROOT"}
+	"SOFTEFA_PART_ID", "SOFTEFA_ADDR", "SOFTEFA_IP", "SOFTEFA_PATHS", "SOFTEFA_SYSFS_ROOT", "SOFTEFA_DEVICE"}
 
 // TestEveryVariableListed: every SOFTEFA_ variable the shipped code names (Go outside tests,
 // the shim's C) is in docs/settings.md, and none but softefa run's settings, its plumbing to the

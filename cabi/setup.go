@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/softefa/softefa/config"
+	"github.com/softefa/softefa/internal/hostdev"
 	"golang.org/x/sys/unix"
 )
 
@@ -29,6 +30,10 @@ type Options struct {
 	// Settings are NAME=VALUE entries for the program's environment, one per Setting given
 	// (Settings: the Env name and EnvValue's value).
 	Settings []string
+	// Device, when set, is the socket of the host's device (softefa device): every process of
+	// the program uses that device, and none has one of its own. Addr, IP, Name, Paths and
+	// PartID are then the device's.
+	Device string
 }
 
 // Setup is a prepared environment: a sysfs tree in Dir and the variables to run a program with.
@@ -57,6 +62,18 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 	}
 	if o.PartID == 0 {
 		o.PartID = 0xefa1
+	}
+	if o.Device != "" {
+		c, err := hostdev.Dial(o.Device)
+		if err != nil {
+			return nil, err
+		}
+		info, err := c.Info()
+		c.Close()
+		if err != nil {
+			return nil, err
+		}
+		o.Name, o.PartID, o.Addr = info.Name, info.PartID, config.AddrFromGID(info.GID, 0)
 	}
 	if o.Addr.IsValid() && o.Addr.Port() == 0 {
 		return nil, fmt.Errorf("cabi: %v: the device's address needs a port (it is part of the GID)", o.Addr)
@@ -90,9 +107,12 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 		"SOFTEFA_NAME=" + o.Name,
 		fmt.Sprintf("SOFTEFA_PART_ID=%#x", o.PartID),
 	}
-	if o.Addr.IsValid() {
+	switch {
+	case o.Device != "":
+		s.Env = append(s.Env, "SOFTEFA_DEVICE="+o.Device)
+	case o.Addr.IsValid():
 		s.Env = append(s.Env, "SOFTEFA_ADDR="+o.Addr.String())
-	} else {
+	default:
 		s.Env = append(s.Env, "SOFTEFA_SYSFS_ROOT="+dir)
 		if o.IP.IsValid() {
 			s.Env = append(s.Env, "SOFTEFA_IP="+o.IP.String())

@@ -43,9 +43,10 @@ import (
 )
 
 type open struct {
-	f    *uverbs.File
-	mfd  *uverbs.Memfd
-	refs int // fds naming this open (dup)
+	f      *uverbs.File // nil on the host device (remote)
+	mfd    *uverbs.Memfd
+	remote uint32 // the open's handle on the host device
+	refs   int    // fds naming this open (dup)
 }
 
 var state struct {
@@ -160,6 +161,15 @@ func fail(err error) C.int {
 
 //export softefa_open
 func softefa_open(flags C.int) C.int {
+	if c, err := hostDevice(); err != nil {
+		return fail(err)
+	} else if c != nil {
+		fd, err := remoteOpen(c, int(flags))
+		if err != nil {
+			return fail(err)
+		}
+		return C.int(fd)
+	}
 	state.Lock()
 	defer state.Unlock()
 	d, err := device()
@@ -179,7 +189,7 @@ func softefa_open(flags C.int) C.int {
 		m.Close()
 		return fail(err)
 	}
-	state.files[int32(fd)] = &open{f: d.Open(procMem{}, m), mfd: m, refs: 1}
+	state.files[int32(fd)] = &open{f: d.Open(procMem{}, m, nil), mfd: m, refs: 1}
 	return C.int(fd)
 }
 
@@ -198,6 +208,13 @@ func softefa_write(fd C.int, buf unsafe.Pointer, n C.size_t) C.long {
 	if err := (procMem{}).Read(uint64(uintptr(buf)), b); err != nil {
 		return -C.long(syscall.EFAULT)
 	}
+	if o.f == nil {
+		w, err := remote.c.Write(o.remote, b)
+		if err != nil {
+			return C.long(remoteErr(err))
+		}
+		return C.long(w)
+	}
 	w, err := o.f.Write(b)
 	if err != nil {
 		return -C.long(uverbs.Errno(err))
@@ -207,6 +224,9 @@ func softefa_write(fd C.int, buf unsafe.Pointer, n C.size_t) C.long {
 
 //export softefa_sysfs
 func softefa_sysfs(buf *C.char, n C.size_t) C.int {
+	if c, _ := hostDevice(); c != nil {
+		return -C.int(syscall.EOPNOTSUPP) // (the host device's tree is written by softefa run)
+	}
 	state.Lock()
 	defer state.Unlock()
 	d, err := device()
@@ -245,15 +265,21 @@ func softefa_sysfs_counter(path *C.char) {
 	if !ok || filepath.Base(dir) != "hw_counters" || filepath.Base(filepath.Dir(filepath.Dir(dir))) != "ports" {
 		return
 	}
-	state.Lock()
-	d := state.dev
-	state.Unlock()
-	if d == nil {
-		return
-	}
-	v, ok := d.HWCounter(name)
-	if !ok {
-		return
+	var v uint64
+	if c, _ := hostDevice(); c != nil {
+		if v, ok = c.Counter(name); !ok {
+			return
+		}
+	} else {
+		state.Lock()
+		d := state.dev
+		state.Unlock()
+		if d == nil {
+			return
+		}
+		if v, ok = d.HWCounter(name); !ok {
+			return
+		}
 	}
 	f, err := os.CreateTemp(root, "."+name+"-")
 	if err != nil {
@@ -280,6 +306,12 @@ func softefa_ioctl(fd C.int, req C.ulong, arg unsafe.Pointer) C.int {
 	if o == nil {
 		return -C.int(syscall.EBADF)
 	}
+	if o.f == nil {
+		if err := remote.c.Ioctl(o.remote, uint32(req), uint64(uintptr(arg))); err != nil {
+			return C.int(remoteErr(err))
+		}
+		return 0
+	}
 	if err := o.f.Ioctl(uint32(req), uint64(uintptr(arg))); err != nil {
 		return -C.int(uverbs.Errno(err))
 	}
@@ -298,13 +330,23 @@ func softefa_netlink(peer C.int, port C.uint32_t, buf unsafe.Pointer, n C.size_t
 	if err := (procMem{}).Read(uint64(uintptr(buf)), req); err != nil {
 		return -C.int(syscall.EFAULT)
 	}
-	state.Lock()
-	d, err := device()
-	state.Unlock()
-	if err != nil {
+	var msgs [][]byte
+	if c, err := hostDevice(); err != nil {
 		return fail(err)
+	} else if c != nil {
+		if msgs, err = c.Netlink(req, uint32(port), chardev()); err != nil {
+			return C.int(remoteErr(err))
+		}
+	} else {
+		state.Lock()
+		d, err := device()
+		state.Unlock()
+		if err != nil {
+			return fail(err)
+		}
+		msgs = d.Netlink(req, uint32(port), chardev())
 	}
-	for _, msg := range d.Netlink(req, uint32(port), chardev()) {
+	for _, msg := range msgs {
 		if _, err := unix.Write(int(peer), msg); err != nil {
 			return -C.int(uverbs.Errno(err))
 		}
@@ -326,8 +368,10 @@ func chardev() uverbs.Chardev {
 
 //export softefa_kick_qp
 func softefa_kick_qp(fd C.int, handle C.uint32_t) {
-	if o := lookup(fd); o != nil {
+	if o := lookup(fd); o != nil && o.f != nil {
 		o.f.Kick(uint32(handle))
+	} else if o != nil {
+		remote.c.Kick(o.remote, uint32(handle))
 	}
 }
 
@@ -336,7 +380,7 @@ func softefa_kick_qp(fd C.int, handle C.uint32_t) {
 //
 //export softefa_db_page
 func softefa_db_page(fd C.int, off C.int64_t) C.int64_t {
-	if o := lookup(fd); o != nil && off >= 0 {
+	if o := lookup(fd); o != nil && o.f != nil && off >= 0 { // (not on the host device: it watches the doorbells)
 		if h, ok := o.f.DoorbellPage(uint64(off)); ok {
 			return C.int64_t(h)
 		}
@@ -350,7 +394,7 @@ func softefa_db_page(fd C.int, off C.int64_t) C.int64_t {
 //
 //export softefa_db_rung
 func softefa_db_rung(fd C.int, handle C.uint32_t) C.int64_t {
-	if o := lookup(fd); o != nil {
+	if o := lookup(fd); o != nil && o.f != nil {
 		if s, r, ok := o.f.RingTrapped(uint32(handle)); ok {
 			return C.int64_t(int64(s) | int64(r)<<32)
 		}
@@ -363,7 +407,7 @@ func softefa_db_rung(fd C.int, handle C.uint32_t) C.int64_t {
 //
 //export softefa_cq_ring
 func softefa_cq_ring(fd C.int, off C.int64_t) C.int64_t {
-	if o := lookup(fd); o != nil && off >= 0 {
+	if o := lookup(fd); o != nil && o.f != nil && off >= 0 {
 		if h, ok := o.f.CQRing(uint64(off)); ok {
 			return C.int64_t(h)
 		}
@@ -377,7 +421,7 @@ func softefa_cq_ring(fd C.int, off C.int64_t) C.int64_t {
 //
 //export softefa_await_cq
 func softefa_await_cq(fd C.int, handle C.uint32_t, off C.uint64_t) {
-	if o := lookup(fd); o != nil {
+	if o := lookup(fd); o != nil && o.f != nil {
 		o.f.AwaitCQ(uint32(handle), uint64(off))
 	}
 }
@@ -387,7 +431,7 @@ func softefa_await_cq(fd C.int, handle C.uint32_t, off C.uint64_t) {
 //
 //export softefa_db_trapped
 func softefa_db_trapped(fd C.int, handle C.uint32_t, trapped C.int) {
-	if o := lookup(fd); o != nil {
+	if o := lookup(fd); o != nil && o.f != nil {
 		o.f.TrapDoorbells(uint32(handle), trapped != 0)
 	}
 }
@@ -437,8 +481,10 @@ func softefa_exit() {
 
 //export softefa_arm_cq
 func softefa_arm_cq(fd C.int, handle C.uint32_t) {
-	if o := lookup(fd); o != nil {
+	if o := lookup(fd); o != nil && o.f != nil {
 		o.f.Arm(uint32(handle))
+	} else if o != nil {
+		remote.c.Arm(o.remote, uint32(handle))
 	}
 }
 
@@ -469,6 +515,10 @@ func softefa_close(fd C.int) {
 	}
 	state.Unlock()
 	if !last {
+		return
+	}
+	if o.f == nil {
+		_ = remote.c.CloseFile(o.remote)
 		return
 	}
 	_ = o.f.Close()

@@ -29,6 +29,8 @@ func runRun(args []string) error {
 	addr := fs.String("addr", "", "one device at this UDP endpoint IP:PORT for the program (default: a device per process, on a free port)")
 	ip := fs.String("ip", "", "the IP address of per-process devices (default 127.0.0.1)")
 	paths := fs.Int("paths", 0, "UDP paths (default 4)")
+	device := fs.String("device", "", "the socket of the host's device (softefa device) that the program's processes share\n"+
+		"(default: each process has a device of its own)")
 	printEnv := fs.Bool("print-env", false, "print the environment instead of running a command (for shells)")
 	var where cabi.Where
 	fs.StringVar(&where.Src, "src", "", "softefa's source tree to build the shim and engine from (default: the one above the\n"+
@@ -45,7 +47,7 @@ func runRun(args []string) error {
 		fs.Usage()
 		os.Exit(2)
 	}
-	o := cabi.Options{Name: *name, Paths: *paths, Settings: settings}
+	o := cabi.Options{Name: *name, Paths: *paths, Settings: settings, Device: *device}
 	if *ip != "" {
 		a, err := netip.ParseAddr(*ip)
 		if err != nil {

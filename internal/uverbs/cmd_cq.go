@@ -206,23 +206,16 @@ func closeFDs(fds ...int) {
 // discard removes the unread events of the CQ with user handle cq from the channel and returns
 // how many there were (see discardEvents).
 func (ch *compChannel) discard(cq uint64) uint32 {
-	return discardEvents(int(ch.user), ch.userIno, ch.dev, 8, cq)
+	return discardEvents(ch.kept, ch.dev, 8, cq)
 }
 
 // discardEvents removes the unread records of size bytes whose first 8 bytes are element from
 // the stream socket pair (user, dev) and returns how many there were, as the kernel drops a
 // destroyed object's queued events and reports only those read (ib_uverbs_release_ucq,
 // ib_uverbs_release_uevent; libibverbs' destroy waits until it has acknowledged as many as
-// reported). The queue is read from the program's end, which is open while the object exists
-// (libibverbs keeps a channel with CQs, and the async fd with the context); other records are
-// queued again, in order.
-//
-// userIno is the inode of the program's end when it was created: if the fd no longer names that
-// socket (the program closed it and the number was reused), nothing is read.
-func discardEvents(user int, userIno uint64, dev, size int, element uint64) uint32 {
-	if inode(user) != userIno {
-		return 0
-	}
+// reported). The queue is read from the File's copy of the program's end (FDs.Give); other
+// records are queued again, in order.
+func discardEvents(user int, dev, size int, element uint64) uint32 {
 	var buf, keep []byte
 	rec := make([]byte, 4096)
 	for {
@@ -246,13 +239,4 @@ func discardEvents(user int, userIno uint64, dev, size int, element uint64) uint
 		sendEvent(dev, keep)
 	}
 	return dropped
-}
-
-// inode returns the inode number of fd's file, or 0.
-func inode(fd int) uint64 {
-	var st unix.Stat_t
-	if unix.Fstat(fd, &st) != nil {
-		return 0
-	}
-	return st.Ino
 }

@@ -32,8 +32,13 @@ func (f *File) getContext(c *call) error {
 	if err != nil {
 		return err
 	}
+	n, err := f.fds.Give(theirs)
+	if err != nil {
+		closeFDs(ours, theirs)
+		return err
+	}
 	resp := make([]byte, getContextResp)
-	put32(resp, 0, uint32(theirs))
+	put32(resp, 0, uint32(n))
 	put32(resp, 4, uint32(f.d.cfg.CompVectors))
 	drv := make([]byte, efaAllocUcontextRespSize)
 	put32(drv, 4, efaCmdsSuppUdataQueryDevice|efaCmdsSuppUdataCreateAH)
@@ -53,7 +58,7 @@ func (f *File) getContext(c *call) error {
 		unix.Close(theirs)
 		return err
 	}
-	f.async, f.asyncFD0, f.asyncIno = ours, theirs, inode(theirs)
+	f.async, f.asyncFD0 = ours, theirs
 	f.hasCtx = true
 	return nil
 }

@@ -194,12 +194,17 @@ func (f *File) createCompChannel(c *call) error {
 	if err != nil {
 		return err
 	}
-	resp := make([]byte, compChannelResp)
-	put32(resp, 0, uint32(theirs))
-	if err := f.respond(c, resp); err != nil {
+	n, err := f.fds.Give(theirs)
+	if err != nil {
 		closeFDs(ours, theirs)
 		return err
 	}
-	f.channels[int32(theirs)] = &compChannel{user: int32(theirs), userIno: inode(theirs), dev: ours}
+	resp := make([]byte, compChannelResp)
+	put32(resp, 0, uint32(n))
+	if err := f.respond(c, resp); err != nil {
+		closeFDs(ours, theirs) // (the program's copy is the program's to close, as for the kernel's failed command)
+		return err
+	}
+	f.channels[n] = &compChannel{user: n, kept: theirs, dev: ours}
 	return nil
 }

@@ -30,6 +30,25 @@ type Memory interface {
 	Span(addr, n uint64, write bool) (mem.Span, error)
 }
 
+// FDs hands the program the fds its commands make: the async event fd (GET_CONTEXT) and
+// completion channels (CREATE_COMP_CHANNEL), each the program's end of a socket pair.
+type FDs interface {
+	// Give gives the program a copy of fd and returns the number the program knows it by. fd
+	// stays the File's: it reads the events the program has not (discardEvents) from it, and
+	// closes it with the File.
+	Give(fd int) (int32, error)
+}
+
+// OwnFDs is FDs for a program in the device's own process: its copy is a dup, close-on-exec as
+// the kernel makes these fds.
+type OwnFDs struct{}
+
+// Give returns a dup of fd.
+func (OwnFDs) Give(fd int) (int32, error) {
+	n, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	return int32(n), err
+}
+
 // Regions is the mmap space of a command fd: page-aligned regions named by their offset, the
 // mmap key. Alloc returns a zeroed region of at least size bytes and the device's view of it.
 type Regions interface {
@@ -102,6 +121,13 @@ func GUID(gid [16]byte) uint64 {
 // GUID returns the node GUID (the sysfs node_guid and QUERY_DEVICE's node_guid).
 func (d *Device) GUID() uint64 { return d.guid }
 
+// Files returns how many Files are open on d.
+func (d *Device) Files() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.files)
+}
+
 // Engine returns the device engine.
 func (d *Device) Engine() *engine.Device { return d.e }
 
@@ -116,12 +142,12 @@ type File struct {
 	d   *Device
 	mem Memory
 	reg Regions
+	fds FDs
 
 	mu       sync.Mutex // serializes commands; guards everything below
 	hasCtx   bool
-	async    int    // the device's end of the async-event socket pair; -1 before GET_CONTEXT
-	asyncFD0 int    // the program's end
-	asyncIno uint64 // its inode
+	async    int // the device's end of the async-event socket pair; -1 before GET_CONTEXT
+	asyncFD0 int // the File's copy of the program's end
 	objs     map[uint32]any
 	next     uint32
 	channels map[int32]*compChannel // by the fd the program holds
@@ -129,9 +155,13 @@ type File struct {
 	closed   bool
 }
 
-// Open returns a new File on d, whose commands point into mem and whose rings live in reg.
-func (d *Device) Open(mem Memory, reg Regions) *File {
-	f := &File{d: d, mem: mem, reg: reg, async: -1, objs: make(map[uint32]any), channels: make(map[int32]*compChannel)}
+// Open returns a new File on d, whose commands point into mem, whose rings live in reg and
+// whose event fds reach the program through fds (OwnFDs when nil).
+func (d *Device) Open(mem Memory, reg Regions, fds FDs) *File {
+	if fds == nil {
+		fds = OwnFDs{}
+	}
+	f := &File{d: d, mem: mem, reg: reg, fds: fds, async: -1, objs: make(map[uint32]any), channels: make(map[int32]*compChannel)}
 	d.mu.Lock()
 	d.files[f] = struct{}{}
 	d.mu.Unlock()
@@ -179,9 +209,9 @@ type qpObj struct {
 // ib_uverbs_comp_event_desc records from. A socket rather than a pipe, so that a write after the
 // program closed its end fails with EPIPE instead of raising SIGPIPE.
 type compChannel struct {
-	user    int32  // the program's end
-	userIno uint64 // its inode, to recognize it (discardEvents)
-	dev     int    // ours
+	user int32 // the program's number for its end
+	kept int   // the File's copy of the program's end
+	dev  int   // ours
 }
 
 // add inserts o in the handle table and returns its handle (handles start at 0, as the
@@ -261,11 +291,11 @@ func (f *File) Close() error {
 		}
 	}
 	for fd, ch := range f.channels {
-		unix.Close(ch.dev)
+		closeFDs(ch.dev, ch.kept)
 		delete(f.channels, fd)
 	}
 	if f.async >= 0 {
-		unix.Close(f.async)
+		closeFDs(f.async, f.asyncFD0)
 		f.async = -1
 	}
 	f.d.mu.Lock()
@@ -430,5 +460,5 @@ func (f *File) discardAsync(element uint64) uint32 {
 	if f.async < 0 {
 		return 0
 	}
-	return discardEvents(f.asyncFD0, f.asyncIno, f.async, 16, element)
+	return discardEvents(f.asyncFD0, f.async, 16, element)
 }

@@ -43,7 +43,7 @@ func FuzzIoctl(f *testing.F) {
 		}
 		mem := &fakeMem{segs: map[uint64][]byte{respAddr: make([]byte, 4096), bufAddr: make([]byte, 65536)}}
 		h := &harness{t: t, e: e, d: d, mem: mem, reg: &heapRegions{}}
-		h.f = d.Open(mem, h.reg)
+		h.f = d.Open(mem, h.reg, nil)
 		defer h.f.Close()
 		h.getContext()
 		h.regMR(h.allocPD(), 1)

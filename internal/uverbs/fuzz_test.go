@@ -49,7 +49,7 @@ func FuzzUverbsWrite(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		mem := &fakeMem{segs: map[uint64][]byte{respAddr: make([]byte, 4096), bufAddr: make([]byte, 65536)}}
 		reg := &heapRegions{}
-		file := d.Open(mem, reg)
+		file := d.Open(mem, reg, nil)
 		setup := [][]byte{
 			cmd(cmdGetContext, 8, withResp(8), drv),
 			cmd(cmdAllocPD, 3, withResp(8), nil),

@@ -458,6 +458,14 @@ func (d *Device) hwCounters() []struct {
 	}
 }
 
+// HWCounters returns every port counter EFA's driver has, by its name, in the driver's order.
+func (d *Device) HWCounters() (names []string, values []uint64) {
+	for _, c := range d.hwCounters() {
+		names, values = append(names, c.name), append(values, c.v)
+	}
+	return names, values
+}
+
 // HWCounter is the value of the port counter EFA's driver names name (as hw_counters/name in
 // sysfs shows it), and whether there is one of that name.
 func (d *Device) HWCounter(name string) (uint64, bool) {

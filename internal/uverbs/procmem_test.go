@@ -38,7 +38,7 @@ func TestFileOfAnotherProcess(t *testing.T) {
 	d := NewDevice(e, DefaultOptions())
 	defer d.Close()
 	pm := NewProcessMemory(p)
-	f := d.Open(pm, &heapRegions{})
+	f := d.Open(pm, &heapRegions{}, nil)
 	defer f.Close()
 
 	do := func(b []byte) ([]byte, error) {

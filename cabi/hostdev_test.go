@@ -1,0 +1,103 @@
+//go:build linux
+
+package cabi
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softefa/softefa/config"
+	"github.com/softefa/softefa/internal/engine"
+	"github.com/softefa/softefa/internal/hostdev"
+	"github.com/softefa/softefa/internal/uverbs"
+	"github.com/softefa/softefa/link"
+)
+
+// hostDevice starts a host device (what softefa device runs) on a free UDP port and returns the
+// setup that runs programs on it (softefa run --device) and the server.
+func hostDevice(t *testing.T) (*Setup, *hostdev.Server) {
+	t.Helper()
+	setupOrSkip(t) // (skips without the tools, builds the libraries)
+	ap := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freeUDPPort(t))
+	l, err := link.ListenUDP(ap, config.Default().Paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.NewDevice(config.Device{Name: "efa_0", Addr: ap, Link: l, VendorPartID: 0xefa1})
+	if err != nil {
+		l.Close()
+		t.Fatal(err)
+	}
+	d := uverbs.NewDevice(e, uverbs.DefaultOptions())
+	srv, err := hostdev.Listen(d, filepath.Join(t.TempDir(), "efa_0.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve() }()
+	t.Cleanup(func() {
+		srv.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		d.Close()
+		e.Close()
+	})
+	libs, err := Locate(testWriter{t}, Where{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Prepare(libs, Options{Device: srv.Path()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(s.Dir) })
+	return s, srv
+}
+
+// Programs run with softefa run --device share the host's device: one GID and node GUID for all,
+// rdma-core's EFA tests pass on it, two processes exchange through it, and every program's
+// resources are gone when it has exited.
+func TestHostDevice(t *testing.T) {
+	s, srv := hostDevice(t)
+	gid := regexp.MustCompile(`GID\[\s*0\]:\s*(\S+)|node_guid:\s*(\S+)`)
+	var seen []string
+	for range 2 {
+		out := run(t, s, "", time.Minute, "ibv_devinfo", "-v")
+		seen = append(seen, strings.Join(flatten(gid.FindAllStringSubmatch(out, -1)), " "))
+	}
+	if seen[0] == "" || seen[0] != seen[1] {
+		t.Fatalf("two programs saw two devices: %q and %q", seen[0], seen[1])
+	}
+	t.Run("pyverbs", func(t *testing.T) { checkEFATests(t, pyverbsOn(t, s, "-k", "test_efa")) })
+	for _, c := range []pair{
+		{tool: "ib_send_bw", want: "BW average", timeout: time.Minute},
+		{tool: "ib_read_lat", want: "t_typical", timeout: time.Minute},
+		{tool: "fi_pingpong", args: []string{"-p", "efa", "-e", "rdm", "-c", "-I", "2000", "-S", "4096"}, want: "usec/xfer", timeout: time.Minute},
+	} {
+		t.Run(c.tool, func(t *testing.T) {
+			c.setup = s
+			runPair(t, c)
+		})
+	}
+	if !srv.AwaitPrograms(0) {
+		t.Fatalf("%d programs connected after every one exited", srv.Programs())
+	}
+}
+
+func flatten(m [][]string) []string {
+	var out []string
+	for _, g := range m {
+		for _, s := range g[1:] {
+			if s != "" {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}

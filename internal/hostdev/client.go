@@ -1,0 +1,243 @@
+//go:build linux
+
+package hostdev
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"github.com/softefa/softefa/internal/uverbs"
+	"golang.org/x/sys/unix"
+)
+
+// Client is a program's connection to the host device: what the program's side of softefa
+// forwards the device node's operations over. Calls are carried out one at a time; Kick and Arm
+// do not wait.
+type Client struct {
+	c   *net.UnixConn
+	mu  sync.Mutex // one call at a time: its reply is the next message but fds given
+	buf []byte
+	oob []byte
+}
+
+// Dial connects to the device serving the socket at path.
+func Dial(path string) (*Client, error) {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("hostdev: no device at %s: %w", path, err)
+	}
+	return &Client{c: c, buf: make([]byte, maxMessage), oob: make([]byte, unix.CmsgSpace(4))}, nil
+}
+
+// Close disconnects: the device releases everything the program made through this client.
+func (c *Client) Close() error { return c.c.Close() }
+
+// call sends a request and returns the reply's status, its payload (valid until the next call)
+// and the fd attached to it, or -1. fds the device gives meanwhile are taken and their numbers
+// answered.
+func (c *Client) call(req []byte) (int64, []byte, int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, _, err := c.c.WriteMsgUnix(req, nil, nil); err != nil {
+		return 0, nil, -1, err
+	}
+	for {
+		n, oobn, flags, _, err := c.c.ReadMsgUnix(c.buf, c.oob)
+		if err != nil {
+			return 0, nil, -1, err
+		}
+		if n < replyHeader || flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+			return 0, nil, -1, fmt.Errorf("hostdev: a reply of %d bytes: %w", n, syscall.EPROTO)
+		}
+		fd, err := rightsFD(c.oob[:oobn])
+		if err != nil {
+			return 0, nil, -1, err
+		}
+		op, status := binary.LittleEndian.Uint32(c.buf), int64(binary.LittleEndian.Uint64(c.buf[8:]))
+		if op == opGive {
+			v := int64(fd)
+			if fd < 0 {
+				v = -int64(syscall.EPROTO)
+			}
+			if _, _, err := c.c.WriteMsgUnix(reply(opGive, v, nil), nil, nil); err != nil {
+				return 0, nil, -1, err
+			}
+			continue
+		}
+		if op != binary.LittleEndian.Uint32(req) {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+			return 0, nil, -1, fmt.Errorf("hostdev: a reply to op %d for op %d: %w", op, binary.LittleEndian.Uint32(req), syscall.EPROTO)
+		}
+		return status, c.buf[replyHeader:n], fd, nil
+	}
+}
+
+// rightsFD returns the fd an SCM_RIGHTS message carries, or -1.
+func rightsFD(oob []byte) (int, error) {
+	if len(oob) == 0 {
+		return -1, nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil || len(msgs) != 1 {
+		return -1, fmt.Errorf("hostdev: control message: %w", syscall.EPROTO)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return -1, fmt.Errorf("hostdev: control message: %w", syscall.EPROTO)
+	}
+	return fds[0], nil
+}
+
+func statusErr(status int64) error {
+	if status < 0 {
+		return syscall.Errno(-status)
+	}
+	return nil
+}
+
+// Open opens the device node: the open's handle and its memfd (close-on-exec), whose offsets
+// are the mmap keys of its rings.
+func (c *Client) Open() (uint32, int, error) {
+	status, _, fd, err := c.call(request(opOpen, 0, 0))
+	if err == nil {
+		err = statusErr(status)
+	}
+	if err != nil {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return 0, -1, err
+	}
+	if fd < 0 {
+		return 0, -1, fmt.Errorf("hostdev: an open without its memfd: %w", syscall.EPROTO)
+	}
+	return uint32(status), fd, nil
+}
+
+// Write is a write() of a uverbs command on open h: the bytes taken or the errno.
+func (c *Client) Write(h uint32, b []byte) (int, error) {
+	if len(b) > maxMessage-reqHeader {
+		return 0, syscall.EINVAL
+	}
+	status, _, _, err := c.call(request(opWrite, h, 0, b))
+	if err != nil {
+		return 0, err
+	}
+	if err := statusErr(status); err != nil {
+		return 0, err
+	}
+	return int(status), nil
+}
+
+// Ioctl is an ioctl(2) on open h with the program's argument address arg.
+func (c *Client) Ioctl(h, req uint32, arg uint64) error {
+	status, _, _, err := c.call(request(opIoctl, h, arg, binary.LittleEndian.AppendUint32(nil, req)))
+	if err != nil {
+		return err
+	}
+	return statusErr(status)
+}
+
+// CloseFile closes open h: the device destroys everything made through it.
+func (c *Client) CloseFile(h uint32) error {
+	status, _, _, err := c.call(request(opClose, h, 0))
+	if err != nil {
+		return err
+	}
+	return statusErr(status)
+}
+
+// Kick tells the device that the doorbell of QP qp of open h was rung.
+func (c *Client) Kick(h, qp uint32) {
+	_, _, _ = c.c.WriteMsgUnix(request(opKick, h, uint64(qp)), nil, nil)
+}
+
+// Arm tells the device that the arm bit of CQ cq of open h was stored.
+func (c *Client) Arm(h, cq uint32) {
+	_, _, _ = c.c.WriteMsgUnix(request(opArm, h, uint64(cq)), nil, nil)
+}
+
+// Info returns the device's identity.
+func (c *Client) Info() (Info, error) {
+	var i Info
+	status, p, _, err := c.call(request(opInfo, 0, 0))
+	if err == nil {
+		err = statusErr(status)
+	}
+	if err == nil {
+		err = i.decode(p)
+	}
+	return i, err
+}
+
+// Counter returns the device's hw_counters value called name.
+func (c *Client) Counter(name string) (uint64, bool) {
+	status, p, _, err := c.call(request(opCounter, 0, 0, []byte(name)))
+	if err != nil || status < 0 || len(p) != 8 {
+		return 0, false
+	}
+	return binary.LittleEndian.Uint64(p), true
+}
+
+// Netlink answers an RDMA netlink request sent on a socket with port id port.
+func (c *Client) Netlink(req []byte, port uint32, ch uverbs.Chardev) ([][]byte, error) {
+	status, p, _, err := c.call(request(opNetlink, 0, uint64(port), encodeChardev(ch), req))
+	if err == nil {
+		err = statusErr(status)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out [][]byte
+	for len(p) >= 4 {
+		n := int(binary.LittleEndian.Uint32(p))
+		if n > len(p)-4 {
+			return nil, fmt.Errorf("hostdev: netlink replies: %w", syscall.EPROTO)
+		}
+		out = append(out, append([]byte(nil), p[4:4+n]...))
+		p = p[4+n:]
+	}
+	return out, nil
+}
+
+// Status returns the device's status text (programs connected, port counters).
+func (c *Client) Status() (string, error) {
+	status, p, _, err := c.call(request(opStatus, 0, 0))
+	if err == nil {
+		err = statusErr(status)
+	}
+	return string(p), err
+}
+
+// Stop asks the device to stop.
+func (c *Client) Stop() error {
+	status, _, _, err := c.call(request(opStop, 0, 0))
+	if err == nil {
+		err = statusErr(status)
+	}
+	return err
+}
+
+// DefaultSocket is where the host's device called name listens: /run/softefa for root,
+// $XDG_RUNTIME_DIR/softefa or /tmp/softefa-UID for others.
+func DefaultSocket(name string) string {
+	dir := "/run/softefa"
+	if uid := os.Getuid(); uid != 0 {
+		if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" {
+			dir = filepath.Join(x, "softefa")
+		} else {
+			dir = fmt.Sprintf("/tmp/softefa-%d", uid)
+		}
+	}
+	return filepath.Join(dir, name+".sock")
+}

@@ -1,0 +1,373 @@
+//go:build linux
+
+package hostdev
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/softefa/softefa/internal/mem"
+	"github.com/softefa/softefa/internal/uverbs"
+	"golang.org/x/sys/unix"
+)
+
+// Server serves one device to the programs that connect to its socket. Each connection is one
+// program process, known by the credentials the kernel gives for it (SO_PEERCRED); a goroutine
+// per connection carries out its requests in order.
+type Server struct {
+	d    *uverbs.Device
+	ln   *net.UnixListener
+	path string
+
+	mu      sync.Mutex // guards conns and closed
+	conns   map[*conn]struct{}
+	closed  bool
+	changed *sync.Cond // on mu: a program connected or was released
+	wg      sync.WaitGroup
+
+	stop     chan struct{} // closed when a program asks the device to stop (Stopped)
+	stopping sync.Once
+}
+
+// Stopped returns a channel closed when a program has asked the device to stop (Client.Stop).
+func (s *Server) Stopped() <-chan struct{} { return s.stop }
+
+// Listen makes the device's socket at path (mode 0660: the owner and the group reach the
+// device) and returns the server; Serve accepts programs on it. A socket file left at path by a
+// device that is gone is replaced; one a live device answers on is EADDRINUSE.
+func Listen(d *uverbs.Device, path string) (*Server, error) {
+	if c, err := net.Dial("unixpacket", path); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("hostdev: a device serves %s already: %w", path, syscall.EADDRINUSE)
+	}
+	_ = os.Remove(path)
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("hostdev: %w", err)
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("hostdev: %w", err)
+	}
+	s := &Server{d: d, ln: ln, path: path, conns: make(map[*conn]struct{}), stop: make(chan struct{})}
+	s.changed = sync.NewCond(&s.mu)
+	return s, nil
+}
+
+// Path returns the socket's path.
+func (s *Server) Path() string { return s.path }
+
+// Serve accepts programs until Close.
+func (s *Server) Serve() error {
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return nil
+		}
+		cn := &conn{s: s, c: c, files: make(map[uint32]*open)}
+		s.conns[cn] = struct{}{}
+		s.changed.Broadcast()
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go cn.serve()
+	}
+}
+
+// Programs returns how many programs are connected.
+func (s *Server) Programs() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+// AwaitPrograms waits until n programs are connected (a program is counted until everything it
+// made is released) or the server closes, and reports whether n are.
+func (s *Server) AwaitPrograms(n int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(s.conns) != n && !s.closed {
+		s.changed.Wait()
+	}
+	return len(s.conns) == n
+}
+
+// Close stops accepting, disconnects every program (releasing what each made) and removes the
+// socket file.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.changed.Broadcast()
+	for c := range s.conns {
+		c.c.Close()
+	}
+	s.mu.Unlock()
+	err := s.ln.Close() // (removes the socket file: net.UnixListener unlinks on close)
+	s.wg.Wait()
+	return err
+}
+
+// conn is one program's connection.
+type conn struct {
+	s     *Server
+	c     *net.UnixConn
+	proc  *mem.Process
+	files map[uint32]*open // by handle; the connection's goroutine alone touches it
+	next  uint32
+	buf   []byte
+	oob   []byte
+}
+
+type open struct {
+	f   *uverbs.File
+	mfd *uverbs.Memfd
+}
+
+func (c *conn) serve() {
+	defer c.s.wg.Done()
+	defer c.release()
+	pid, err := peerPid(c.c)
+	if err != nil {
+		return
+	}
+	if c.proc, err = mem.Open(pid); err != nil {
+		return
+	}
+	go func() { // a program that exits mid-command is disconnected at once
+		<-c.proc.Exited()
+		c.c.Close()
+	}()
+	c.buf = make([]byte, maxMessage)
+	c.oob = make([]byte, unix.CmsgSpace(4))
+	for {
+		n, _, flags, _, err := c.c.ReadMsgUnix(c.buf, c.oob)
+		if err != nil || flags&unix.MSG_TRUNC != 0 {
+			return
+		}
+		if n < reqHeader {
+			return // not a program speaking this protocol
+		}
+		b := c.buf[:n]
+		op, h, arg := binary.LittleEndian.Uint32(b), binary.LittleEndian.Uint32(b[4:]), binary.LittleEndian.Uint64(b[8:])
+		out, fd, ok := c.handle(op, h, arg, b[reqHeader:])
+		if !ok {
+			return
+		}
+		if out == nil {
+			continue // kick, arm: no reply
+		}
+		var rights []byte
+		if fd >= 0 {
+			rights = unix.UnixRights(fd)
+		}
+		_, _, err = c.c.WriteMsgUnix(out, rights, nil)
+		if fd >= 0 {
+			unix.Close(fd) // (the program has its copy)
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// handle carries out one request and returns the reply (nil for none) and an fd to attach to it
+// (-1 for none); false ends the connection (a protocol error).
+func (c *conn) handle(op, h uint32, arg uint64, p []byte) ([]byte, int, bool) {
+	o := c.files[h]
+	need := func() bool { return o != nil }
+	switch op {
+	case opOpen:
+		return c.open()
+	case opWrite:
+		if !need() {
+			return reply(op, -int64(syscall.EBADF), nil), -1, true
+		}
+		n, err := o.f.Write(p)
+		if err != nil {
+			return reply(op, errnoStatus(err), nil), -1, true
+		}
+		return reply(op, int64(n), nil), -1, true
+	case opIoctl:
+		if !need() || len(p) != 4 {
+			return reply(op, -int64(syscall.EBADF), nil), -1, true
+		}
+		return reply(op, errnoStatus(o.f.Ioctl(binary.LittleEndian.Uint32(p), arg)), nil), -1, true
+	case opClose:
+		if !need() {
+			return reply(op, -int64(syscall.EBADF), nil), -1, true
+		}
+		delete(c.files, h)
+		err := errors.Join(o.f.Close(), o.mfd.Close())
+		return reply(op, errnoStatus(err), nil), -1, true
+	case opKick:
+		if need() {
+			o.f.Kick(uint32(arg))
+		}
+		return nil, -1, true
+	case opArm:
+		if need() {
+			o.f.Arm(uint32(arg))
+		}
+		return nil, -1, true
+	case opInfo:
+		cfg := c.s.d.Engine().Config()
+		i := Info{Name: cfg.Name, GID: c.s.d.Engine().GID(), PartID: cfg.VendorPartID, SpeedGbps: uint32(cfg.LinkSpeedGbps)}
+		return reply(op, 0, i.encode()), -1, true
+	case opCounter:
+		v, ok := c.s.d.HWCounter(string(p))
+		if !ok {
+			return reply(op, -int64(syscall.ENOENT), nil), -1, true
+		}
+		return reply(op, 0, binary.LittleEndian.AppendUint64(nil, v)), -1, true
+	case opStatus:
+		// (the asking connection is not counted: softefa device status is no program)
+		out := fmt.Appendf(nil, "programs %d\nopens %d\n", c.s.Programs()-1, c.s.d.Files())
+		names, values := c.s.d.HWCounters()
+		for i, n := range names {
+			out = fmt.Appendf(out, "%s %d\n", n, values[i])
+		}
+		return reply(op, 0, out), -1, true
+	case opStop:
+		c.s.stopping.Do(func() { close(c.s.stop) })
+		return reply(op, 0, nil), -1, true
+	case opNetlink:
+		ch, req, ok := decodeChardev(p)
+		if !ok {
+			return reply(op, -int64(syscall.EINVAL), nil), -1, true
+		}
+		var out []byte
+		for _, m := range c.s.d.Netlink(req, uint32(arg), ch) {
+			out = binary.LittleEndian.AppendUint32(out, uint32(len(m)))
+			out = append(out, m...)
+		}
+		return reply(op, 0, out), -1, true
+	}
+	return nil, -1, false
+}
+
+// open is a program's open of the device node: a File whose memory is the program's and whose
+// rings live in a memfd the program maps too.
+func (c *conn) open() ([]byte, int, bool) {
+	m, err := uverbs.NewMemfd("softefa-uverbs")
+	if err != nil {
+		return reply(opOpen, errnoStatus(err), nil), -1, true
+	}
+	fd, err := unix.Dup(m.FD())
+	if err != nil {
+		m.Close()
+		return reply(opOpen, errnoStatus(err), nil), -1, true
+	}
+	for c.files[c.next] != nil {
+		c.next++
+	}
+	h := c.next
+	c.next++
+	c.files[h] = &open{f: c.s.d.Open(uverbs.NewProcessMemory(c.proc), m, giver{c}), mfd: m}
+	return reply(opOpen, int64(h), nil), fd, true
+}
+
+// giver is FDs over the connection: the fd goes to the program, which answers with its number.
+type giver struct{ c *conn }
+
+func (g giver) Give(fd int) (int32, error) {
+	c := g.c
+	if _, _, err := c.c.WriteMsgUnix(reply(opGive, 0, nil), unix.UnixRights(fd), nil); err != nil {
+		return -1, err
+	}
+	var b [reqHeader]byte
+	for {
+		n, _, _, _, err := c.c.ReadMsgUnix(b[:], nil)
+		if err != nil {
+			return -1, err
+		}
+		if op := binary.LittleEndian.Uint32(b[:]); n == reqHeader && (op == opKick || op == opArm) {
+			// another thread of the program rang a doorbell meanwhile
+			c.handle(op, binary.LittleEndian.Uint32(b[4:]), binary.LittleEndian.Uint64(b[8:]), nil)
+			continue
+		}
+		if n != replyHeader || binary.LittleEndian.Uint32(b[:]) != opGive {
+			return -1, fmt.Errorf("hostdev: the program did not take an fd: %w", syscall.EPROTO)
+		}
+		break
+	}
+	v := int64(binary.LittleEndian.Uint64(b[8:]))
+	if v < 0 || v > 1<<31-1 {
+		return -1, syscall.Errno(-v)
+	}
+	return int32(v), nil
+}
+
+// release closes everything the program made.
+func (c *conn) release() {
+	for h, o := range c.files {
+		_ = o.f.Close()
+		_ = o.mfd.Close()
+		delete(c.files, h)
+	}
+	c.c.Close()
+	if c.proc != nil {
+		c.proc.Close()
+	}
+	c.s.mu.Lock()
+	delete(c.s.conns, c)
+	c.s.changed.Broadcast()
+	c.s.mu.Unlock()
+}
+
+// peerPid returns the process id of the program at the other end (SO_PEERCRED).
+func peerPid(c *net.UnixConn) (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if cerr != nil {
+		return 0, cerr
+	}
+	return int(cred.Pid), nil
+}
+
+func encodeChardev(ch uverbs.Chardev) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, ch.Major)
+	b = binary.LittleEndian.AppendUint32(b, ch.Minor)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(ch.Name)))
+	return append(b, ch.Name...)
+}
+
+func decodeChardev(p []byte) (uverbs.Chardev, []byte, bool) {
+	if len(p) < 10 {
+		return uverbs.Chardev{}, nil, false
+	}
+	n := int(binary.LittleEndian.Uint16(p[8:]))
+	if len(p) < 10+n {
+		return uverbs.Chardev{}, nil, false
+	}
+	ch := uverbs.Chardev{Major: binary.LittleEndian.Uint32(p), Minor: binary.LittleEndian.Uint32(p[4:]), Name: string(p[10 : 10+n])}
+	return ch, p[10+n:], true
+}

@@ -1,0 +1,276 @@
+//go:build linux
+
+package hostdev
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/softefa/softefa/config"
+	"github.com/softefa/softefa/internal/engine"
+	"github.com/softefa/softefa/internal/uverbs"
+	"golang.org/x/sys/unix"
+)
+
+// The tests speak the uverbs commands libibverbs writes (ib_user_verbs.h), as a program's side
+// forwards them: a header (command, in_words, out_words), the core request with its response
+// address first, and EFA's driver data.
+
+const (
+	cmdGetContext        = 0
+	cmdAllocPD           = 3
+	cmdRegMR             = 9
+	cmdCreateCompChannel = 17
+)
+
+func command(cmd uint32, outWords int, core, drv []byte) []byte {
+	b := make([]byte, 8, 8+len(core)+len(drv))
+	b = append(append(b, core...), drv...)
+	binary.LittleEndian.PutUint32(b, cmd)
+	binary.LittleEndian.PutUint16(b[4:], uint16(len(b)/4))
+	binary.LittleEndian.PutUint16(b[6:], uint16(outWords))
+	return b
+}
+
+// withResp is a core request of n bytes whose first 8 point at resp.
+func withResp(n int, resp []byte) []byte {
+	b := make([]byte, n)
+	binary.LittleEndian.PutUint64(b, uint64(uintptr(unsafe.Pointer(&resp[0]))))
+	return b
+}
+
+// program is what a program does first on the device: GET_CONTEXT (the async fd), ALLOC_PD,
+// REG_MR of buf and CREATE_COMP_CHANNEL; it returns the fds the device gave.
+func program(c *Client, h uint32, buf []byte) (asyncFD, channelFD int, err error) {
+	resp := make([]byte, 64)
+	drv := make([]byte, 8)
+	binary.LittleEndian.PutUint32(drv, 3) // TX batch and min SQ WR understood
+	if _, err := c.Write(h, command(cmdGetContext, (8+24)/4, withResp(8, resp), drv)); err != nil {
+		return -1, -1, fmt.Errorf("GET_CONTEXT: %w", err)
+	}
+	asyncFD = int(int32(binary.LittleEndian.Uint32(resp)))
+	if _, err := c.Write(h, command(cmdAllocPD, (4+8)/4, withResp(8, resp), nil)); err != nil {
+		return -1, -1, fmt.Errorf("ALLOC_PD: %w", err)
+	}
+	pd := binary.LittleEndian.Uint32(resp)
+	reg := withResp(40, resp)
+	addr := uint64(uintptr(unsafe.Pointer(&buf[0])))
+	binary.LittleEndian.PutUint64(reg[8:], addr)
+	binary.LittleEndian.PutUint64(reg[16:], uint64(len(buf)))
+	binary.LittleEndian.PutUint64(reg[24:], addr)
+	binary.LittleEndian.PutUint32(reg[32:], pd)
+	binary.LittleEndian.PutUint32(reg[36:], 1) // LOCAL_WRITE
+	if _, err := c.Write(h, command(cmdRegMR, 3, reg, nil)); err != nil {
+		return -1, -1, fmt.Errorf("REG_MR: %w", err)
+	}
+	if binary.LittleEndian.Uint32(resp[4:]) == 0 {
+		return -1, -1, fmt.Errorf("REG_MR: no lkey")
+	}
+	if _, err := c.Write(h, command(cmdCreateCompChannel, 1, withResp(8, resp), nil)); err != nil {
+		return -1, -1, fmt.Errorf("CREATE_COMP_CHANNEL: %w", err)
+	}
+	return asyncFD, int(int32(binary.LittleEndian.Uint32(resp))), nil
+}
+
+// serve starts a device without a link serving a socket in a temporary directory.
+func serve(t *testing.T) (*Server, *uverbs.Device) {
+	t.Helper()
+	e, err := engine.NewDevice(config.Device{Name: "efa_7", VendorPartID: 0xefa1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := uverbs.NewDevice(e, uverbs.DefaultOptions())
+	s, err := Listen(d, filepath.Join(t.TempDir(), "efa_7.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve() }()
+	t.Cleanup(func() {
+		s.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		d.Close()
+		e.Close()
+	})
+	return s, d
+}
+
+func status(t testing.TB, path string) string {
+	t.Helper()
+	c, err := Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st, err := c.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// A program's opens, its commands' responses and the fds its commands make reach it over the
+// socket; closing an open destroys what was made through it.
+func TestServeProgram(t *testing.T) {
+	s, d := serve(t)
+	c, err := Dial(s.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	info, err := c.Info()
+	if err != nil || info.Name != "efa_7" || info.PartID != 0xefa1 || info.GID != d.Engine().GID() {
+		t.Fatalf("Info %+v, %v", info, err)
+	}
+	h, mfd, err := c.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(mfd)
+	if link, _ := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", mfd)); !strings.HasPrefix(link, "/memfd:softefa-uverbs") {
+		t.Fatalf("the open's fd is %q, not the device's memfd", link)
+	}
+	buf := make([]byte, 3*4096)
+	async, channel, err := program(c, h, buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range []int{async, channel} {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+			t.Fatalf("fd %d the device gave is not a socket here (%v)", fd, err)
+		}
+		unix.Close(fd)
+	}
+	if st := status(t, s.Path()); !strings.Contains(st, "programs 1\nopens 1\n") {
+		t.Fatalf("status:\n%s", st)
+	}
+	if _, err := c.Write(h+1, command(cmdAllocPD, 3, withResp(8, buf), nil)); err != unix.EBADF {
+		t.Fatalf("a write to an open the program does not have: %v, want EBADF", err)
+	}
+	if err := c.CloseFile(h); err != nil {
+		t.Fatal(err)
+	}
+	if d.Files() != 0 {
+		t.Fatalf("%d opens after the close", d.Files())
+	}
+}
+
+// TestMain runs TestProgramKilled's program when the test binary is started as it.
+func TestMain(m *testing.M) {
+	if path := os.Getenv("HOSTDEV_TEST_SOCKET"); path != "" {
+		killedProgram(path)
+	}
+	os.Exit(m.Run())
+}
+
+// killedProgram opens the device at path, makes a context, a PD, an MR and a channel, says so,
+// and waits to be killed.
+func killedProgram(path string) {
+	c, err := Dial(path)
+	if err == nil {
+		var h uint32
+		if h, _, err = c.Open(); err == nil {
+			_, _, err = program(c, h, make([]byte, 4096))
+		}
+	}
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	fmt.Println("ready")
+	select {}
+}
+
+// A program killed with SIGKILL while it has an open: the device releases everything it made.
+func TestProgramKilled(t *testing.T) {
+	s, d := serve(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "HOSTDEV_TEST_SOCKET="+s.Path())
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
+		cmd.Process.Kill()
+		t.Fatalf("the child said %q (%v)", line, err)
+	}
+	if d.Files() != 1 || s.Programs() != 1 {
+		t.Fatalf("%d opens of %d programs before the kill, want 1 of 1", d.Files(), s.Programs())
+	}
+	start := time.Now()
+	cmd.Process.Kill()
+	if !s.AwaitPrograms(0) || d.Files() != 0 {
+		t.Fatalf("%d opens of %d programs after the kill", d.Files(), s.Programs())
+	}
+	t.Logf("released %v after the kill", time.Since(start))
+}
+
+// A connection that sends what no program's side sends (a short message, an unknown operation,
+// a message past the limit) is dropped, and releases what it made; the device serves the others.
+func TestHostileConnection(t *testing.T) {
+	s, d := serve(t)
+	good, err := Dial(s.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	for _, msg := range [][]byte{
+		{1, 2, 3},
+		request(77, 0, 0),
+		request(opWrite, 0, 0, make([]byte, maxMessage)),
+	} {
+		bad, err := Dial(s.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := bad.Open(); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := bad.c.WriteMsgUnix(msg, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		// The device hangs up: the next call fails instead of waiting for a reply.
+		if _, err := bad.Info(); err == nil {
+			t.Errorf("a %d-byte message of op %d: the device still answers", len(msg), msg[0])
+		}
+		bad.Close()
+		if !s.AwaitPrograms(1) || d.Files() != 0 {
+			t.Fatalf("%d programs, %d opens after a hostile one went", s.Programs(), d.Files())
+		}
+		if _, err := good.Info(); err != nil {
+			t.Fatalf("the device stopped serving: %v", err)
+		}
+	}
+}
+
+// FuzzDecode: the payload decoders take any bytes without panicking, and what they accept
+// encodes back to the same bytes.
+func FuzzDecode(f *testing.F) {
+	f.Add((&Info{Name: "efa_0", PartID: 0xefa1}).encode())
+	f.Add(append(encodeChardev(uverbs.Chardev{Name: "uverbs0", Major: 231, Minor: 250}), 1, 2, 3))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var i Info
+		if i.decode(b) == nil && string(i.encode()) != string(b) {
+			t.Fatalf("Info %+v encodes to % x, decoded from % x", i, i.encode(), b)
+		}
+		if ch, rest, ok := decodeChardev(b); ok && string(append(encodeChardev(ch), rest...)) != string(b) {
+			t.Fatalf("chardev %+v and % x from % x", ch, rest, b)
+		}
+	})
+}
