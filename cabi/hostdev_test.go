@@ -5,6 +5,7 @@ package cabi
 import (
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -61,8 +62,8 @@ func hostDevice(t *testing.T) (*Setup, *hostdev.Server) {
 }
 
 // Programs run with softefa run --device share the host's device: one GID and node GUID for all,
-// rdma-core's EFA tests pass on it, two processes exchange through it, and every program's
-// resources are gone when it has exited.
+// rdma-core's EFA tests pass on it, two processes exchange through it, eight MPI ranks run on it,
+// and no program is left connected when all have exited.
 func TestHostDevice(t *testing.T) {
 	s, srv := hostDevice(t)
 	gid := regexp.MustCompile(`GID\[\s*0\]:\s*(\S+)|node_guid:\s*(\S+)`)
@@ -85,6 +86,21 @@ func TestHostDevice(t *testing.T) {
 			runPair(t, c)
 		})
 	}
+	t.Run("mpi_8_ranks", func(t *testing.T) {
+		// Eight processes on the one device: Open MPI's ping-pong over every size and an
+		// allreduce over all ranks, checked byte by byte (testdata/mpipingpong.c).
+		if _, err := exec.LookPath("mpicc"); err != nil {
+			t.Skipf("mpicc not found: %v", err)
+		}
+		r := mpiRun{libfabric: "1.17", ranks: 8, iters: 200, minSize: 1, maxSize: 4 << 20}
+		args := []string{"--allow-run-as-root", "--oversubscribe", "-np", "8", "--mca", "pml", "cm",
+			"--mca", "mtl", "ofi", "--mca", "mtl_ofi_provider_include", "efa", "--mca", "mtl_base_verbose", "10"}
+		out := run(t, s, "", 5*time.Minute, "mpirun", append(append(args, buildMPI(t, "mpicc")), r.args()...)...)
+		if n := strings.Count(out, "mtl:ofi:provider: efa_0-rdm"); n != r.ranks {
+			t.Fatalf("%d of %d ranks report efa_0-rdm:\n%s", n, r.ranks, lastLines(out, 40))
+		}
+		r.check(t, out)
+	})
 	if !srv.AwaitPrograms(0) {
 		t.Fatalf("%d programs connected after every one exited", srv.Programs())
 	}
