@@ -13,8 +13,9 @@ import (
 
 // With SOFTEFA_DEVICE set (softefa run --device), the program has no engine of its own: the
 // device node's operations go to the host's device over its socket (package internal/hostdev),
-// which reaches the program's memory and rings itself. Doorbell stores do not trap (the device
-// watches them), CQ rings are not guarded, and the engine's threads are not the program's.
+// which reaches the program's memory and rings itself. A trapped doorbell store sends the device
+// a kick (one datagram, no reply; the device's watcher scans only QPs whose stores do not trap),
+// CQ rings are not guarded, and no thread of the program does the device's work.
 
 // remote is the program's connection to the host device, once made; nil without SOFTEFA_DEVICE.
 var remote struct {

@@ -380,7 +380,13 @@ func softefa_kick_qp(fd C.int, handle C.uint32_t) {
 //
 //export softefa_db_page
 func softefa_db_page(fd C.int, off C.int64_t) C.int64_t {
-	if o := lookup(fd); o != nil && o.f != nil && off >= 0 { // (not on the host device: it watches the doorbells)
+	if o := lookup(fd); o != nil && off >= 0 {
+		if o.f == nil {
+			if h, ok := remote.c.DoorbellPage(o.remote, uint64(off)); ok {
+				return C.int64_t(h)
+			}
+			return -1
+		}
 		if h, ok := o.f.DoorbellPage(uint64(off)); ok {
 			return C.int64_t(h)
 		}
@@ -394,7 +400,9 @@ func softefa_db_page(fd C.int, off C.int64_t) C.int64_t {
 //
 //export softefa_db_rung
 func softefa_db_rung(fd C.int, handle C.uint32_t) C.int64_t {
-	if o := lookup(fd); o != nil && o.f != nil {
+	if o := lookup(fd); o != nil && o.f == nil {
+		remote.c.Kick(o.remote, uint32(handle)) // (the device is another process: nothing to linger in)
+	} else if o != nil {
 		if s, r, ok := o.f.RingTrapped(uint32(handle)); ok {
 			return C.int64_t(int64(s) | int64(r)<<32)
 		}
@@ -433,6 +441,8 @@ func softefa_await_cq(fd C.int, handle C.uint32_t, off C.uint64_t) {
 func softefa_db_trapped(fd C.int, handle C.uint32_t, trapped C.int) {
 	if o := lookup(fd); o != nil && o.f != nil {
 		o.f.TrapDoorbells(uint32(handle), trapped != 0)
+	} else if o != nil {
+		remote.c.TrapDoorbells(o.remote, uint32(handle), trapped != 0)
 	}
 }
 

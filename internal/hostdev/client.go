@@ -167,6 +167,25 @@ func (c *Client) Arm(h, cq uint32) {
 	_, _, _ = c.c.WriteMsgUnix(request(opArm, h, uint64(cq)), nil, nil)
 }
 
+// DoorbellPage reports which QP's SQ doorbell page the mmap key of open h names.
+func (c *Client) DoorbellPage(h uint32, key uint64) (uint32, bool) {
+	status, _, _, err := c.call(request(opDBPage, h, key))
+	if err != nil || status < 0 {
+		return 0, false
+	}
+	return uint32(status), true
+}
+
+// TrapDoorbells tells the device whether the program's mapping of QP qp's SQ doorbell page traps
+// every store (uverbs.File.TrapDoorbells): a QP whose stores all trap is not scanned.
+func (c *Client) TrapDoorbells(h, qp uint32, trapped bool) {
+	arg := uint64(qp)
+	if trapped {
+		arg |= 1 << 32
+	}
+	_, _, _ = c.c.WriteMsgUnix(request(opTrap, h, arg), nil, nil)
+}
+
 // Info returns the device's identity.
 func (c *Client) Info() (Info, error) {
 	var i Info

@@ -42,6 +42,8 @@ const (
 	// u16 name length, name) and the request → payload: replies, each u32 length and bytes
 	opStatus = 10  // → payload: text: "programs N", "opens N", a line "NAME VALUE" per port counter
 	opStop   = 11  // the device stops (after its reply)
+	opDBPage = 12  // arg: an mmap key of the open → status: the QP whose SQ doorbell page it is, or -ENOENT
+	opTrap   = 13  // arg: a QP handle, and 1<<32 if the program's mapping of its SQ doorbell page traps every store (no reply)
 	opGive   = 100 // device → program, an fd attached; the program answers with its number
 )
 

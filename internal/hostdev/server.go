@@ -229,6 +229,20 @@ func (c *conn) handle(op, h uint32, arg uint64, p []byte) ([]byte, int, bool) {
 			o.f.Arm(uint32(arg))
 		}
 		return nil, -1, true
+	case opDBPage:
+		if !need() {
+			return reply(op, -int64(syscall.EBADF), nil), -1, true
+		}
+		qp, ok := o.f.DoorbellPage(arg)
+		if !ok {
+			return reply(op, -int64(syscall.ENOENT), nil), -1, true
+		}
+		return reply(op, int64(qp), nil), -1, true
+	case opTrap:
+		if need() {
+			o.f.TrapDoorbells(uint32(arg), arg>>32 != 0)
+		}
+		return nil, -1, true
 	case opInfo:
 		cfg := c.s.d.Engine().Config()
 		i := Info{Name: cfg.Name, GID: c.s.d.Engine().GID(), PartID: cfg.VendorPartID, SpeedGbps: uint32(cfg.LinkSpeedGbps)}
@@ -300,7 +314,7 @@ func (g giver) Give(fd int) (int32, error) {
 		if err != nil {
 			return -1, err
 		}
-		if op := binary.LittleEndian.Uint32(b[:]); n == reqHeader && (op == opKick || op == opArm) {
+		if op := binary.LittleEndian.Uint32(b[:]); n == reqHeader && (op == opKick || op == opArm || op == opTrap) {
 			// another thread of the program rang a doorbell meanwhile
 			c.handle(op, binary.LittleEndian.Uint32(b[4:]), binary.LittleEndian.Uint64(b[8:]), nil)
 			continue
