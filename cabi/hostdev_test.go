@@ -101,6 +101,17 @@ func TestHostDevice(t *testing.T) {
 		}
 		r.check(t, out)
 	})
+	// The device's counters, read by a process that never opened the device (sysfs) and by
+	// iproute2's rdma (netlink), are the sums of every program's traffic.
+	cnt := strings.TrimSpace(run(t, s, "", time.Minute, "cat", "/sys/class/infiniband/efa_0/ports/1/hw_counters/send_wrs"))
+	if cnt == "" || cnt == "0" {
+		t.Fatalf("hw_counters/send_wrs %q after the programs sent", cnt)
+	}
+	if _, err := exec.LookPath("rdma"); err == nil {
+		if out := run(t, s, "", time.Minute, "rdma", "statistic", "show"); !strings.Contains(out, " send_wrs "+cnt+" ") {
+			t.Errorf("rdma statistic shows another send_wrs than sysfs's %s:\n%s", cnt, out)
+		}
+	}
 	if !srv.AwaitPrograms(0) {
 		t.Fatalf("%d programs connected after every one exited", srv.Programs())
 	}

@@ -356,8 +356,18 @@ static void load_engine(void) {
 // counter_read is the program opening path, a file of its tree: a hw_counters file gets the
 // counter's value now (softefa_sysfs_counter).
 static void counter_read(const char *path) {
-	if (!engine_loaded || forked_child || !path || !strstr(path, "/hw_counters/"))
+	if (forked_child || !path || !strstr(path, "/hw_counters/"))
 		return;
+	if (!engine_loaded) {
+		// On the host device (SOFTEFA_DEVICE) the counters are the device's, which any process
+		// reads, whether it has opened the device or not.
+		const char *d = getenv("SOFTEFA_DEVICE");
+		if (!d || !*d)
+			return;
+		pthread_once(&eng_once, load_engine);
+		if (eng_err || !engine_loaded)
+			return;
+	}
 	sigset_t old;
 	enter(&old);
 	eng_sysfs_counter(path);
