@@ -61,6 +61,11 @@ func program(c *Client, h uint32, buf []byte) (asyncFD, channelFD int, err error
 		return -1, -1, fmt.Errorf("ALLOC_PD: %w", err)
 	}
 	pd := binary.LittleEndian.Uint32(resp)
+	drv := binary.LittleEndian.AppendUint32(make([]byte, 0, 8), 3)
+	if _, err := cs[1].Write(hs[1], command(cmdGetContext, (8+24)/4, withResp(8, resp), append(drv, 0, 0, 0, 0))); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(int(int32(binary.LittleEndian.Uint32(resp))))
 	reg := withResp(40, resp)
 	addr := uint64(uintptr(unsafe.Pointer(&buf[0])))
 	binary.LittleEndian.PutUint64(reg[8:], addr)
@@ -273,4 +278,50 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("chardev %+v and % x from % x", ch, rest, b)
 		}
 	})
+}
+
+// Handles name objects of the open they were made through only: a program that names another's
+// PD or MR is refused, and the other's objects stay.
+func TestProgramsIsolated(t *testing.T) {
+	s, _ := serve(t)
+	var cs [2]*Client
+	var hs [2]uint32
+	for i := range cs {
+		c, err := Dial(s.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if hs[i], _, err = c.Open(); err != nil {
+			t.Fatal(err)
+		}
+		cs[i] = c
+	}
+	buf := make([]byte, 4096)
+	resp := make([]byte, 64)
+	if _, _, err := program(cs[0], hs[0], buf); err != nil { // PD 0 and MR 1 in the first open
+		t.Fatal(err)
+	}
+	drv := binary.LittleEndian.AppendUint32(make([]byte, 0, 8), 3)
+	if _, err := cs[1].Write(hs[1], command(cmdGetContext, (8+24)/4, withResp(8, resp), append(drv, 0, 0, 0, 0))); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(int(int32(binary.LittleEndian.Uint32(resp))))
+	reg := withResp(40, resp)
+	addr := uint64(uintptr(unsafe.Pointer(&buf[0])))
+	binary.LittleEndian.PutUint64(reg[8:], addr)
+	binary.LittleEndian.PutUint64(reg[16:], 4096)
+	binary.LittleEndian.PutUint64(reg[24:], addr)
+	// (pd handle 0: the first program's PD)
+	if _, err := cs[1].Write(hs[1], command(cmdRegMR, 3, reg, nil)); err != unix.EINVAL {
+		t.Fatalf("REG_MR in another program's PD: %v, want EINVAL", err)
+	}
+	dereg := binary.LittleEndian.AppendUint32(nil, 1) // the first program's MR
+	const cmdDeregMR = 13
+	if _, err := cs[1].Write(hs[1], command(cmdDeregMR, 0, dereg, nil)); err != unix.EINVAL {
+		t.Fatalf("DEREG_MR of another program's MR: %v, want EINVAL", err)
+	}
+	if _, err := cs[0].Write(hs[0], command(cmdDeregMR, 0, dereg, nil)); err != nil {
+		t.Fatalf("the owner's DEREG_MR: %v", err)
+	}
 }
