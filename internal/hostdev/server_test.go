@@ -61,11 +61,6 @@ func program(c *Client, h uint32, buf []byte) (asyncFD, channelFD int, err error
 		return -1, -1, fmt.Errorf("ALLOC_PD: %w", err)
 	}
 	pd := binary.LittleEndian.Uint32(resp)
-	drv := binary.LittleEndian.AppendUint32(make([]byte, 0, 8), 3)
-	if _, err := cs[1].Write(hs[1], command(cmdGetContext, (8+24)/4, withResp(8, resp), append(drv, 0, 0, 0, 0))); err != nil {
-		t.Fatal(err)
-	}
-	unix.Close(int(int32(binary.LittleEndian.Uint32(resp))))
 	reg := withResp(40, resp)
 	addr := uint64(uintptr(unsafe.Pointer(&buf[0])))
 	binary.LittleEndian.PutUint64(reg[8:], addr)
