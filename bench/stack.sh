@@ -2,7 +2,10 @@
 # Unmodified EFA software through softefa run beside softefa's own API, two processes each, in
 # interleaved rounds: libfabric 2.6's fabtests on both fabrics (efa and efa-direct; efa-direct
 # has no tagged messages, and fi_pingpong fails on efa: docs/cabi.md), perftest over SRD, UCX's
-# ucx_perftest over srd (UCX_TLS=srd; when cabi/thirdparty/ucx.sh has built it), and softefa perf. Prints every run, then the median of each figure over the rounds.
+# ucx_perftest over srd (UCX_TLS=srd; when cabi/thirdparty/ucx.sh has built it), and softefa perf;
+# then the rows of issue #30's targets again with both processes on one host device (softefa
+# device; softefa run --device), marked "(host device)". Prints every run, then the median of each
+# figure over the rounds.
 #
 #   bench/stack.sh [ROUNDS]        default 3
 #
@@ -22,6 +25,7 @@ trap 'rm -rf "$work"' EXIT
 go build -o "$work/softefa" ./cmd/softefa
 sf=$work/softefa
 port=21000
+run=(run) # softefa run's arguments: (run --device SOCKET) for the host device's rows
 
 # pair NAME PARSE -- SERVER-ARGS... -- CLIENT-ARGS...: the two under softefa run, the client's
 # output parsed by PARSE (a function printing one number) into $work/NAME.
@@ -35,11 +39,11 @@ pair() {
   port=$((port + 1))
   srv=("${srv[@]//@PORT@/$port}")
   cli=("${cli[@]//@PORT@/$port}")
-  LD_LIBRARY_PATH=$stack/lib "$sf" run -- "${srv[@]}" >"$work/srv.out" 2>&1 &
+  LD_LIBRARY_PATH=$stack/lib "$sf" "${run[@]}" -- "${srv[@]}" >"$work/srv.out" 2>&1 &
   local pid=$!
   sleep 1
   local v=FAILED
-  if LD_LIBRARY_PATH=$stack/lib timeout 120 "$sf" run -- "${cli[@]}" >"$work/cli.out" 2>&1; then
+  if LD_LIBRARY_PATH=$stack/lib timeout 120 "$sf" "${run[@]}" -- "${cli[@]}" >"$work/cli.out" 2>&1; then
     v=$($parse <"$work/cli.out") || v=FAILED
   fi
   wait "$pid" 2>/dev/null || true
@@ -109,6 +113,21 @@ for r in $(seq "$rounds"); do
     pair "ucx tag_bw 64K" ucx_bw -- "${up[@]}" -- "${up[@]}" 127.0.0.1 -t tag_bw -s 65536 -n 2000
     pair "ucx put_bw 64K" ucx_bw -- "${up[@]}" -- "${up[@]}" 127.0.0.1 -t ucp_put_bw -s 65536 -n 2000
   fi
+  # The host device: one softefa device for both processes of each pair.
+  "$sf" device --socket "$work/dev.sock" --addr 127.0.0.1:$((port + 500)) 2>/dev/null &
+  dev=$!
+  for _ in $(seq 50); do [ -S "$work/dev.sock" ] && break; sleep 0.1; done
+  run=(run --device "$work/dev.sock")
+  pair "fi_rma_bw write 64K efa-direct (host device)" fi_bw -- "$(fab fi_rma_bw)" -p efa -f efa-direct -o write -S 65536 -I 2000 -E=@PORT@ \
+    -- "$(fab fi_rma_bw)" -p efa -f efa-direct -o write -S 65536 -I 2000 -E=@PORT@ 127.0.0.1
+  pair "fi_pingpong 64 efa-direct (host device)" fi_lat -- "$(fab fi_pingpong)" -p efa -e rdm -f efa-direct -S 64 -I 10000 -B @PORT@ \
+    -- "$(fab fi_pingpong)" -p efa -e rdm -f efa-direct -S 64 -I 10000 -P @PORT@ 127.0.0.1
+  pair "ib_send_bw 8K (host device)" pt_bw -- ib_send_bw "${pt[@]}" -s 8192 -n 20000 -- ib_send_bw "${pt[@]}" -s 8192 -n 20000 127.0.0.1
+  pair "ib_send_lat 64 avg (host device)" pt_lat -- ib_send_lat "${pt[@]}" -s 64 -n 10000 -- ib_send_lat "${pt[@]}" -s 64 -n 10000 127.0.0.1
+  pair "ib_send_lat 64 p99 (host device)" pt_p99 -- ib_send_lat "${pt[@]}" -s 64 -n 10000 -- ib_send_lat "${pt[@]}" -s 64 -n 10000 127.0.0.1
+  kill "$dev" 2>/dev/null; wait "$dev" 2>/dev/null || true
+  run=(run)
+  pair "ib_send_lat 64 p99" pt_p99 -- ib_send_lat "${pt[@]}" -s 64 -n 10000 -- ib_send_lat "${pt[@]}" -s 64 -n 10000 127.0.0.1
   perf "perf send_lat 64 avg" sf_lat send_lat -s 64 -n 10000
   perf "perf send_lat 64 p99" sf_p99 send_lat -s 64 -n 10000
   perf "perf send_bw 8K" sf_bw send_bw -s 8192 -D 3
