@@ -62,8 +62,9 @@ func hostDevice(t *testing.T) (*Setup, *hostdev.Server) {
 }
 
 // Programs run with softefa run --device share the host's device: one GID and node GUID for all,
-// rdma-core's EFA tests pass on it, two processes exchange through it, eight MPI ranks run on it,
-// and no program is left connected when all have exited.
+// no Go runtime in any of them, rdma-core's EFA tests pass on it, two processes exchange through
+// it, eight MPI ranks run on it, the counters any process reads add up what all did, and no
+// program is left connected when all have exited.
 func TestHostDevice(t *testing.T) {
 	s, srv := hostDevice(t)
 	gid := regexp.MustCompile(`GID\[\s*0\]:\s*(\S+)|node_guid:\s*(\S+)`)
@@ -74,6 +75,12 @@ func TestHostDevice(t *testing.T) {
 	}
 	if seen[0] == "" || seen[0] != seen[1] {
 		t.Fatalf("two programs saw two devices: %q and %q", seen[0], seen[1])
+	}
+	// No Go runtime in a program on the host device: the shim itself is the device's client.
+	maps := run(t, s, "", time.Minute, "/usr/bin/python3", "-c",
+		"from pyverbs.device import Context; c = Context(name='efa_0'); print(open('/proc/self/maps').read())")
+	if strings.Contains(maps, EngineLib) || !strings.Contains(maps, ShimLib) {
+		t.Errorf("a program with the device open maps %s or lacks %s:\n%s", EngineLib, ShimLib, maps)
 	}
 	t.Run("pyverbs", func(t *testing.T) { checkEFATests(t, pyverbsOn(t, s, "-k", "test_efa")) })
 	for _, c := range []pair{

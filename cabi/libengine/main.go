@@ -43,10 +43,9 @@ import (
 )
 
 type open struct {
-	f      *uverbs.File // nil on the host device (remote)
-	mfd    *uverbs.Memfd
-	remote uint32 // the open's handle on the host device
-	refs   int    // fds naming this open (dup)
+	f    *uverbs.File
+	mfd  *uverbs.Memfd
+	refs int // fds naming this open (dup)
 }
 
 var state struct {
@@ -161,15 +160,6 @@ func fail(err error) C.int {
 
 //export softefa_open
 func softefa_open(flags C.int) C.int {
-	if c, err := hostDevice(); err != nil {
-		return fail(err)
-	} else if c != nil {
-		fd, err := remoteOpen(c, int(flags))
-		if err != nil {
-			return fail(err)
-		}
-		return C.int(fd)
-	}
 	state.Lock()
 	defer state.Unlock()
 	d, err := device()
@@ -208,13 +198,6 @@ func softefa_write(fd C.int, buf unsafe.Pointer, n C.size_t) C.long {
 	if err := (procMem{}).Read(uint64(uintptr(buf)), b); err != nil {
 		return -C.long(syscall.EFAULT)
 	}
-	if o.f == nil {
-		w, err := remote.c.Write(o.remote, b)
-		if err != nil {
-			return C.long(remoteErr(err))
-		}
-		return C.long(w)
-	}
 	w, err := o.f.Write(b)
 	if err != nil {
 		return -C.long(uverbs.Errno(err))
@@ -224,9 +207,6 @@ func softefa_write(fd C.int, buf unsafe.Pointer, n C.size_t) C.long {
 
 //export softefa_sysfs
 func softefa_sysfs(buf *C.char, n C.size_t) C.int {
-	if c, _ := hostDevice(); c != nil {
-		return -C.int(syscall.EOPNOTSUPP) // (the host device's tree is written by softefa run)
-	}
 	state.Lock()
 	defer state.Unlock()
 	d, err := device()
@@ -265,21 +245,15 @@ func softefa_sysfs_counter(path *C.char) {
 	if !ok || filepath.Base(dir) != "hw_counters" || filepath.Base(filepath.Dir(filepath.Dir(dir))) != "ports" {
 		return
 	}
-	var v uint64
-	if c, _ := hostDevice(); c != nil {
-		if v, ok = c.Counter(name); !ok {
-			return
-		}
-	} else {
-		state.Lock()
-		d := state.dev
-		state.Unlock()
-		if d == nil {
-			return
-		}
-		if v, ok = d.HWCounter(name); !ok {
-			return
-		}
+	state.Lock()
+	d := state.dev
+	state.Unlock()
+	if d == nil {
+		return
+	}
+	v, ok := d.HWCounter(name)
+	if !ok {
+		return
 	}
 	f, err := os.CreateTemp(root, "."+name+"-")
 	if err != nil {
@@ -306,12 +280,6 @@ func softefa_ioctl(fd C.int, req C.ulong, arg unsafe.Pointer) C.int {
 	if o == nil {
 		return -C.int(syscall.EBADF)
 	}
-	if o.f == nil {
-		if err := remote.c.Ioctl(o.remote, uint32(req), uint64(uintptr(arg))); err != nil {
-			return C.int(remoteErr(err))
-		}
-		return 0
-	}
 	if err := o.f.Ioctl(uint32(req), uint64(uintptr(arg))); err != nil {
 		return -C.int(uverbs.Errno(err))
 	}
@@ -330,23 +298,13 @@ func softefa_netlink(peer C.int, port C.uint32_t, buf unsafe.Pointer, n C.size_t
 	if err := (procMem{}).Read(uint64(uintptr(buf)), req); err != nil {
 		return -C.int(syscall.EFAULT)
 	}
-	var msgs [][]byte
-	if c, err := hostDevice(); err != nil {
+	state.Lock()
+	d, err := device()
+	state.Unlock()
+	if err != nil {
 		return fail(err)
-	} else if c != nil {
-		if msgs, err = c.Netlink(req, uint32(port), chardev()); err != nil {
-			return C.int(remoteErr(err))
-		}
-	} else {
-		state.Lock()
-		d, err := device()
-		state.Unlock()
-		if err != nil {
-			return fail(err)
-		}
-		msgs = d.Netlink(req, uint32(port), chardev())
 	}
-	for _, msg := range msgs {
+	for _, msg := range d.Netlink(req, uint32(port), chardev()) {
 		if _, err := unix.Write(int(peer), msg); err != nil {
 			return -C.int(uverbs.Errno(err))
 		}
@@ -368,10 +326,8 @@ func chardev() uverbs.Chardev {
 
 //export softefa_kick_qp
 func softefa_kick_qp(fd C.int, handle C.uint32_t) {
-	if o := lookup(fd); o != nil && o.f != nil {
+	if o := lookup(fd); o != nil {
 		o.f.Kick(uint32(handle))
-	} else if o != nil {
-		remote.c.Kick(o.remote, uint32(handle))
 	}
 }
 
@@ -381,12 +337,6 @@ func softefa_kick_qp(fd C.int, handle C.uint32_t) {
 //export softefa_db_page
 func softefa_db_page(fd C.int, off C.int64_t) C.int64_t {
 	if o := lookup(fd); o != nil && off >= 0 {
-		if o.f == nil {
-			if h, ok := remote.c.DoorbellPage(o.remote, uint64(off)); ok {
-				return C.int64_t(h)
-			}
-			return -1
-		}
 		if h, ok := o.f.DoorbellPage(uint64(off)); ok {
 			return C.int64_t(h)
 		}
@@ -400,9 +350,7 @@ func softefa_db_page(fd C.int, off C.int64_t) C.int64_t {
 //
 //export softefa_db_rung
 func softefa_db_rung(fd C.int, handle C.uint32_t) C.int64_t {
-	if o := lookup(fd); o != nil && o.f == nil {
-		remote.c.Kick(o.remote, uint32(handle)) // (the device is another process: nothing to linger in)
-	} else if o != nil {
+	if o := lookup(fd); o != nil {
 		if s, r, ok := o.f.RingTrapped(uint32(handle)); ok {
 			return C.int64_t(int64(s) | int64(r)<<32)
 		}
@@ -415,7 +363,7 @@ func softefa_db_rung(fd C.int, handle C.uint32_t) C.int64_t {
 //
 //export softefa_cq_ring
 func softefa_cq_ring(fd C.int, off C.int64_t) C.int64_t {
-	if o := lookup(fd); o != nil && o.f != nil && off >= 0 {
+	if o := lookup(fd); o != nil && off >= 0 {
 		if h, ok := o.f.CQRing(uint64(off)); ok {
 			return C.int64_t(h)
 		}
@@ -429,7 +377,7 @@ func softefa_cq_ring(fd C.int, off C.int64_t) C.int64_t {
 //
 //export softefa_await_cq
 func softefa_await_cq(fd C.int, handle C.uint32_t, off C.uint64_t) {
-	if o := lookup(fd); o != nil && o.f != nil {
+	if o := lookup(fd); o != nil {
 		o.f.AwaitCQ(uint32(handle), uint64(off))
 	}
 }
@@ -439,10 +387,8 @@ func softefa_await_cq(fd C.int, handle C.uint32_t, off C.uint64_t) {
 //
 //export softefa_db_trapped
 func softefa_db_trapped(fd C.int, handle C.uint32_t, trapped C.int) {
-	if o := lookup(fd); o != nil && o.f != nil {
+	if o := lookup(fd); o != nil {
 		o.f.TrapDoorbells(uint32(handle), trapped != 0)
-	} else if o != nil {
-		remote.c.TrapDoorbells(o.remote, uint32(handle), trapped != 0)
 	}
 }
 
@@ -491,10 +437,8 @@ func softefa_exit() {
 
 //export softefa_arm_cq
 func softefa_arm_cq(fd C.int, handle C.uint32_t) {
-	if o := lookup(fd); o != nil && o.f != nil {
+	if o := lookup(fd); o != nil {
 		o.f.Arm(uint32(handle))
-	} else if o != nil {
-		remote.c.Arm(o.remote, uint32(handle))
 	}
 }
 
@@ -525,10 +469,6 @@ func softefa_close(fd C.int) {
 	}
 	state.Unlock()
 	if !last {
-		return
-	}
-	if o.f == nil {
-		_ = remote.c.CloseFile(o.remote)
 		return
 	}
 	_ = o.f.Close()

@@ -289,7 +289,44 @@ static long engine_slack(void) {
 	return DEFAULT_ENGINE_SLACK;
 }
 
+// load_hostdev makes the host device's client (hostdev.c) the engine, when SOFTEFA_DEVICE names
+// the device's socket: no library is loaded.
+static int load_hostdev(void) {
+	const char *dev = getenv("SOFTEFA_DEVICE");
+	if (!dev || !*dev)
+		return 0;
+	int r = softefa_hostdev_connect(dev);
+	if (r < 0) {
+		fprintf(stderr, "softefa: no device at %s: %s\n", dev, strerror(-r));
+		eng_err = ENODEV;
+		return 1;
+	}
+	eng_open = softefa_hostdev_open;
+	eng_write = (long (*)(int, const void *, size_t))softefa_hostdev_write;
+	eng_close = softefa_hostdev_close;
+	eng_kick_qp = softefa_hostdev_kick_qp;
+	eng_arm_cq = softefa_hostdev_arm_cq;
+	eng_poll_net = softefa_hostdev_poll_net;
+	eng_dup = softefa_hostdev_dup;
+	eng_sysfs = (int (*)(char *, size_t))softefa_hostdev_sysfs;
+	eng_sysfs_counter = softefa_hostdev_sysfs_counter;
+	eng_ioctl = softefa_hostdev_ioctl;
+	eng_netlink = (int (*)(int, uint32_t, const void *, size_t))softefa_hostdev_netlink;
+	eng_db_page = softefa_hostdev_db_page;
+	eng_db_trapped = softefa_hostdev_db_trapped;
+	eng_db_rung = softefa_hostdev_db_rung;
+	eng_cq_ring = softefa_hostdev_cq_ring;
+	eng_await_cq = softefa_hostdev_await_cq;
+	eng_exit = softefa_hostdev_exit;
+	eng_procs = softefa_hostdev_procs;
+	engine_loaded = 1;
+	softefa_trap_install();
+	return 1;
+}
+
 static void load_engine(void) {
+	if (load_hostdev())
+		return;
 	const char *lib = getenv("SOFTEFA_ENGINE");
 	if (!lib || !*lib) {
 		eng_err = ENODEV;

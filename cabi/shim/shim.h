@@ -1,6 +1,7 @@
-// The preload shim's three parts: preload.c (the kernel surface, the ops wrappers), dbtrap.c (the
-// doorbell traps, docs/cabi.md "Doorbells") and paths.c (the device's paths, docs/cabi.md
-// "Paths"), and what each gives the others.
+// The preload shim's four parts: preload.c (the kernel surface, the ops wrappers), dbtrap.c (the
+// doorbell traps, docs/cabi.md "Doorbells"), paths.c (the device's paths, docs/cabi.md "Paths")
+// and hostdev.c (the host device's client, docs/architecture.md "The host device"), and what each
+// gives the others.
 #ifndef SOFTEFA_SHIM_H
 #define SOFTEFA_SHIM_H
 
@@ -27,6 +28,27 @@ HIDDEN void softefa_shim_counter_read(const char *path); // path, in the tree, i
 HIDDEN void softefa_trap_install(void);              // once, after the engine is loaded
 HIDDEN int softefa_trap_covers(int fd, uint32_t handle); // that QP's doorbell stores trap
 HIDDEN void softefa_trap_forget_fd(int fd);          // fd is being closed: drop its CQ mappings
+
+// From hostdev.c: the engine's entry points (preload.c's eng_*) on the host device.
+HIDDEN int softefa_hostdev_connect(const char *path); // 0, or -errno
+HIDDEN int softefa_hostdev_open(int flags);
+HIDDEN long softefa_hostdev_write(int fd, const void *buf, unsigned long n);
+HIDDEN void softefa_hostdev_close(int fd);
+HIDDEN void softefa_hostdev_kick_qp(int fd, uint32_t handle);
+HIDDEN void softefa_hostdev_arm_cq(int fd, uint32_t handle);
+HIDDEN int softefa_hostdev_poll_net(void);
+HIDDEN void softefa_hostdev_dup(int fd, int nfd);
+HIDDEN int softefa_hostdev_sysfs(char *buf, unsigned long n);
+HIDDEN void softefa_hostdev_sysfs_counter(const char *path);
+HIDDEN int softefa_hostdev_ioctl(int fd, unsigned long req, void *arg);
+HIDDEN int softefa_hostdev_netlink(int peer, uint32_t port, const void *buf, unsigned long n);
+HIDDEN int64_t softefa_hostdev_db_page(int fd, int64_t off);
+HIDDEN void softefa_hostdev_db_trapped(int fd, uint32_t handle, int trapped);
+HIDDEN int64_t softefa_hostdev_db_rung(int fd, uint32_t handle);
+HIDDEN int64_t softefa_hostdev_cq_ring(int fd, int64_t off);
+HIDDEN void softefa_hostdev_await_cq(int fd, uint32_t handle, uint64_t off);
+HIDDEN void softefa_hostdev_exit(void);
+HIDDEN int softefa_hostdev_procs(int callers);
 
 // From paths.c.
 // The path an *at call (dirfd, path) is to use: path mapped into the process's tree, in buf when

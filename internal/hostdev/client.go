@@ -11,13 +11,12 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/softefa/softefa/internal/uverbs"
 	"golang.org/x/sys/unix"
 )
 
-// Client is a program's connection to the host device: what the program's side of softefa
-// forwards the device node's operations over. Calls are carried out one at a time; Kick and Arm
-// do not wait.
+// Client is a connection to the host device from Go: softefa device status and stop, softefa
+// run (the device's identity), the tests. Programs connect through the preload shim's own
+// client, in C (cabi/shim/hostdev.c). Calls are carried out one at a time.
 type Client struct {
 	c   *net.UnixConn
 	mu  sync.Mutex // one call at a time: its reply is the next message but fds given
@@ -139,15 +138,6 @@ func (c *Client) Write(h uint32, b []byte) (int, error) {
 	return int(status), nil
 }
 
-// Ioctl is an ioctl(2) on open h with the program's argument address arg.
-func (c *Client) Ioctl(h, req uint32, arg uint64) error {
-	status, _, _, err := c.call(request(opIoctl, h, arg, binary.LittleEndian.AppendUint32(nil, req)))
-	if err != nil {
-		return err
-	}
-	return statusErr(status)
-}
-
 // CloseFile closes open h: the device destroys everything made through it.
 func (c *Client) CloseFile(h uint32) error {
 	status, _, _, err := c.call(request(opClose, h, 0))
@@ -155,35 +145,6 @@ func (c *Client) CloseFile(h uint32) error {
 		return err
 	}
 	return statusErr(status)
-}
-
-// Kick tells the device that the doorbell of QP qp of open h was rung.
-func (c *Client) Kick(h, qp uint32) {
-	_, _, _ = c.c.WriteMsgUnix(request(opKick, h, uint64(qp)), nil, nil)
-}
-
-// Arm tells the device that the arm bit of CQ cq of open h was stored.
-func (c *Client) Arm(h, cq uint32) {
-	_, _, _ = c.c.WriteMsgUnix(request(opArm, h, uint64(cq)), nil, nil)
-}
-
-// DoorbellPage reports which QP's SQ doorbell page the mmap key of open h names.
-func (c *Client) DoorbellPage(h uint32, key uint64) (uint32, bool) {
-	status, _, _, err := c.call(request(opDBPage, h, key))
-	if err != nil || status < 0 {
-		return 0, false
-	}
-	return uint32(status), true
-}
-
-// TrapDoorbells tells the device whether the program's mapping of QP qp's SQ doorbell page traps
-// every store (uverbs.File.TrapDoorbells): a QP whose stores all trap is not scanned.
-func (c *Client) TrapDoorbells(h, qp uint32, trapped bool) {
-	arg := uint64(qp)
-	if trapped {
-		arg |= 1 << 32
-	}
-	_, _, _ = c.c.WriteMsgUnix(request(opTrap, h, arg), nil, nil)
 }
 
 // Info returns the device's identity.
@@ -197,36 +158,6 @@ func (c *Client) Info() (Info, error) {
 		err = i.decode(p)
 	}
 	return i, err
-}
-
-// Counter returns the device's hw_counters value called name.
-func (c *Client) Counter(name string) (uint64, bool) {
-	status, p, _, err := c.call(request(opCounter, 0, 0, []byte(name)))
-	if err != nil || status < 0 || len(p) != 8 {
-		return 0, false
-	}
-	return binary.LittleEndian.Uint64(p), true
-}
-
-// Netlink answers an RDMA netlink request sent on a socket with port id port.
-func (c *Client) Netlink(req []byte, port uint32, ch uverbs.Chardev) ([][]byte, error) {
-	status, p, _, err := c.call(request(opNetlink, 0, uint64(port), encodeChardev(ch), req))
-	if err == nil {
-		err = statusErr(status)
-	}
-	if err != nil {
-		return nil, err
-	}
-	var out [][]byte
-	for len(p) >= 4 {
-		n := int(binary.LittleEndian.Uint32(p))
-		if n > len(p)-4 {
-			return nil, fmt.Errorf("hostdev: netlink replies: %w", syscall.EPROTO)
-		}
-		out = append(out, append([]byte(nil), p[4:4+n]...))
-		p = p[4+n:]
-	}
-	return out, nil
 }
 
 // Status returns the device's status text (programs connected, port counters).

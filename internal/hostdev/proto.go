@@ -2,8 +2,9 @@
 
 // Package hostdev is softefa's host device: one engine device that the programs of a host share,
 // as they share a NIC. The device runs in a process of its own (softefa device) and serves each
-// program through a connection to its Unix socket (SOCK_SEQPACKET): the program's side forwards
-// what it would ask the kernel's uverbs device (open, the write() commands, ioctl, close, RDMA
+// program through a connection to its Unix socket (SOCK_SEQPACKET): the program's side (the
+// preload shim, in C: no Go runtime runs in the program) forwards what it would ask the kernel's
+// uverbs device (open, the write() commands, ioctl, close, RDMA
 // netlink, sysfs counters) and the device answers them with a uverbs.File per open, reaching the
 // program's memory itself (uverbs.ProcessMemory: process_vm_readv/writev) and sharing the rings
 // with it through the open's memfd, which it passes over the socket (SCM_RIGHTS). Everything

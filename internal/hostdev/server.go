@@ -367,13 +367,6 @@ func peerPid(c *net.UnixConn) (int, error) {
 	return int(cred.Pid), nil
 }
 
-func encodeChardev(ch uverbs.Chardev) []byte {
-	b := binary.LittleEndian.AppendUint32(nil, ch.Major)
-	b = binary.LittleEndian.AppendUint32(b, ch.Minor)
-	b = binary.LittleEndian.AppendUint16(b, uint16(len(ch.Name)))
-	return append(b, ch.Name...)
-}
-
 func decodeChardev(p []byte) (uverbs.Chardev, []byte, bool) {
 	if len(p) < 10 {
 		return uverbs.Chardev{}, nil, false

@@ -320,3 +320,10 @@ func TestProgramsIsolated(t *testing.T) {
 		t.Fatalf("the owner's DEREG_MR: %v", err)
 	}
 }
+
+func encodeChardev(ch uverbs.Chardev) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, ch.Major)
+	b = binary.LittleEndian.AppendUint32(b, ch.Minor)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(ch.Name)))
+	return append(b, ch.Name...)
+}

@@ -1,0 +1,343 @@
+// The host device's client (docs/architecture.md, "The host device" and its protocol): with
+// SOFTEFA_DEVICE set, the shim loads no engine into the program. The device node's operations go
+// to the host's device, a process of its own, over its socket; the device reaches the program's
+// memory and rings itself, and gives the program the fds its commands make. This file is the
+// engine's entry points for that case, in C: no Go runtime runs in the program.
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+enum {
+	OP_OPEN = 1,
+	OP_WRITE = 2,
+	OP_IOCTL = 3,
+	OP_CLOSE = 4,
+	OP_KICK = 5,
+	OP_ARM = 6,
+	OP_COUNTER = 8,
+	OP_NETLINK = 9,
+	OP_DBPAGE = 12,
+	OP_TRAP = 13,
+	OP_GIVE = 100,
+};
+
+#define HDR 16
+#define MAXMSG (64 << 10)
+#define MAXFD 65536
+
+static int sock = -1;
+// One call at a time: its reply is the next message but the fds the device gives meanwhile.
+// Kicks, arms and traps are single datagrams sent without it (sendmsg on a SOCK_SEQPACKET
+// socket is atomic, and safe in the doorbell trap's signal handler).
+static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned char rbuf[MAXMSG]; // the reply being read; call_mu
+static uint32_t fd_open[MAXFD];    // a device fd's open: its handle + 1, 0 for none
+
+static void put32(unsigned char *b, uint32_t v) { memcpy(b, &v, 4); } // (x86-64, aarch64: little-endian)
+static void put64(unsigned char *b, uint64_t v) { memcpy(b, &v, 8); }
+static uint32_t get32(const unsigned char *b) { uint32_t v; memcpy(&v, b, 4); return v; }
+static int64_t get64(const unsigned char *b) { int64_t v; memcpy(&v, b, 8); return v; }
+
+int softefa_hostdev_connect(const char *path) {
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	if (strlen(path) >= sizeof(a.sun_path))
+		return -ENAMETOOLONG;
+	strcpy(a.sun_path, path);
+	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return -errno;
+	if (connect(s, (struct sockaddr *)&a, sizeof(a)) < 0) {
+		int e = errno;
+		close(s);
+		return -e;
+	}
+	sock = s;
+	return 0;
+}
+
+// send_req sends a request: the header and up to two pieces of payload, and an fd if fd >= 0.
+static int send_req(uint32_t op, uint32_t h, uint64_t arg, const void *p1, size_t n1, const void *p2, size_t n2) {
+	unsigned char hdr[HDR];
+	put32(hdr, op);
+	put32(hdr + 4, h);
+	put64(hdr + 8, arg);
+	struct iovec iov[3] = {{hdr, HDR}, {(void *)p1, n1}, {(void *)p2, n2}};
+	struct msghdr m = {.msg_iov = iov, .msg_iovlen = 3};
+	ssize_t r;
+	do
+		r = sendmsg(sock, &m, MSG_NOSIGNAL);
+	while (r < 0 && errno == EINTR);
+	return r < 0 ? -errno : 0;
+}
+
+// call sends a request and returns the reply's status (or -errno), its payload in rbuf (*plen
+// bytes from rbuf+HDR) and the fd attached to it (*fd, -1 for none), answering the device's
+// gives meanwhile. The caller holds call_mu.
+static int64_t call(uint32_t op, uint32_t h, uint64_t arg, const void *p1, size_t n1, const void *p2, size_t n2,
+		    size_t *plen, int *fd) {
+	*fd = -1;
+	if (sock < 0)
+		return -ENODEV;
+	if (HDR + n1 + n2 > MAXMSG)
+		return -EINVAL;
+	int r = send_req(op, h, arg, p1, n1, p2, n2);
+	if (r < 0)
+		return r;
+	for (;;) {
+		char cbuf[CMSG_SPACE(sizeof(int))];
+		struct iovec iov = {rbuf, sizeof(rbuf)};
+		struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+		ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		int got = -1;
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+			if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
+				memcpy(&got, CMSG_DATA(c), sizeof(int));
+		if (n < HDR || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+			if (got >= 0)
+				close(got);
+			return -EPROTO;
+		}
+		if (get32(rbuf) == OP_GIVE) {
+			unsigned char ans[HDR] = {0};
+			put32(ans, OP_GIVE);
+			put64(ans + 8, got >= 0 ? (uint64_t)(int64_t)got : (uint64_t)(int64_t)-EPROTO);
+			struct iovec ai = {ans, HDR};
+			struct msghdr am = {.msg_iov = &ai, .msg_iovlen = 1};
+			if (sendmsg(sock, &am, MSG_NOSIGNAL) < 0)
+				return -errno;
+			continue;
+		}
+		if (get32(rbuf) != op) {
+			if (got >= 0)
+				close(got);
+			return -EPROTO;
+		}
+		*plen = (size_t)n - HDR;
+		*fd = got;
+		return get64(rbuf + 8);
+	}
+}
+
+// simple is call for a reply whose payload and fd do not matter.
+static int64_t simple(uint32_t op, uint32_t h, uint64_t arg, const void *p, size_t n) {
+	size_t plen;
+	int fd;
+	pthread_mutex_lock(&call_mu);
+	int64_t r = call(op, h, arg, p, n, NULL, 0, &plen, &fd);
+	pthread_mutex_unlock(&call_mu);
+	if (fd >= 0)
+		close(fd);
+	return r;
+}
+
+static int handle_of(int fd, uint32_t *h) {
+	if (fd < 0 || fd >= MAXFD || !fd_open[fd])
+		return 0;
+	*h = fd_open[fd] - 1;
+	return 1;
+}
+
+int softefa_hostdev_open(int flags) {
+	size_t plen;
+	int mfd;
+	pthread_mutex_lock(&call_mu);
+	int64_t r = call(OP_OPEN, 0, 0, NULL, 0, NULL, 0, &plen, &mfd);
+	pthread_mutex_unlock(&call_mu);
+	if (r < 0 || mfd < 0) {
+		if (mfd >= 0)
+			close(mfd);
+		return r < 0 ? (int)r : -EPROTO;
+	}
+	int fd = fcntl(mfd, (flags & O_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD, 3);
+	int e = errno;
+	close(mfd);
+	if (fd < 0 || fd >= MAXFD) {
+		if (fd >= 0)
+			close(fd);
+		simple(OP_CLOSE, (uint32_t)r, 0, NULL, 0);
+		return fd < 0 ? -e : -EMFILE;
+	}
+	fd_open[fd] = (uint32_t)r + 1;
+	return fd;
+}
+
+long softefa_hostdev_write(int fd, const void *buf, size_t n) {
+	uint32_t h;
+	if (!handle_of(fd, &h))
+		return -EBADF;
+	if (n > MAXMSG - HDR)
+		return -EINVAL;
+	return (long)simple(OP_WRITE, h, 0, buf, n);
+}
+
+int softefa_hostdev_ioctl(int fd, unsigned long req, void *arg) {
+	uint32_t h;
+	if (!handle_of(fd, &h))
+		return -EBADF;
+	unsigned char r[4];
+	put32(r, (uint32_t)req);
+	return (int)simple(OP_IOCTL, h, (uint64_t)(uintptr_t)arg, r, 4);
+}
+
+void softefa_hostdev_dup(int fd, int nfd) {
+	if (fd >= 0 && fd < MAXFD && nfd >= 0 && nfd < MAXFD)
+		fd_open[nfd] = fd_open[fd];
+}
+
+void softefa_hostdev_close(int fd) {
+	uint32_t h;
+	if (!handle_of(fd, &h))
+		return;
+	fd_open[fd] = 0;
+	for (int i = 0; i < MAXFD; i++)
+		if (fd_open[i] == h + 1)
+			return; // a dup still names the open
+	simple(OP_CLOSE, h, 0, NULL, 0);
+}
+
+void softefa_hostdev_kick_qp(int fd, uint32_t qp) {
+	uint32_t h;
+	if (handle_of(fd, &h))
+		send_req(OP_KICK, h, qp, NULL, 0, NULL, 0);
+}
+
+void softefa_hostdev_arm_cq(int fd, uint32_t cq) {
+	uint32_t h;
+	if (handle_of(fd, &h))
+		send_req(OP_ARM, h, cq, NULL, 0, NULL, 0);
+}
+
+int64_t softefa_hostdev_db_page(int fd, int64_t off) {
+	uint32_t h;
+	if (off < 0 || !handle_of(fd, &h))
+		return -1;
+	int64_t r = simple(OP_DBPAGE, h, (uint64_t)off, NULL, 0);
+	return r < 0 ? -1 : r;
+}
+
+void softefa_hostdev_db_trapped(int fd, uint32_t qp, int trapped) {
+	uint32_t h;
+	if (handle_of(fd, &h))
+		send_req(OP_TRAP, h, (uint64_t)qp | (trapped ? 1ull << 32 : 0), NULL, 0, NULL, 0);
+}
+
+// A trapped doorbell store: the device is told at once (nothing to linger in: the device is
+// another process), and no CQ is guarded.
+int64_t softefa_hostdev_db_rung(int fd, uint32_t qp) {
+	softefa_hostdev_kick_qp(fd, qp);
+	return -1;
+}
+
+// softefa_hostdev_netlink answers the RDMA netlink request in buf, sent by the program on its
+// socket with port id port, by writing the device's replies into peer.
+int softefa_hostdev_netlink(int peer, uint32_t port, const void *buf, size_t n) {
+	const char *path = getenv("SOFTEFA_DEV_PATH"), *rdev = getenv("SOFTEFA_DEV_RDEV");
+	const char *name = path && strrchr(path, '/') ? strrchr(path, '/') + 1 : "";
+	unsigned maj = 0, min = 0;
+	if (rdev)
+		sscanf(rdev, "%u:%u", &maj, &min);
+	size_t nl = strlen(name);
+	if (nl > 255)
+		return -ENAMETOOLONG;
+	unsigned char ch[10 + 256];
+	put32(ch, maj);
+	put32(ch + 4, min);
+	uint16_t l16 = (uint16_t)nl;
+	memcpy(ch + 8, &l16, 2);
+	memcpy(ch + 10, name, nl);
+	size_t plen;
+	int fd;
+	pthread_mutex_lock(&call_mu);
+	int64_t r = call(OP_NETLINK, 0, port, ch, 10 + nl, buf, n, &plen, &fd);
+	if (fd >= 0)
+		close(fd);
+	for (size_t off = 0; r >= 0 && off + 4 <= plen;) {
+		uint32_t ml = get32(rbuf + HDR + off);
+		if (ml > plen - off - 4) {
+			r = -EPROTO;
+			break;
+		}
+		if (write(peer, rbuf + HDR + off + 4, ml) < 0)
+			r = -errno;
+		off += 4 + ml;
+	}
+	pthread_mutex_unlock(&call_mu);
+	return r < 0 ? (int)r : 0;
+}
+
+// softefa_hostdev_sysfs_counter is the program opening path, a file of its sysfs tree: when it
+// is a port counter (…/ports/N/hw_counters/NAME), the file is rewritten with the device's value
+// now, whole under another name at the tree's root and renamed over the old one, as the engine
+// inside a program does (softefa_sysfs_counter).
+void softefa_hostdev_sysfs_counter(const char *path) {
+	// path is in the tree (ROOT/sys/…, the shim mapped it): the tree's root is what comes before
+	// its first /sys/. (Not realpath: libc resolves the tree's links through the shim's own
+	// mapping of /sys.)
+	const char *p = path, *devices = strstr(p, "/sys/"), *hw = strstr(p, "/hw_counters/");
+	if (!devices || !hw || strchr(hw + strlen("/hw_counters/"), '/'))
+		return;
+	const char *name = hw + strlen("/hw_counters/");
+	size_t plen;
+	int fd;
+	pthread_mutex_lock(&call_mu);
+	int64_t r = call(OP_COUNTER, 0, 0, name, strlen(name), NULL, 0, &plen, &fd);
+	uint64_t v = 0;
+	if (r >= 0 && plen == 8)
+		memcpy(&v, rbuf + HDR, 8);
+	pthread_mutex_unlock(&call_mu);
+	if (fd >= 0)
+		close(fd);
+	if (r < 0 || plen != 8)
+		return;
+	char tmp[PATH_MAX];
+	if (snprintf(tmp, sizeof(tmp), "%.*s/.%s-XXXXXX", (int)(devices - p), p, name) >= (int)sizeof(tmp))
+		return;
+	int t = mkstemp(tmp);
+	if (t < 0)
+		return;
+	char line[32];
+	int n = snprintf(line, sizeof(line), "%llu\n", (unsigned long long)v);
+	int ok = write(t, line, (size_t)n) == n && fchmod(t, 0644) == 0;
+	ok = close(t) == 0 && ok;
+	if (!ok || rename(tmp, p) != 0)
+		unlink(tmp);
+}
+
+int softefa_hostdev_sysfs(char *buf, size_t n) {
+	(void)buf;
+	(void)n;
+	return -EOPNOTSUPP; // (softefa run writes the host device's tree)
+}
+int softefa_hostdev_poll_net(void) { return 0; }
+int64_t softefa_hostdev_cq_ring(int fd, int64_t off) {
+	(void)fd;
+	(void)off;
+	return -1;
+}
+void softefa_hostdev_await_cq(int fd, uint32_t h, uint64_t off) {
+	(void)fd;
+	(void)h;
+	(void)off;
+}
+void softefa_hostdev_exit(void) {}
+int softefa_hostdev_procs(int callers) {
+	(void)callers;
+	return INT_MAX;
+}
