@@ -12,7 +12,8 @@
 # Needs the third-party stack (cabi/thirdparty/build.sh; SOFTEFA_STACK names its prefix, or
 # build.sh --prefix finds it) and Debian's perftest. Figures: latency in µs (fabtests' usec/xfer
 # and perftest's t_avg are averages of half a round trip; softefa perf's send_lat prints the
-# same), bandwidth in Gb/s. docs/performance.md, "Unmodified software beside softefa perf",
+# same), bandwidth in Gb/s. docs/performance.md, "Unmodified software beside softefa perf, and on
+# the host device",
 # holds the latest table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
