@@ -10,5 +10,5 @@ import "embed"
 //
 //go:embed go.mod go.sum cabi/*.go cabi/shim/*.c cabi/shim/*.h cabi/libengine/*.go config/*.go efaio/*.go
 //go:embed internal/uapi/*.go internal/qpn/*.go internal/wire/*.go internal/engine/*.go internal/seal/*.go internal/srd/*.go
-//go:embed internal/uverbs/*.go link/*.go
+//go:embed internal/uverbs/*.go internal/mem/*.go internal/hostdev/*.go link/*.go
 var Source embed.FS
