@@ -109,20 +109,22 @@ static int64_t call(uint32_t op, uint32_t h, uint64_t arg, const void *p1, size_
 		for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
 			if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
 				memcpy(&got, CMSG_DATA(c), sizeof(int));
-		if (n < HDR || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-			if (got >= 0)
-				close(got);
-			return -EPROTO;
-		}
-		if (get32(rbuf) == OP_GIVE) {
+		if (n >= HDR && get32(rbuf) == OP_GIVE && !(m.msg_flags & MSG_TRUNC)) {
+			// Answered whatever came: without the fd (the program at its fd limit: the kernel
+			// dropped it, MSG_CTRUNC), -EMFILE, and the device fails the command.
 			unsigned char ans[HDR] = {0};
 			put32(ans, OP_GIVE);
-			put64(ans + 8, got >= 0 ? (uint64_t)(int64_t)got : (uint64_t)(int64_t)-EPROTO);
+			put64(ans + 8, got >= 0 ? (uint64_t)(int64_t)got : (uint64_t)(int64_t)-EMFILE);
 			struct iovec ai = {ans, HDR};
 			struct msghdr am = {.msg_iov = &ai, .msg_iovlen = 1};
 			if (sendmsg(sock, &am, MSG_NOSIGNAL) < 0)
 				return -errno;
 			continue;
+		}
+		if (n < HDR || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+			if (got >= 0)
+				close(got);
+			return -EPROTO;
 		}
 		if (get32(rbuf) != op) {
 			if (got >= 0)

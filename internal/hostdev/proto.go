@@ -14,7 +14,7 @@
 // # Protocol
 //
 // Every message is one datagram, little-endian. A request is op (u32), handle (u32, the open it
-// is about), arg (u64) and a payload; every request but kick and arm gets one reply: op (u32,
+// is about), arg (u64) and a payload; every request but kick, arm and trap gets one reply: op (u32,
 // the request's), 4 zero bytes, status (i64: a result ≥ 0, or -errno) and a payload. While the
 // device carries out a request it may give the program an fd first (op give, the fd attached):
 // the program answers with op give and, in status, the number the fd has in the program; then the

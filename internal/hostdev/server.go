@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/softefa/softefa/internal/mem"
 	"github.com/softefa/softefa/internal/uverbs"
@@ -37,8 +38,8 @@ type Server struct {
 // Stopped returns a channel closed when a program has asked the device to stop (Client.Stop).
 func (s *Server) Stopped() <-chan struct{} { return s.stop }
 
-// Listen makes the device's socket at path (mode 0660: the owner and the group reach the
-// device) and returns the server; Serve accepts programs on it. A socket file left at path by a
+// Listen makes the device's socket at path (mode 0600) and returns the server; Serve accepts
+// programs on it, of the device's own user only. A socket file left at path by a
 // device that is gone is replaced; one a live device answers on is EADDRINUSE.
 func Listen(d *uverbs.Device, path string) (*Server, error) {
 	if c, err := net.Dial("unixpacket", path); err == nil {
@@ -50,7 +51,7 @@ func Listen(d *uverbs.Device, path string) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hostdev: %w", err)
 	}
-	if err := os.Chmod(path, 0o660); err != nil {
+	if err := os.Chmod(path, 0o600); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("hostdev: %w", err)
 	}
@@ -62,8 +63,10 @@ func Listen(d *uverbs.Device, path string) (*Server, error) {
 // Path returns the socket's path.
 func (s *Server) Path() string { return s.path }
 
-// Serve accepts programs until Close.
+// Serve accepts programs until Close. Running out of fds (EMFILE, ENFILE) does not stop it: it
+// waits a moment, longer each time up to a second, and accepts again.
 func (s *Server) Serve() error {
+	var backoff time.Duration
 	for {
 		c, err := s.ln.AcceptUnix()
 		if err != nil {
@@ -74,11 +77,15 @@ func (s *Server) Serve() error {
 				return nil
 			}
 			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+				errors.Is(err, syscall.ECONNABORTED) {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				time.Sleep(backoff)
 				continue
 			}
 			return err
 		}
+		backoff = 0
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -135,7 +142,10 @@ type conn struct {
 	files map[uint32]*open // by handle; the connection's goroutine alone touches it
 	next  uint32
 	buf   []byte
-	oob   []byte
+	// later holds the kicks, arms and traps that came while a command waited for the program
+	// to take an fd (giver.Give): the command holds its File's lock, which they take, so they are
+	// carried out once it has returned.
+	later [][reqHeader]byte
 }
 
 type open struct {
@@ -146,11 +156,11 @@ type open struct {
 func (c *conn) serve() {
 	defer c.s.wg.Done()
 	defer c.release()
-	pid, err := peerPid(c.c)
-	if err != nil {
-		return
+	cred, err := peerCred(c.c)
+	if err != nil || int(cred.Uid) != os.Geteuid() {
+		return // only the device's own user's programs (docs/security.md, "The host device")
 	}
-	if c.proc, err = mem.Open(pid); err != nil {
+	if c.proc, err = mem.Open(int(cred.Pid)); err != nil {
 		return
 	}
 	go func() { // a program that exits mid-command is disconnected at once
@@ -158,9 +168,9 @@ func (c *conn) serve() {
 		c.c.Close()
 	}()
 	c.buf = make([]byte, maxMessage)
-	c.oob = make([]byte, unix.CmsgSpace(4))
 	for {
-		n, _, flags, _, err := c.c.ReadMsgUnix(c.buf, c.oob)
+		// (no room for control messages: fds a program attaches are closed by the kernel)
+		n, _, flags, _, err := c.c.ReadMsgUnix(c.buf, nil)
 		if err != nil || flags&unix.MSG_TRUNC != 0 {
 			return
 		}
@@ -170,7 +180,14 @@ func (c *conn) serve() {
 		b := c.buf[:n]
 		op, h, arg := binary.LittleEndian.Uint32(b), binary.LittleEndian.Uint32(b[4:]), binary.LittleEndian.Uint64(b[8:])
 		out, fd, ok := c.handle(op, h, arg, b[reqHeader:])
+		for _, r := range c.later {
+			c.handle(binary.LittleEndian.Uint32(r[:]), binary.LittleEndian.Uint32(r[4:]), binary.LittleEndian.Uint64(r[8:]), nil)
+		}
+		c.later = c.later[:0]
 		if !ok {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
 			return
 		}
 		if out == nil {
@@ -308,18 +325,23 @@ func (g giver) Give(fd int) (int32, error) {
 	if _, _, err := c.c.WriteMsgUnix(reply(opGive, 0, nil), unix.UnixRights(fd), nil); err != nil {
 		return -1, err
 	}
+	// The command holds its File's lock, which the device's async-event forwarder needs too: a
+	// program that does not answer (stopped, or hostile) fails the command instead of holding it.
+	_ = c.c.SetReadDeadline(time.Now().Add(giveTimeout))
+	defer c.c.SetReadDeadline(time.Time{})
 	var b [reqHeader]byte
 	for {
-		n, _, _, _, err := c.c.ReadMsgUnix(b[:], nil)
+		n, _, flags, _, err := c.c.ReadMsgUnix(b[:], nil)
 		if err != nil {
 			return -1, err
 		}
-		if op := binary.LittleEndian.Uint32(b[:]); n == reqHeader && (op == opKick || op == opArm || op == opTrap) {
-			// another thread of the program rang a doorbell meanwhile
-			c.handle(op, binary.LittleEndian.Uint32(b[4:]), binary.LittleEndian.Uint64(b[8:]), nil)
+		if op := binary.LittleEndian.Uint32(b[:]); n == reqHeader && flags&unix.MSG_TRUNC == 0 && (op == opKick || op == opArm || op == opTrap) {
+			// another thread of the program rang a doorbell meanwhile: carried out after the
+			// command, which holds the File's lock they take
+			c.later = append(c.later, b)
 			continue
 		}
-		if n != replyHeader || binary.LittleEndian.Uint32(b[:]) != opGive {
+		if n != replyHeader || flags&unix.MSG_TRUNC != 0 || binary.LittleEndian.Uint32(b[:]) != opGive {
 			return -1, fmt.Errorf("hostdev: the program did not take an fd: %w", syscall.EPROTO)
 		}
 		break
@@ -330,6 +352,9 @@ func (g giver) Give(fd int) (int32, error) {
 	}
 	return int32(v), nil
 }
+
+// giveTimeout is how long the device waits for a program to answer a give.
+const giveTimeout = 10 * time.Second
 
 // release closes everything the program made.
 func (c *conn) release() {
@@ -348,23 +373,21 @@ func (c *conn) release() {
 	c.s.mu.Unlock()
 }
 
-// peerPid returns the process id of the program at the other end (SO_PEERCRED).
-func peerPid(c *net.UnixConn) (int, error) {
+// peerCred returns the credentials of the program at the other end (SO_PEERCRED: its process
+// and user when it connected).
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := rc.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	}); err != nil {
-		return 0, err
+		return nil, err
 	}
-	if cerr != nil {
-		return 0, cerr
-	}
-	return int(cred.Pid), nil
+	return cred, cerr
 }
 
 func decodeChardev(p []byte) (uverbs.Chardev, []byte, bool) {

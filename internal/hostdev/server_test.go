@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -166,10 +167,19 @@ func TestServeProgram(t *testing.T) {
 	}
 }
 
-// TestMain runs TestProgramKilled's program when the test binary is started as it.
+// TestMain runs TestProgramKilled's program, or TestOtherUserRefused's, when the test binary is
+// started as it.
 func TestMain(m *testing.M) {
 	if path := os.Getenv("HOSTDEV_TEST_SOCKET"); path != "" {
 		killedProgram(path)
+	}
+	if path := os.Getenv("HOSTDEV_TEST_OTHER_USER"); path != "" {
+		c, err := Dial(path)
+		if err == nil {
+			_, err = c.Info()
+		}
+		fmt.Println(err != nil)
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }
@@ -326,4 +336,89 @@ func encodeChardev(ch uverbs.Chardev) []byte {
 	b = binary.LittleEndian.AppendUint32(b, ch.Minor)
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(ch.Name)))
 	return append(b, ch.Name...)
+}
+
+// A doorbell kick that comes while a command waits for the program to take an fd is carried out
+// after the command (it takes the File's lock the command holds): before, the device's goroutine
+// for the program waited on itself for ever.
+func TestKickDuringGive(t *testing.T) {
+	s, _ := serve(t)
+	c, err := Dial(s.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	h, mfd, err := c.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(mfd)
+	resp := make([]byte, 64)
+	drv := binary.LittleEndian.AppendUint32(make([]byte, 0, 8), 3)
+	cmd := command(cmdGetContext, (8+24)/4, withResp(8, resp), append(drv, 0, 0, 0, 0))
+	if _, _, err := c.c.WriteMsgUnix(request(opWrite, h, 0, cmd), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	c.c.SetReadDeadline(time.Now().Add(time.Minute)) // (a hang guard: the device answers at once)
+	n, oobn, _, _, err := c.c.ReadMsgUnix(c.buf, c.oob)
+	if err != nil || n != replyHeader || binary.LittleEndian.Uint32(c.buf) != opGive {
+		t.Fatalf("want a give: %d bytes, %v", n, err)
+	}
+	fd, err := rightsFD(c.oob[:oobn])
+	if err != nil || fd < 0 {
+		t.Fatalf("the give carried no fd: %v", err)
+	}
+	defer unix.Close(fd)
+	if _, _, err := c.c.WriteMsgUnix(request(opKick, h, 0), nil, nil); err != nil { // (QP handle 0: none)
+		t.Fatal(err)
+	}
+	if _, _, err := c.c.WriteMsgUnix(reply(opGive, int64(fd), nil), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	n, _, _, _, err = c.c.ReadMsgUnix(c.buf, nil)
+	if err != nil {
+		t.Fatalf("no reply to the command: %v", err)
+	}
+	if st := int64(binary.LittleEndian.Uint64(c.buf[8:])); n != replyHeader || st != int64(len(cmd)) {
+		t.Fatalf("the command's reply: %d bytes, status %d", n, st)
+	}
+	if got := int(int32(binary.LittleEndian.Uint32(resp))); got != fd {
+		t.Fatalf("the response names fd %d, want the program's %d", got, fd)
+	}
+}
+
+// A process of another user than the device's is refused, though it reaches the socket: the
+// device would reach its memory, and write into what it execs, with the device's rights.
+func TestOtherUserRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a process as another user")
+	}
+	s, _ := serve(t)
+	if err := os.Chmod(filepath.Dir(s.Path()), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(s.Path(), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Dir(filepath.Dir(s.Path())), 0o755); err != nil { // (t.TempDir's parent)
+		t.Fatal(err)
+	}
+	exe, err := os.ReadFile(os.Args[0]) // a copy the other user can run (go test's directory is not theirs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog := filepath.Join(filepath.Dir(s.Path()), "program")
+	if err := os.WriteFile(prog, exe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(prog, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "HOSTDEV_TEST_OTHER_USER="+s.Path())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "true" {
+		t.Fatalf("another user's program: refused %q (%v)", out, err)
+	}
+	if s.AwaitPrograms(0); s.Programs() != 0 {
+		t.Fatalf("%d programs connected", s.Programs())
+	}
 }
