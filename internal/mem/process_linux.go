@@ -40,9 +40,6 @@ func Open(pid int) (*Process, error) {
 	return p, nil
 }
 
-// Pid returns the process id.
-func (p *Process) Pid() int { return p.pid }
-
 // Exited returns a channel closed when the process has exited or p has been closed.
 func (p *Process) Exited() <-chan struct{} { return p.exit }
 

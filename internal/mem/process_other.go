@@ -15,9 +15,6 @@ func Open(pid int) (*Process, error) {
 	return nil, fmt.Errorf("mem: another process's memory: %w", syscall.ENOSYS)
 }
 
-// Pid returns 0.
-func (p *Process) Pid() int { return 0 }
-
 // Exited returns a closed channel.
 func (p *Process) Exited() <-chan struct{} { return p.exit }
 
