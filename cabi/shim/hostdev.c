@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,7 @@ enum {
 	OP_NETLINK = 9,
 	OP_DBPAGE = 12,
 	OP_TRAP = 13,
+	OP_DOORBELL = 14,
 	OP_GIVE = 100,
 };
 
@@ -39,6 +41,7 @@ enum {
 #define MAXFD 65536
 
 static int sock = -1;
+static int door = -1; // the doorbell socket (OP_DOORBELL): kicks, each answered once carried out
 // One call at a time: its reply is the next message but the fds the device gives meanwhile.
 // Kicks, arms and traps are single datagrams sent without it (sendmsg on a SOCK_SEQPACKET
 // socket is atomic, and safe in the doorbell trap's signal handler).
@@ -50,6 +53,9 @@ static void put32(unsigned char *b, uint32_t v) { memcpy(b, &v, 4); } // (x86-64
 static void put64(unsigned char *b, uint64_t v) { memcpy(b, &v, 8); }
 static uint32_t get32(const unsigned char *b) { uint32_t v; memcpy(&v, b, 4); return v; }
 static int64_t get64(const unsigned char *b) { int64_t v; memcpy(&v, b, 8); return v; }
+
+static int64_t call(uint32_t op, uint32_t h, uint64_t arg, const void *p1, size_t n1, const void *p2, size_t n2,
+		    size_t *plen, int *fd);
 
 int softefa_hostdev_connect(const char *path) {
 	struct sockaddr_un a = {.sun_family = AF_UNIX};
@@ -65,6 +71,19 @@ int softefa_hostdev_connect(const char *path) {
 		return -e;
 	}
 	sock = s;
+	size_t plen;
+	int fd;
+	pthread_mutex_lock(&call_mu);
+	int64_t r = call(OP_DOORBELL, 0, 0, NULL, 0, NULL, 0, &plen, &fd);
+	pthread_mutex_unlock(&call_mu);
+	if (r < 0 || fd < 0) {
+		if (fd >= 0)
+			close(fd);
+		close(s);
+		sock = -1;
+		return r < 0 ? (int)r : -EPROTO;
+	}
+	door = fd;
 	return 0;
 }
 
@@ -214,10 +233,64 @@ void softefa_hostdev_close(int fd) {
 	simple(OP_CLOSE, h, 0, NULL, 0);
 }
 
+// Kicks go on the doorbell socket (docs/architecture.md, "Doorbells on the host device"), each
+// numbered. A kick the last answer for its QP said would linger there (the QP ping-pongs) waits
+// for its own answer: the thread sleeps while the device waits for the QP's next receive, leaving
+// its core to the peer and the device that make it. Other kicks go without waiting, and are
+// answered only when the QP's next kick would linger; the next kick takes those answers.
+static pthread_mutex_t door_mu = PTHREAD_MUTEX_INITIALIZER; // reading answers
+static _Atomic uint32_t door_sent, door_answered;              // kick numbers (31 bits)
+static _Atomic unsigned char door_lingers[4096];               // by QP handle mod 4096: a hint
+
+static int door_before(uint32_t a, uint32_t b) { return (int32_t)((a - b) << 1) < 0; } // a < b, mod 2^31
+
+// door_take records an answer.
+static void door_take(const unsigned char *b) {
+	uint64_t v = (uint64_t)get64(b + 8);
+	uint32_t n = (uint32_t)v & 0x7fffffff, old = atomic_load(&door_answered);
+	atomic_store(&door_lingers[get32(b + 4) & 4095], (unsigned char)(v >> 32 & 1));
+	while (door_before(old, n) && !atomic_compare_exchange_weak(&door_answered, &old, n))
+		;
+}
+
+// door_read reads one answer, blocking or not; it returns 0 when there was none.
+static int door_read(int flags) {
+	unsigned char b[HDR];
+	ssize_t r;
+	do
+		r = recv(door, b, HDR, flags);
+	while (r < 0 && errno == EINTR);
+	if (r != HDR)
+		return 0;
+	door_take(b);
+	return 1;
+}
+
 void softefa_hostdev_kick_qp(int fd, uint32_t qp) {
 	uint32_t h;
-	if (handle_of(fd, &h))
-		send_req(OP_KICK, h, qp, NULL, 0, NULL, 0);
+	if (!handle_of(fd, &h))
+		return;
+	if (pthread_mutex_trylock(&door_mu) == 0) {
+		while (door_read(MSG_DONTWAIT))
+			;
+		pthread_mutex_unlock(&door_mu);
+	}
+	int wait = atomic_load(&door_lingers[qp & 4095]);
+	uint32_t n = (atomic_fetch_add(&door_sent, 1) + 1) & 0x7fffffff;
+	unsigned char b[HDR];
+	put32(b, OP_KICK);
+	put32(b + 4, h);
+	put64(b + 8, qp | (uint64_t)wait << 32 | (uint64_t)n << 33);
+	ssize_t r;
+	do
+		r = send(door, b, HDR, MSG_NOSIGNAL);
+	while (r < 0 && errno == EINTR);
+	if (r < 0 || !wait)
+		return;
+	pthread_mutex_lock(&door_mu);
+	while (door_before(atomic_load(&door_answered), n) && door_read(0))
+		;
+	pthread_mutex_unlock(&door_mu);
 }
 
 void softefa_hostdev_arm_cq(int fd, uint32_t cq) {

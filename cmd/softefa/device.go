@@ -30,6 +30,7 @@ func runDevice(args []string) error {
 	addr := fs.String("addr", "127.0.0.1:4791", "the device's UDP endpoint IP:PORT (its GID)")
 	paths := fs.Int("paths", 0, "UDP paths (default 4)")
 	partID := fs.Uint("part-id", 0xefa1, "the PCI device id (vendor_part_id) programs see")
+	linger := fs.Duration("linger", uverbs.DefaultOptions().Linger, "how long a kick of a ping-ponging QP, whose program waits, waits in the device for the QP's next receive; 0: not at all")
 	if err := parseFlags(fs, "softefa device [flags] | softefa device status|stop [--socket PATH]", args); err != nil {
 		return err
 	}
@@ -57,7 +58,9 @@ func runDevice(args []string) error {
 		return err
 	}
 	defer e.Close()
-	d := uverbs.NewDevice(e, uverbs.DefaultOptions())
+	opts := uverbs.DefaultOptions()
+	opts.Linger = *linger
+	d := uverbs.NewDevice(e, opts)
 	defer d.Close()
 	if err := os.MkdirAll(filepath.Dir(*socket), 0o755); err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -389,5 +390,55 @@ func TestSQDrainedByNetworkCompletion(t *testing.T) {
 	a.d.mu.Unlock()
 	if len(evs) != 1 || evs[0].Type != uapi.EventSQDrained || evs[0].QP != a.q {
 		t.Errorf("events %+v, want SQ_DRAINED for the QP", evs)
+	}
+}
+
+// QP.Await, a host device's goroutine waiting, for a program's thread that sleeps meanwhile, for
+// the QP's next receive (docs/architecture.md, "Doorbells on the host device"): it blocks until
+// the receive's entry is written, without polling; one waiter at a time; a timeout ends it. Two
+// devices over UDP on loopback, each with its receive loop.
+func TestQPAwait(t *testing.T) {
+	a, b := udpRig(t), udpRig(t)
+	ah, err := a.d.CreateAH(a.pd, b.d.GID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	never := make(chan time.Time) // (a wait that missed its receive would hang the test)
+	if !b.q.Await(1, never) {
+		t.Fatal("Await with the receive count already past seen did not return true")
+	}
+
+	// A second waiter on the same CQ is turned away while the first waits; a timeout ends a
+	// wait with nothing to show.
+	timeout := make(chan time.Time)
+	first := make(chan bool)
+	go func() { first <- b.q.Await(0, timeout) }()
+	for b.q.recvCQ.waiters.Load() == 0 {
+		runtime.Gosched()
+	}
+	if b.q.Await(0, never) {
+		t.Error("a second waiter on the CQ was not turned away")
+	}
+	close(timeout)
+	if <-first {
+		t.Error("Await ended by its timeout with no receive reported true")
+	}
+
+	got := make(chan bool)
+	go func() { got <- b.q.Await(0, never) }()
+	const msg = "written while the waiter slept"
+	postSend(a, b, ah, msg)
+	a.d.Ring(a.q)
+	if !<-got {
+		t.Fatal("Await for a receive that came returned false")
+	}
+	if b.q.recvCQ.written.Load() != 1 {
+		t.Fatalf("the receiver's CQ holds %d entries after the wait, want 1", b.q.recvCQ.written.Load())
+	}
+	if got := string(b.inA[:len(msg)]); got != msg {
+		t.Errorf("the receive buffer holds %q, want %q", got, msg)
+	}
+	if b.q.recvCQ.waiters.Load() != 0 {
+		t.Error("the CQ still counts a waiter after the wait")
 	}
 }

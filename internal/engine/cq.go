@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/softefa/softefa/efaio"
@@ -37,6 +38,9 @@ type CQ struct {
 	notify  func()
 	owner   any
 	dead    bool
+	// 1 while a goroutine is blocked in Await, and its wake-up (capacity 1).
+	waiters atomic.Int32
+	wake    chan struct{}
 }
 
 // Owner returns the value given as CQInit.Owner; nil for a nil CQ.
@@ -126,7 +130,7 @@ func (d *Device) CreateCQ(in CQInit) (*CQ, error) {
 	clear(ring)
 	atomic.StoreUint32(db, 0)
 	d.nCQ++
-	return &CQ{d: d, ring: ring, depth: depth, esz: esz, db: db, flags: in.Flags, phase: 1, unpaced: in.Unpaced, firedSN: -1, notify: in.Notify, owner: in.Owner}, nil
+	return &CQ{d: d, ring: ring, depth: depth, esz: esz, db: db, flags: in.Flags, phase: 1, unpaced: in.Unpaced, firedSN: -1, wake: make(chan struct{}, 1), notify: in.Notify, owner: in.Owner}, nil
 }
 
 // DestroyCQ frees cq; EBUSY while a QP uses it.
@@ -193,6 +197,43 @@ func (cq *CQ) Overrun() bool {
 	return cq.overrun
 }
 
+// Await blocks until q has completed a receive past seen (its RecvWRs count), its receive CQ
+// has had an entry written since the call, or timeout fires, and reports whether one of the first
+// two happened. It is for a consumer in another process (the host device: the program's thread
+// sleeps in the device instead of spinning on its ring, and lends its core to the work it waits
+// for); unlike AwaitRecv it polls nothing and uses no CPU while it waits. One goroutine waits on
+// a CQ at a time: another returns false at once.
+func (q *QP) Await(seen uint64, timeout <-chan time.Time) bool {
+	cq := q.recvCQ
+	if cq == nil || !cq.waiters.CompareAndSwap(0, 1) {
+		return false
+	}
+	defer cq.waiters.Store(0)
+	select {
+	case <-cq.wake: // (a signal left by an entry of an earlier wait)
+	default:
+	}
+	// (an entry written after the loads below finds waiters set and signals: they are all
+	// sequentially consistent atomics)
+	w := cq.written.Load()
+	for q.counts.RecvWRs.Load() == seen && cq.written.Load() == w {
+		select {
+		case <-cq.wake:
+		case <-timeout:
+			return q.counts.RecvWRs.Load() != seen || cq.written.Load() != w
+		}
+	}
+	return true
+}
+
+// signal wakes the goroutine blocked in Await, if it is not already to wake.
+func (cq *CQ) signal() {
+	select {
+	case cq.wake <- struct{}{}:
+	default:
+	}
+}
+
 // post writes c into the next slot. Unless the CQ is unpaced, a full ring (the consumer's count
 // from the doorbell is a whole ring behind) loses the entry: the CQ is marked overrun and a
 // CQ_ERR event is raised, as rdmavt's rvt_cq_enter does.
@@ -212,6 +253,9 @@ func (cq *CQ) post(c *efaio.Completion) {
 	atomic.StoreUint32((*uint32)(unsafe.Pointer(&slot[0])), efaio.HeaderWord(c))
 	cq.pc++
 	cq.written.Store(uint32(cq.pc))
+	if cq.waiters.Load() != 0 {
+		cq.signal()
+	}
 	if uint32(cq.pc)&(cq.depth-1) == 0 {
 		cq.phase ^= 1
 	}

@@ -41,11 +41,12 @@ const (
 	opCounter = 8 // payload: a hw_counters name → payload: u64; status -ENOENT for none
 	opNetlink = 9 // arg: the program socket's port id; payload: chardev (u32 major, u32 minor,
 	// u16 name length, name) and the request → payload: replies, each u32 length and bytes
-	opStatus = 10  // → payload: text: "programs N", "opens N", a line "NAME VALUE" per port counter
-	opStop   = 11  // the device stops (after its reply)
-	opDBPage = 12  // arg: an mmap key of the open → status: the QP whose SQ doorbell page it is, or -ENOENT
-	opTrap   = 13  // arg: a QP handle, and 1<<32 if the program's mapping of its SQ doorbell page traps every store (no reply)
-	opGive   = 100 // device → program, an fd attached; the program answers with its number
+	opStatus   = 10  // → payload: text: "programs N", "opens N", a line "NAME VALUE" per port counter
+	opStop     = 11  // the device stops (after its reply)
+	opDBPage   = 12  // arg: an mmap key of the open → status: the QP whose SQ doorbell page it is, or -ENOENT
+	opTrap     = 13  // arg: a QP handle, and 1<<32 if the program's mapping of its SQ doorbell page traps every store (no reply)
+	opDoorbell = 14  // → the program's doorbell socket attached (kicks answered once carried out)
+	opGive     = 100 // device → program, an fd attached; the program answers with its number
 )
 
 const (

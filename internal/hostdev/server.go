@@ -139,8 +139,10 @@ type conn struct {
 	s     *Server
 	c     *net.UnixConn
 	proc  *mem.Process
-	files map[uint32]*open // by handle; the connection's goroutine alone touches it
+	mu    sync.Mutex       // guards files against the doorbell goroutine's lookups (ring)
+	files map[uint32]*open // by handle; the connection's goroutine alone changes it
 	next  uint32
+	door  *net.UnixConn // the device's end of the program's doorbell socket (opDoorbell), or nil
 	buf   []byte
 	// later holds the kicks, arms and traps that came while a command waited for the program
 	// to take an fd (giver.Give): the command holds its File's lock, which they take, so they are
@@ -210,7 +212,7 @@ func (c *conn) serve() {
 // handle carries out one request and returns the reply (nil for none) and an fd to attach to it
 // (-1 for none); false ends the connection (a protocol error).
 func (c *conn) handle(op, h uint32, arg uint64, p []byte) ([]byte, int, bool) {
-	o := c.files[h]
+	o := c.lookup(h)
 	need := func() bool { return o != nil }
 	switch op {
 	case opOpen:
@@ -233,7 +235,9 @@ func (c *conn) handle(op, h uint32, arg uint64, p []byte) ([]byte, int, bool) {
 		if !need() {
 			return reply(op, -int64(syscall.EBADF), nil), -1, true
 		}
+		c.mu.Lock()
 		delete(c.files, h)
+		c.mu.Unlock()
 		err := errors.Join(o.f.Close(), o.mfd.Close())
 		return reply(op, errnoStatus(err), nil), -1, true
 	case opKick:
@@ -260,6 +264,8 @@ func (c *conn) handle(op, h uint32, arg uint64, p []byte) ([]byte, int, bool) {
 			o.f.TrapDoorbells(uint32(arg), arg>>32 != 0)
 		}
 		return nil, -1, true
+	case opDoorbell:
+		return c.doorbell()
 	case opInfo:
 		cfg := c.s.d.Engine().Config()
 		i := Info{Name: cfg.Name, GID: c.s.d.Engine().GID(), PartID: cfg.VendorPartID, SpeedGbps: uint32(cfg.LinkSpeedGbps)}
@@ -313,8 +319,81 @@ func (c *conn) open() ([]byte, int, bool) {
 	}
 	h := c.next
 	c.next++
-	c.files[h] = &open{f: c.s.d.Open(uverbs.NewProcessMemory(c.proc), m, giver{c}), mfd: m}
+	o := &open{f: c.s.d.Open(uverbs.NewProcessMemory(c.proc), m, giver{c}), mfd: m}
+	c.mu.Lock()
+	c.files[h] = o
+	c.mu.Unlock()
 	return reply(opOpen, int64(h), nil), fd, true
+}
+
+// lookup returns the open with handle h, or nil.
+func (c *conn) lookup(h uint32) *open {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.files[h]
+}
+
+// doorbell makes the program's doorbell socket (opDoorbell): a socketpair whose other end the
+// program takes, served by a goroutine of its own (ring).
+func (c *conn) doorbell() ([]byte, int, bool) {
+	if c.door != nil {
+		return reply(opDoorbell, -int64(syscall.EEXIST), nil), -1, true
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return reply(opDoorbell, errnoStatus(err), nil), -1, true
+	}
+	f := os.NewFile(uintptr(fds[0]), "softefa-doorbell")
+	fc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		unix.Close(fds[1])
+		return reply(opDoorbell, errnoStatus(err), nil), -1, true
+	}
+	c.door = fc.(*net.UnixConn)
+	c.s.wg.Add(1)
+	go c.ring()
+	return reply(opDoorbell, 0, nil), fds[1], true
+}
+
+// ring serves the doorbell socket (docs/architecture.md, "Doorbells on the host device"). Each
+// request is a kick: op kick, the open's handle, and in arg the QP's handle (low 32 bits), whether
+// the program's thread waits for the answer (bit 32) and the kick's number (bits 33–63). Each is
+// carried out on this goroutine, lingering for the QP's next receive when the program waits and
+// the QP ping-pongs (uverbs.File.KickAwait). A kick the program waits for is answered, and so is
+// one whose QP's next kick would linger: op kick, the QP's handle, and in status the kick's number
+// (low 31 bits) and whether the QP's next kick would linger (bit 32). Anything else ends the
+// connection.
+func (c *conn) ring() {
+	defer c.s.wg.Done()
+	defer c.c.Close() // (the connection's goroutine then releases everything)
+	var b [reqHeader]byte
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	for {
+		n, _, flags, _, err := c.door.ReadMsgUnix(b[:], nil)
+		if err != nil || n != reqHeader || flags&unix.MSG_TRUNC != 0 || binary.LittleEndian.Uint32(b[:]) != opKick {
+			return
+		}
+		arg := binary.LittleEndian.Uint64(b[8:])
+		qp := uint32(arg)
+		wait, lingering := arg>>32&1 != 0, false
+		if o := c.lookup(binary.LittleEndian.Uint32(b[4:])); o != nil {
+			lingering = o.f.KickAwait(qp, wait, t)
+		}
+		if !wait && !lingering {
+			continue // (nothing the program does not know)
+		}
+		status := arg >> 33
+		if lingering {
+			status |= 1 << 32
+		}
+		binary.LittleEndian.PutUint32(b[4:], qp)
+		binary.LittleEndian.PutUint64(b[8:], status)
+		if _, err := c.door.Write(b[:]); err != nil {
+			return
+		}
+	}
 }
 
 // giver is FDs over the connection: the fd goes to the program, which answers with its number.
@@ -358,10 +437,16 @@ const giveTimeout = 10 * time.Second
 
 // release closes everything the program made.
 func (c *conn) release() {
-	for h, o := range c.files {
+	if c.door != nil {
+		c.door.Close()
+	}
+	c.mu.Lock()
+	files := c.files
+	c.files = nil
+	c.mu.Unlock()
+	for _, o := range files {
 		_ = o.f.Close()
 		_ = o.mfd.Close()
-		delete(c.files, h)
 	}
 	c.c.Close()
 	if c.proc != nil {

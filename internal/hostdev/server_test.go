@@ -422,3 +422,58 @@ func TestOtherUserRefused(t *testing.T) {
 		t.Fatalf("%d programs connected", s.Programs())
 	}
 }
+
+// The doorbell socket (docs/architecture.md, "Doorbells on the host device"): one per program;
+// a kick the program waits for is answered with its number, one it does not wait for (its QP not
+// lingering) is not; anything but a kick on it drops the program.
+func TestDoorbellSocket(t *testing.T) {
+	s, d := serve(t)
+	c, err := Dial(s.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	h, mfd, err := c.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(mfd)
+	st, _, fd, err := c.call(request(opDoorbell, 0, 0))
+	if err != nil || st != 0 || fd < 0 {
+		t.Fatalf("opDoorbell: status %d, fd %d, %v", st, fd, err)
+	}
+	f := os.NewFile(uintptr(fd), "door")
+	defer f.Close()
+	if st, _, fd2, err := c.call(request(opDoorbell, 0, 0)); err != nil || st != -int64(syscall.EEXIST) || fd2 >= 0 {
+		t.Fatalf("a second opDoorbell: status %d, fd %d, %v; want EEXIST", st, fd2, err)
+	}
+	kick := func(qp uint32, wait bool, n uint64) {
+		arg := uint64(qp) | n<<33
+		if wait {
+			arg |= 1 << 32
+		}
+		if _, err := f.Write(request(opKick, h, arg)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kick(5, false, 1) // (QP handle 5: none; nothing to linger on)
+	kick(5, true, 2)
+	b := make([]byte, 64)
+	f.SetReadDeadline(time.Now().Add(time.Minute)) // (a hang guard: the device answers at once)
+	n, err := f.Read(b)
+	if err != nil || n != replyHeader {
+		t.Fatalf("the answer: %d bytes, %v", n, err)
+	}
+	if op, qp, st := binary.LittleEndian.Uint32(b), binary.LittleEndian.Uint32(b[4:]), binary.LittleEndian.Uint64(b[8:]); op != opKick || qp != 5 || st != 2 {
+		t.Fatalf("the answer: op %d, QP %d, status %#x; want the waited kick's: op %d, QP 5, status 2", op, qp, st, opKick)
+	}
+	if _, err := f.Write(request(opArm, h, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Info(); err == nil {
+		t.Error("the device still answers a program that sent an arm on its doorbell socket")
+	}
+	if !s.AwaitPrograms(0) || d.Files() != 0 {
+		t.Fatalf("%d programs, %d opens after the program was dropped", s.Programs(), d.Files())
+	}
+}

@@ -1,5 +1,7 @@
 package uverbs
 
+import "time"
+
 // Completion traps (docs/cabi.md, "Completion traps"). A program that reads the CQ rings itself
 // (libfabric 2.x's efa provider) calls nothing softefa sees while it waits for a completion, so the
 // completion could only come from the engine's receive loop, whose thread must first be woken and
@@ -54,6 +56,27 @@ func (f *File) RingTrapped(h uint32) (send, recv uint32, ok bool) {
 		return 0, 0, false
 	}
 	return o.cqs[0], o.cqs[1], true
+}
+
+// KickAwait is Kick for a program in another process (the host device's doorbell socket). When
+// wait is set (the program's thread waits for the answer) and the QP ping-pongs as RingTrapped
+// tells it (lingers), the calling goroutine then blocks until the QP's next receive, or for the
+// linger budget (Options.Linger), using t: the program's thread sleeps meanwhile instead of
+// spinning on its CQ, which on a machine with few cores leaves them to the peer and the device
+// that make the answer. It reports whether the QP's next ring would linger, for the program to
+// wait on that one.
+func (f *File) KickAwait(h uint32, wait bool, t *time.Timer) (lingering bool) {
+	o := f.kick(h)
+	if o == nil || f.d.linger <= 0 {
+		return false
+	}
+	seen := o.qp.Counters().RecvWRs.Load()
+	if o.lingers(o.rungRecvs.Swap(seen) != seen) && wait {
+		t.Reset(f.d.linger)
+		o.qp.Await(seen, t.C)
+		t.Stop()
+	}
+	return o.answers.Load() >= lingerAfter
 }
 
 // lingerAfter is how many trapped rings in a row a receive must follow before a ring lingers. A

@@ -135,3 +135,42 @@ func TestLingerOnlyPingPongs(t *testing.T) {
 		}
 	}
 }
+
+// TestKickAwait: a host device's kick (KickAwait) reports whether the QP's next kick would linger
+// — once lingerAfter rings in a row were answered — and lingers only when the program waits: a
+// kick that does not wait comes back at once however long the budget (an hour here: a kick that
+// waited would hang the test). An unknown handle, or no linger budget, reports false.
+func TestKickAwait(t *testing.T) {
+	h := newHarness(t)
+	h.d.linger = time.Hour
+	h.getContext()
+	pd := h.allocPD()
+	cq, _ := h.createCQ(64, 32, 0)
+	qp, _ := h.createQP(pd, cq, uapi.QPTypeDriver, 16*64, 16*16)
+	o := h.f.objs[qp].(*qpObj)
+	tm := time.NewTimer(time.Hour)
+	tm.Stop()
+	var got strings.Builder
+	for i := range lingerAfter + 2 {
+		o.rungRecvs.Store(uint64(100 + i)) // a receive since the last ring (the count moved)
+		if h.f.KickAwait(qp, false, tm) {
+			got.WriteByte('L')
+		} else {
+			got.WriteByte('.')
+		}
+	}
+	if want := strings.Repeat(".", lingerAfter-1) + "LLL"; got.String() != want {
+		t.Errorf("answered kicks reported %s, want %s", got.String(), want)
+	}
+	if h.f.KickAwait(qp, false, tm) { // no receive since the last ring: the run is broken
+		t.Error("a kick with no receive since the last reported the next would linger")
+	}
+	if h.f.KickAwait(12345, true, tm) {
+		t.Error("a kick of an unknown handle reported lingering")
+	}
+	h.d.linger = 0
+	o.answers.Store(lingerAfter)
+	if h.f.KickAwait(qp, true, tm) {
+		t.Error("a kick with no linger budget reported lingering")
+	}
+}
