@@ -70,6 +70,13 @@ int softefa_hostdev_connect(const char *path) {
 		close(s);
 		return -e;
 	}
+	// Only a device of this user's or root's (docs/security.md, "The host device").
+	struct ucred cr;
+	socklen_t cl = sizeof(cr);
+	if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || (cr.uid != 0 && cr.uid != geteuid())) {
+		close(s);
+		return -EPERM;
+	}
 	sock = s;
 	size_t plen;
 	int fd;

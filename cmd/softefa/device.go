@@ -62,7 +62,7 @@ func runDevice(args []string) error {
 	opts.Linger = *linger
 	d := uverbs.NewDevice(e, opts)
 	defer d.Close()
-	if err := os.MkdirAll(filepath.Dir(*socket), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(*socket), 0o700); err != nil {
 		return err
 	}
 	s, err := hostdev.Listen(d, *socket)

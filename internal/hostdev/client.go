@@ -30,6 +30,13 @@ func Dial(path string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hostdev: no device at %s: %w", path, err)
 	}
+	if cred, err := peerCred(c); err != nil || cred.Uid != 0 && int(cred.Uid) != os.Geteuid() {
+		c.Close()
+		if err == nil {
+			err = fmt.Errorf("hostdev: the device at %s runs as uid %d, neither this user nor root: %w", path, cred.Uid, syscall.EPERM)
+		}
+		return nil, err
+	}
 	return &Client{c: c, buf: make([]byte, maxMessage), oob: make([]byte, unix.CmsgSpace(4))}, nil
 }
 
@@ -176,6 +183,26 @@ func (c *Client) Stop() error {
 		err = statusErr(status)
 	}
 	return err
+}
+
+// CheckDir reports whether dir is fit to hold the device's socket: owned by this user or root, and
+// writable by no one else unless sticky (as /tmp: no one else can remove or rename what is in it).
+// Otherwise another user could replace the socket with one of their own device
+// (docs/security.md, "The host device").
+func CheckDir(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return fmt.Errorf("hostdev: %s: %w", dir, err)
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return fmt.Errorf("hostdev: %s is not a directory: %w", dir, syscall.ENOTDIR)
+	case st.Uid != 0 && int(st.Uid) != os.Geteuid():
+		return fmt.Errorf("hostdev: %s belongs to uid %d, neither this user nor root: %w", dir, st.Uid, syscall.EPERM)
+	case st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0:
+		return fmt.Errorf("hostdev: %s is writable by other users: %w", dir, syscall.EPERM)
+	}
+	return nil
 }
 
 // DefaultSocket is where the host's device called name listens: /run/softefa for root,

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -39,9 +40,13 @@ type Server struct {
 func (s *Server) Stopped() <-chan struct{} { return s.stop }
 
 // Listen makes the device's socket at path (mode 0600) and returns the server; Serve accepts
-// programs on it, of the device's own user only. A socket file left at path by a
-// device that is gone is replaced; one a live device answers on is EADDRINUSE.
+// programs on it, of the device's own user only. path's directory must pass CheckDir. A socket
+// file left at path by a device that is gone is replaced; one a live device answers on is
+// EADDRINUSE.
 func Listen(d *uverbs.Device, path string) (*Server, error) {
+	if err := CheckDir(filepath.Dir(path)); err != nil {
+		return nil, err
+	}
 	if c, err := net.Dial("unixpacket", path); err == nil {
 		c.Close()
 		return nil, fmt.Errorf("hostdev: a device serves %s already: %w", path, syscall.EADDRINUSE)

@@ -5,6 +5,7 @@ package hostdev
 import (
 	"bufio"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -475,5 +476,47 @@ func TestDoorbellSocket(t *testing.T) {
 	}
 	if !s.AwaitPrograms(0) || d.Files() != 0 {
 		t.Fatalf("%d programs, %d opens after the program was dropped", s.Programs(), d.Files())
+	}
+}
+
+// The socket goes only into a directory no other user can change: one writable by others (not
+// sticky) or belonging to another user is refused with EPERM, since its owner could put a socket
+// of their own device in the socket's place; a sticky one (as /tmp) is taken.
+func TestSocketDirChecked(t *testing.T) {
+	e, err := engine.NewDevice(config.Device{Name: "efa_7", VendorPartID: 0xefa1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	d := uverbs.NewDevice(e, uverbs.DefaultOptions())
+	defer d.Close()
+	dir := t.TempDir()
+	listen := func(mode os.FileMode) error {
+		if err := os.Chmod(dir, mode); err != nil {
+			t.Fatal(err)
+		}
+		s, err := Listen(d, filepath.Join(dir, "efa_7.sock"))
+		if err == nil {
+			s.Close()
+		}
+		return err
+	}
+	if err := listen(0o777); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("a directory writable by all: %v, want EPERM", err)
+	}
+	if err := listen(0o777 | os.ModeSticky); err != nil {
+		t.Errorf("a sticky directory writable by all: %v", err)
+	}
+	if err := listen(0o700); err != nil {
+		t.Errorf("a directory of this user's: %v", err)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give the directory to another user") // (CI runs as root)
+	}
+	if err := os.Chown(dir, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if err := listen(0o755); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("a directory of another user's: %v, want EPERM", err)
 	}
 }
