@@ -122,6 +122,10 @@ static int64_t call(uint32_t op, uint32_t h, uint64_t arg, const void *p1, size_
 	int r = send_req(op, h, arg, p1, n1, p2, n2);
 	if (r < 0)
 		return r;
+	// The fds given during the command: closed if it fails, since its response, which names
+	// them, never reaches the program.
+	int given[8], ngiven = 0;
+	int64_t st;
 	for (;;) {
 		char cbuf[CMSG_SPACE(sizeof(int))];
 		struct iovec iov = {rbuf, sizeof(rbuf)};
@@ -129,38 +133,50 @@ static int64_t call(uint32_t op, uint32_t h, uint64_t arg, const void *p1, size_
 		ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n < 0)
-			return -errno;
+		if (n < 0) {
+			st = -errno;
+			break;
+		}
 		int got = -1;
 		for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
 			if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
 				memcpy(&got, CMSG_DATA(c), sizeof(int));
 		if (n >= HDR && get32(rbuf) == OP_GIVE && !(m.msg_flags & MSG_TRUNC)) {
 			// Answered whatever came: without the fd (the program at its fd limit: the kernel
-			// dropped it, MSG_CTRUNC), -EMFILE, and the device fails the command.
+			// dropped it, MSG_CTRUNC), or with no room to remember it, -EMFILE, and the device
+			// fails the command.
+			if (got >= 0 && ngiven == 8) {
+				close(got);
+				got = -1;
+			}
+			if (got >= 0)
+				given[ngiven++] = got;
 			unsigned char ans[HDR] = {0};
 			put32(ans, OP_GIVE);
 			put64(ans + 8, got >= 0 ? (uint64_t)(int64_t)got : (uint64_t)(int64_t)-EMFILE);
 			struct iovec ai = {ans, HDR};
 			struct msghdr am = {.msg_iov = &ai, .msg_iovlen = 1};
-			if (sendmsg(sock, &am, MSG_NOSIGNAL) < 0)
-				return -errno;
+			if (sendmsg(sock, &am, MSG_NOSIGNAL) < 0) {
+				st = -errno;
+				break;
+			}
 			continue;
 		}
-		if (n < HDR || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+		if (n < HDR || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || get32(rbuf) != op) {
 			if (got >= 0)
 				close(got);
-			return -EPROTO;
-		}
-		if (get32(rbuf) != op) {
-			if (got >= 0)
-				close(got);
-			return -EPROTO;
+			st = -EPROTO;
+			break;
 		}
 		*plen = (size_t)n - HDR;
 		*fd = got;
-		return get64(rbuf + 8);
+		st = get64(rbuf + 8);
+		break;
 	}
+	if (st < 0)
+		for (int i = 0; i < ngiven; i++)
+			close(given[i]);
+	return st;
 }
 
 // simple is call for a reply whose payload and fd do not matter.

@@ -46,12 +46,21 @@ func (c *Client) Close() error { return c.c.Close() }
 // call sends a request and returns the reply's status, its payload (valid until the next call)
 // and the fd attached to it, or -1. fds the device gives meanwhile are taken and their numbers
 // answered.
-func (c *Client) call(req []byte) (int64, []byte, int, error) {
+func (c *Client) call(req []byte) (status int64, payload []byte, fd int, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, _, err := c.c.WriteMsgUnix(req, nil, nil); err != nil {
 		return 0, nil, -1, err
 	}
+	// The fds given during the command: closed if it fails, since its response names them.
+	var given []int
+	defer func() {
+		if status < 0 || err != nil {
+			for _, fd := range given {
+				unix.Close(fd)
+			}
+		}
+	}()
 	for {
 		n, oobn, flags, _, err := c.c.ReadMsgUnix(c.buf, c.oob)
 		if err != nil {
@@ -64,8 +73,11 @@ func (c *Client) call(req []byte) (int64, []byte, int, error) {
 		if err != nil {
 			return 0, nil, -1, err
 		}
-		op, status := binary.LittleEndian.Uint32(c.buf), int64(binary.LittleEndian.Uint64(c.buf[8:]))
+		op, st := binary.LittleEndian.Uint32(c.buf), int64(binary.LittleEndian.Uint64(c.buf[8:]))
 		if op == opGive {
+			if fd >= 0 {
+				given = append(given, fd)
+			}
 			v := int64(fd)
 			if fd < 0 {
 				v = -int64(syscall.EPROTO)
@@ -81,7 +93,7 @@ func (c *Client) call(req []byte) (int64, []byte, int, error) {
 			}
 			return 0, nil, -1, fmt.Errorf("hostdev: a reply to op %d for op %d: %w", op, binary.LittleEndian.Uint32(req), syscall.EPROTO)
 		}
-		return status, c.buf[replyHeader:n], fd, nil
+		return st, c.buf[replyHeader:n], fd, nil
 	}
 }
 

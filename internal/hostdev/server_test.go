@@ -520,3 +520,41 @@ func TestSocketDirChecked(t *testing.T) {
 		t.Errorf("a directory of another user's: %v, want EPERM", err)
 	}
 }
+
+// An fd the device gives during a command that then fails (here CREATE_COMP_CHANNEL whose
+// response address is unmapped) is closed by the program's side: the response that would name it
+// never reaches the program, which could not know to close it.
+func TestGivenFDOfFailedCommand(t *testing.T) {
+	s, _ := serve(t)
+	c, err := Dial(s.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	h, mfd, err := c.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(mfd)
+	resp := make([]byte, 64)
+	drv := binary.LittleEndian.AppendUint32(make([]byte, 0, 8), 3)
+	if _, err := c.Write(h, command(cmdGetContext, (8+24)/4, withResp(8, resp), append(drv, 0, 0, 0, 0))); err != nil {
+		t.Fatal(err)
+	}
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	before := fds()
+	bad := make([]byte, 8)
+	binary.LittleEndian.PutUint64(bad, 8) // (page 0: never mapped)
+	if _, err := c.Write(h, command(cmdCreateCompChannel, 1, bad, nil)); !errors.Is(err, syscall.EFAULT) {
+		t.Fatalf("CREATE_COMP_CHANNEL with its response at address 8: %v, want EFAULT", err)
+	}
+	if after := fds(); after != before {
+		t.Errorf("%d fds open after the failed command, %d before", after, before)
+	}
+}
