@@ -291,6 +291,8 @@ static long engine_slack(void) {
 
 // load_hostdev makes the host device's client (hostdev.c) the engine, when SOFTEFA_DEVICE names
 // the device's socket: no library is loaded.
+static int on_hostdev; // the engine is the host device's client: no Go runtime in the process
+
 static int load_hostdev(void) {
 	const char *dev = getenv("SOFTEFA_DEVICE");
 	if (!dev || !*dev)
@@ -320,6 +322,7 @@ static int load_hostdev(void) {
 	eng_exit = softefa_hostdev_exit;
 	eng_procs = softefa_hostdev_procs;
 	engine_loaded = 1;
+	on_hostdev = 1;
 	softefa_trap_install();
 	return 1;
 }
@@ -1284,6 +1287,8 @@ long softefa_shim_db_page(int fd, long long off) {
 }
 
 long long softefa_shim_db_rung(int fd, uint32_t handle) {
+	if (on_hostdev) // (no Go runtime to keep signals from: two system calls a post saved)
+		return (long long)eng_db_rung(fd, handle);
 	sigset_t old;
 	enter(&old);
 	long long r = (long long)eng_db_rung(fd, handle);
