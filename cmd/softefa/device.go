@@ -30,6 +30,7 @@ func runDevice(args []string) error {
 	addr := fs.String("addr", "127.0.0.1:4791", "the device's UDP endpoint IP:PORT (its GID)")
 	paths := fs.Int("paths", 0, "UDP paths (default 4)")
 	partID := fs.Uint("part-id", 0xefa1, "the PCI device id (vendor_part_id) programs see")
+	share := fs.Float64("program-share", hostdev.DefaultProgramShare, "the share of each of the device's maxima (PDs, MRs, CQs, QPs, AHs) one program may hold")
 	linger := fs.Duration("linger", uverbs.DefaultOptions().Linger, "how long a kick of a ping-ponging QP, whose program waits, waits in the device for the QP's next receive; 0: not at all")
 	if err := parseFlags(fs, "softefa device [flags] | softefa device status|stop [--socket PATH]", args); err != nil {
 		return err
@@ -65,10 +66,14 @@ func runDevice(args []string) error {
 	if err := os.MkdirAll(filepath.Dir(*socket), 0o700); err != nil {
 		return err
 	}
+	if *share <= 0 || *share > 1 {
+		return fmt.Errorf("--program-share %v: want 0 < share ≤ 1", *share)
+	}
 	s, err := hostdev.Listen(d, *socket)
 	if err != nil {
 		return err
 	}
+	s.ProgramShare = *share
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	go func() {

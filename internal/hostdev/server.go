@@ -26,6 +26,12 @@ type Server struct {
 	ln   *net.UnixListener
 	path string
 
+	// ProgramShare is the share (0 < share ≤ 1) of each of the device's maxima (PDs, MRs, CQs,
+	// QPs, AHs) that one program may hold, over all its opens (uverbs.Quota): a program past it
+	// gets ENOMEM and the device's other programs keep the rest. Set before Serve; Listen sets
+	// DefaultProgramShare.
+	ProgramShare float64
+
 	mu      sync.Mutex // guards conns and closed
 	conns   map[*conn]struct{}
 	closed  bool
@@ -60,7 +66,7 @@ func Listen(d *uverbs.Device, path string) (*Server, error) {
 		ln.Close()
 		return nil, fmt.Errorf("hostdev: %w", err)
 	}
-	s := &Server{d: d, ln: ln, path: path, conns: make(map[*conn]struct{}), stop: make(chan struct{})}
+	s := &Server{d: d, ln: ln, path: path, ProgramShare: DefaultProgramShare, conns: make(map[*conn]struct{}), stop: make(chan struct{})}
 	s.changed = sync.NewCond(&s.mu)
 	return s, nil
 }
@@ -97,7 +103,7 @@ func (s *Server) Serve() error {
 			c.Close()
 			return nil
 		}
-		cn := &conn{s: s, c: c, files: make(map[uint32]*open)}
+		cn := &conn{s: s, c: c, files: make(map[uint32]*open), quota: uverbs.NewQuota(s.d.Engine().Config(), s.ProgramShare)}
 		s.conns[cn] = struct{}{}
 		s.changed.Broadcast()
 		s.wg.Add(1)
@@ -148,6 +154,7 @@ type conn struct {
 	files map[uint32]*open // by handle; the connection's goroutine alone changes it
 	next  uint32
 	door  *net.UnixConn // the device's end of the program's doorbell socket (opDoorbell), or nil
+	quota *uverbs.Quota // what the program's opens hold together
 	buf   []byte
 	// later holds the kicks, arms and traps that came while a command waited for the program
 	// to take an fd (giver.Give): the command holds its File's lock, which they take, so they are
@@ -310,6 +317,9 @@ func (c *conn) handle(op, h uint32, arg uint64, p []byte) ([]byte, int, bool) {
 // open is a program's open of the device node: a File whose memory is the program's and whose
 // rings live in a memfd the program maps too.
 func (c *conn) open() ([]byte, int, bool) {
+	if len(c.files) >= maxOpens {
+		return reply(opOpen, -int64(syscall.EMFILE), nil), -1, true
+	}
 	m, err := uverbs.NewMemfd("softefa-uverbs")
 	if err != nil {
 		return reply(opOpen, errnoStatus(err), nil), -1, true
@@ -325,6 +335,7 @@ func (c *conn) open() ([]byte, int, bool) {
 	h := c.next
 	c.next++
 	o := &open{f: c.s.d.Open(uverbs.NewProcessMemory(c.proc), m, giver{c}), mfd: m}
+	o.f.SetQuota(c.quota)
 	c.mu.Lock()
 	c.files[h] = o
 	c.mu.Unlock()
@@ -436,6 +447,14 @@ func (g giver) Give(fd int) (int32, error) {
 	}
 	return int32(v), nil
 }
+
+// DefaultProgramShare is Server.ProgramShare's default: a quarter of each of the device's maxima
+// (with config's defaults, 1,024 QPs and CQs, 16,383 PDs, MRs and AHs a program).
+const DefaultProgramShare = 0.25
+
+// maxOpens bounds a program's opens of the device node at once (each holds a memfd in the
+// device): past it, EMFILE, as a process at its fd limit gets from the kernel.
+const maxOpens = 64
 
 // giveTimeout is how long the device waits for a program to answer a give.
 const giveTimeout = 10 * time.Second

@@ -85,7 +85,13 @@ func program(c *Client, h uint32, buf []byte) (asyncFD, channelFD int, err error
 // serve starts a device without a link serving a socket in a temporary directory.
 func serve(t *testing.T) (*Server, *uverbs.Device) {
 	t.Helper()
-	e, err := engine.NewDevice(config.Device{Name: "efa_7", VendorPartID: 0xefa1})
+	return serveWith(t, config.Device{Name: "efa_7", VendorPartID: 0xefa1})
+}
+
+// serveWith is serve with the device's configuration cfg.
+func serveWith(t *testing.T, cfg config.Device) (*Server, *uverbs.Device) {
+	t.Helper()
+	e, err := engine.NewDevice(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -556,5 +562,73 @@ func TestGivenFDOfFailedCommand(t *testing.T) {
 	}
 	if after := fds(); after != before {
 		t.Errorf("%d fds open after the failed command, %d before", after, before)
+	}
+}
+
+// A program holds at most its share of each of the device's maxima over all its opens (here 2 of
+// 8 PDs): past it, ENOMEM, while another program still gets its own; what a closed open held no
+// longer counts. A program's opens at once are bounded too (EMFILE past maxOpens).
+func TestProgramQuota(t *testing.T) {
+	s, _ := serveWith(t, config.Device{Name: "efa_7", VendorPartID: 0xefa1, MaxPD: 8})
+	context := func(c *Client) uint32 {
+		h, mfd, err := c.Open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		unix.Close(mfd)
+		resp := make([]byte, 64)
+		drv := binary.LittleEndian.AppendUint32(make([]byte, 0, 8), 3)
+		if _, err := c.Write(h, command(cmdGetContext, (8+24)/4, withResp(8, resp), append(drv, 0, 0, 0, 0))); err != nil {
+			t.Fatal(err)
+		}
+		unix.Close(int(int32(binary.LittleEndian.Uint32(resp)))) // (the async fd)
+		return h
+	}
+	allocPD := func(c *Client, h uint32) error {
+		resp := make([]byte, 64)
+		_, err := c.Write(h, command(cmdAllocPD, (4+8)/4, withResp(8, resp), nil))
+		return err
+	}
+	dial := func() *Client {
+		c, err := Dial(s.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	a, b := dial(), dial()
+	a1, a2 := context(a), context(a)
+	for i := range 2 {
+		if err := allocPD(a, a1); err != nil {
+			t.Fatalf("PD %d of the program's 2: %v", i, err)
+		}
+	}
+	if err := allocPD(a, a2); !errors.Is(err, syscall.ENOMEM) {
+		t.Fatalf("a third PD, through the program's second open: %v, want ENOMEM", err)
+	}
+	b1 := context(b)
+	for i := range 2 {
+		if err := allocPD(b, b1); err != nil {
+			t.Fatalf("another program's PD %d: %v", i, err)
+		}
+	}
+	if err := a.CloseFile(a1); err != nil {
+		t.Fatal(err)
+	}
+	if err := allocPD(a, a2); err != nil {
+		t.Fatalf("a PD after the open holding two was closed: %v", err)
+	}
+
+	c := dial()
+	for i := range maxOpens {
+		if _, mfd, err := c.Open(); err != nil {
+			t.Fatalf("open %d: %v", i, err)
+		} else {
+			unix.Close(mfd)
+		}
+	}
+	if _, _, err := c.Open(); !errors.Is(err, syscall.EMFILE) {
+		t.Fatalf("open %d: %v, want EMFILE", maxOpens+1, err)
 	}
 }

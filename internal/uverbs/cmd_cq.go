@@ -69,7 +69,7 @@ func (f *File) finishCQ(c *call, h uint32, resp []byte) error {
 		o := f.objs[h].(*cqObj)
 		_ = f.d.e.DestroyCQ(o.cq)
 		f.freeKeys([]uint64{o.ringKey, o.dbKey})
-		delete(f.objs, h)
+		f.remove(h)
 		return err
 	}
 	return nil
@@ -81,6 +81,9 @@ func (f *File) finishCQ(c *call, h uint32, resp []byte) error {
 // non-zero fields, a comp_mask, no entry size or a sub-CQ count other than the device's). The
 // ring and the doorbell page are regions of the command fd; the driver response names them.
 func (f *File) newCQ(c *call, p cqParams) (uint32, uint32, error) {
+	if err := f.admit(kindCQ); err != nil {
+		return 0, 0, err
+	}
 	var ch *compChannel
 	if p.vector >= uint32(f.d.cfg.CompVectors) {
 		return 0, 0, syscall.EINVAL
@@ -149,7 +152,7 @@ func (f *File) newCQ(c *call, p cqParams) (uint32, uint32, error) {
 	if err := f.respondDriver(c, drv); err != nil {
 		_ = f.d.e.DestroyCQ(cq)
 		f.freeKeys([]uint64{ringKey, dbKey})
-		delete(f.objs, h)
+		f.remove(h)
 		return 0, 0, err
 	}
 	return h, uint32(cq.Depth()), nil
@@ -184,7 +187,7 @@ func (f *File) destroyCQ(c *call) error {
 	}
 	o.dead = true
 	f.freeKeys([]uint64{o.ringKey, o.dbKey})
-	delete(f.objs, h)
+	f.remove(h)
 	reported := o.compSent.Load()
 	if o.ch != nil {
 		reported -= o.ch.discard(o.handle)

@@ -11,6 +11,9 @@ import (
 
 // allocPD is ALLOC_PD (efa_alloc_pd): driver input must be zeros.
 func (f *File) allocPD(c *call) error {
+	if err := f.admit(kindPD); err != nil {
+		return err
+	}
 	if _, err := c.request(allocPDReq); err != nil {
 		return err
 	}
@@ -32,7 +35,7 @@ func (f *File) allocPD(c *call) error {
 			return nil
 		}
 	}
-	delete(f.objs, h)
+	f.remove(h)
 	_ = f.d.e.DeallocPD(pd)
 	return syscall.EFAULT
 }
@@ -51,12 +54,15 @@ func (f *File) deallocPD(c *call) error {
 	if err := f.d.e.DeallocPD(p.pd); err != nil {
 		return err
 	}
-	delete(f.objs, h)
+	f.remove(h)
 	return nil
 }
 
 // createAH is CREATE_AH (efa_create_ah): the AH for attr.grh.dgid in the PD.
 func (f *File) createAH(c *call) error {
+	if err := f.admit(kindAH); err != nil {
+		return err
+	}
 	req, err := c.request(createAHReq)
 	if err != nil {
 		return err
@@ -89,7 +95,7 @@ func (f *File) createAH(c *call) error {
 			return nil
 		}
 	}
-	delete(f.objs, h)
+	f.remove(h)
 	_ = f.d.e.DestroyAH(ah)
 	return syscall.EFAULT
 }
@@ -108,7 +114,7 @@ func (f *File) destroyAH(c *call) error {
 	if err := f.d.e.DestroyAH(a.ah); err != nil {
 		return err
 	}
-	delete(f.objs, h)
+	f.remove(h)
 	return nil
 }
 
@@ -120,6 +126,9 @@ func (f *File) destroyAH(c *call) error {
 // flags let anyone write it (ib_access_writable: LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC,
 // MW_BIND), as ib_umem_get's pinning fails.
 func (f *File) regMR(c *call) error {
+	if err := f.admit(kindMR); err != nil {
+		return err
+	}
 	req, err := c.request(regMRReq)
 	if err != nil {
 		return err
@@ -160,7 +169,7 @@ func (f *File) regMR(c *call) error {
 	put32(resp, 4, mr.LKey())
 	put32(resp, 8, mr.RKey())
 	if err := f.respond(c, resp); err != nil {
-		delete(f.objs, h)
+		f.remove(h)
 		_ = f.d.e.DeregMR(mr)
 		return err
 	}
@@ -181,7 +190,7 @@ func (f *File) deregMR(c *call) error {
 	if err := f.d.e.DeregMR(m.mr); err != nil {
 		return err
 	}
-	delete(f.objs, h)
+	f.remove(h)
 	return nil
 }
 

@@ -18,6 +18,9 @@ import (
 // flags or a driver QP type other than SRD (EOPNOTSUPP). The SQ (LLQ) ring, the RQ ring and a
 // doorbell page holding both doorbells are regions of the command fd.
 func (f *File) createQP(c *call) error {
+	if err := f.admit(kindQP); err != nil {
+		return err
+	}
 	req, err := c.request(createQPReq)
 	if err != nil {
 		return err
@@ -141,7 +144,7 @@ func (f *File) createQP(c *call) error {
 			return nil
 		}
 	}
-	delete(f.objs, h)
+	f.remove(h)
 	f.d.dbs.remove(qp)
 	_ = f.d.e.DestroyQP(qp)
 	return fail(syscall.EFAULT)
@@ -232,7 +235,7 @@ func (f *File) destroyQP(c *call) error {
 	o.dead = true
 	f.d.dbs.remove(o.qp)
 	f.freeKeys(o.keys)
-	delete(f.objs, h)
+	f.remove(h)
 	resp := make([]byte, destroyQPResp)
 	put32(resp, 0, o.asyncSent.Load()-f.discardAsync(o.handle))
 	return f.respond(c, resp)

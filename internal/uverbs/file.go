@@ -153,6 +153,7 @@ type File struct {
 	channels map[int32]*compChannel // by the fd the program holds
 	cqIdx    uint16
 	closed   bool
+	quota    *Quota // nil: none
 }
 
 // Open returns a new File on d, whose commands point into mem, whose rings live in reg and
@@ -222,8 +223,17 @@ func (f *File) add(o any) uint32 {
 	}
 	h := f.next
 	f.objs[h] = o
+	f.count(o, 1)
 	f.next++
 	return h
+}
+
+// remove deletes the object with handle h from the handle table.
+func (f *File) remove(h uint32) {
+	if o, ok := f.objs[h]; ok {
+		delete(f.objs, h)
+		f.count(o, -1)
+	}
 }
 
 func lookup[T any](f *File, h uint32) (T, bool) {
@@ -286,7 +296,7 @@ func (f *File) Close() error {
 				if err != nil {
 					errs = append(errs, err)
 				}
-				delete(f.objs, h)
+				f.remove(h)
 			}
 		}
 	}
