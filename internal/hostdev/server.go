@@ -174,7 +174,7 @@ func (c *conn) serve() {
 	if err != nil || int(cred.Uid) != os.Geteuid() {
 		return // only the device's own user's programs (docs/security.md, "The host device")
 	}
-	if c.proc, err = mem.Open(int(cred.Pid)); err != nil {
+	if c.proc, err = peerProcess(c.c, int(cred.Pid)); err != nil {
 		return
 	}
 	go func() { // a program that exits mid-command is disconnected at once
@@ -497,6 +497,27 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 		return nil, err
 	}
 	return cred, cerr
+}
+
+// peerProcess returns the process at the other end, pid: by the pidfd the kernel took when it
+// connected (SO_PEERPIDFD, Linux 6.5), which stays that process's even if it exits and its id is
+// handed out again before the device looks; on older kernels by pidfd_open(pid), which a process
+// that exits in those microseconds and whose id is reused would fool (docs/security.md).
+func peerProcess(c *net.UnixConn, pid int) (*mem.Process, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	fd, perr := -1, error(nil)
+	if err := rc.Control(func(s uintptr) {
+		fd, perr = unix.GetsockoptInt(int(s), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
+	}); err != nil {
+		return nil, err
+	}
+	if perr != nil {
+		return mem.Open(pid)
+	}
+	return mem.FromPidfd(fd, pid), nil
 }
 
 func decodeChardev(p []byte) (uverbs.Chardev, []byte, bool) {

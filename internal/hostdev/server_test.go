@@ -477,6 +477,11 @@ func TestDoorbellSocket(t *testing.T) {
 	if _, err := f.Write(request(opArm, h, 0)); err != nil {
 		t.Fatal(err)
 	}
+	// The device hangs up: the doorbell socket ends (closed as the program is released), and the
+	// main connection no longer answers.
+	if n, err := f.Read(b); err == nil {
+		t.Fatalf("the doorbell socket answered %d bytes to an arm", n)
+	}
 	if _, err := c.Info(); err == nil {
 		t.Error("the device still answers a program that sent an arm on its doorbell socket")
 	}

@@ -34,10 +34,19 @@ func Open(pid int) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mem: pidfd_open(%d): %w", pid, err)
 	}
+	return FromPidfd(fd, pid), nil
+}
+
+// FromPidfd is Open for a process already held by a pidfd (SO_PEERPIDFD's, say, which names the
+// process that connected even if it has since exited and its id been reused); p owns fd, which
+// is made non-blocking and close-on-exec.
+func FromPidfd(fd, pid int) *Process {
+	_ = unix.SetNonblock(fd, true)
+	unix.CloseOnExec(fd)
 	p := &Process{pid: pid, pidfd: os.NewFile(uintptr(fd), fmt.Sprintf("pidfd:%d", pid)),
 		exit: make(chan struct{}), done: make(chan struct{})}
 	go p.watch()
-	return p, nil
+	return p
 }
 
 // Exited returns a channel closed when the process has exited or p has been closed.
