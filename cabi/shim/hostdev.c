@@ -44,8 +44,8 @@ enum {
 static int sock = -1;
 static int door = -1; // the doorbell socket (OP_DOORBELL): kicks, each answered once carried out
 // One call at a time: its reply is the next message but the fds the device gives meanwhile.
-// Kicks, arms and traps are single datagrams sent without it (sendmsg on a SOCK_SEQPACKET
-// socket is atomic, and safe in the doorbell trap's signal handler).
+// Arms and traps are single datagrams sent without it (sendmsg on a SOCK_SEQPACKET socket is
+// atomic); kicks go on the doorbell socket (softefa_hostdev_kick_qp).
 static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned char rbuf[MAXMSG]; // the reply being read; call_mu
 static uint32_t fd_open[MAXFD];    // a device fd's open: its handle + 1, 0 for none
@@ -81,7 +81,8 @@ int softefa_hostdev_connect(const char *path) {
 	// The device reaches this process's memory (process_vm_readv/writev): where Yama restricts
 	// that to ancestors (ptrace_scope 1), the program names the device its ptracer. (EINVAL
 	// without Yama: nothing to do.)
-	prctl(PR_SET_PTRACER, (unsigned long)cr.pid, 0, 0, 0);
+	if (cr.pid > 0) // (0: the device is in a pid namespace this process cannot see)
+		prctl(PR_SET_PTRACER, (unsigned long)cr.pid, 0, 0, 0);
 	sock = s;
 	size_t plen;
 	int fd;
@@ -266,18 +267,26 @@ void softefa_hostdev_close(int fd) {
 // for its own answer: the thread sleeps while the device waits for the QP's next receive, leaving
 // its core to the peer and the device that make it. Other kicks go without waiting, and are
 // answered only when the QP's next kick would linger; the next kick takes those answers.
-static pthread_mutex_t door_mu = PTHREAD_MUTEX_INITIALIZER; // reading answers
-static _Atomic uint32_t door_sent, door_answered;              // kick numbers (31 bits)
-static _Atomic unsigned char door_lingers[4096];               // by QP handle mod 4096: a hint
+static pthread_mutex_t door_mu = PTHREAD_MUTEX_INITIALIZER;  // reading answers
+static pthread_mutex_t door_send = PTHREAD_MUTEX_INITIALIZER; // numbering and sending kicks
+// Kick numbers, counted in 64 bits here and sent modulo 2^31. Kicks go in the order of their
+// numbers (door_send), and the device answers in the order it reads them, so a kick's answer
+// has been read once the last answer read is numbered at or past it.
+static uint64_t door_sent;           // door_send
+static _Atomic uint64_t door_answered;
+static _Atomic unsigned char door_lingers[4096]; // by QP handle mod 4096: a hint
 
-static int door_before(uint32_t a, uint32_t b) { return (int32_t)((a - b) << 1) < 0; } // a < b, mod 2^31
-
-// door_take records an answer.
+// door_take records an answer. Its number is the latest one sent with those 31 bits: answers
+// come in order and soon after their kicks, far less than 2^31 kicks later.
 static void door_take(const unsigned char *b) {
 	uint64_t v = (uint64_t)get64(b + 8);
-	uint32_t n = (uint32_t)v & 0x7fffffff, old = atomic_load(&door_answered);
 	atomic_store(&door_lingers[get32(b + 4) & 4095], (unsigned char)(v >> 32 & 1));
-	while (door_before(old, n) && !atomic_compare_exchange_weak(&door_answered, &old, n))
+	pthread_mutex_lock(&door_send);
+	uint64_t sent = door_sent;
+	pthread_mutex_unlock(&door_send);
+	uint64_t n = sent - ((sent - (v & 0x7fffffff)) & 0x7fffffff);
+	uint64_t old = atomic_load(&door_answered);
+	while (old < n && !atomic_compare_exchange_weak(&door_answered, &old, n))
 		;
 }
 
@@ -296,27 +305,29 @@ static int door_read(int flags) {
 
 void softefa_hostdev_kick_qp(int fd, uint32_t qp) {
 	uint32_t h;
-	if (!handle_of(fd, &h))
-		return;
+	if (softefa_shim_forked() || !handle_of(fd, &h))
+		return; // (a forked child would take its parent's answers; its QPs are the parent's)
 	if (pthread_mutex_trylock(&door_mu) == 0) {
 		while (door_read(MSG_DONTWAIT))
 			;
 		pthread_mutex_unlock(&door_mu);
 	}
 	int wait = atomic_load(&door_lingers[qp & 4095]);
-	uint32_t n = (atomic_fetch_add(&door_sent, 1) + 1) & 0x7fffffff;
 	unsigned char b[HDR];
 	put32(b, OP_KICK);
 	put32(b + 4, h);
-	put64(b + 8, qp | (uint64_t)wait << 32 | (uint64_t)n << 33);
+	pthread_mutex_lock(&door_send);
+	uint64_t n = ++door_sent;
+	put64(b + 8, qp | (uint64_t)wait << 32 | (n & 0x7fffffff) << 33);
 	ssize_t r;
 	do
 		r = send(door, b, HDR, MSG_NOSIGNAL);
 	while (r < 0 && errno == EINTR);
+	pthread_mutex_unlock(&door_send);
 	if (r < 0 || !wait)
 		return;
 	pthread_mutex_lock(&door_mu);
-	while (door_before(atomic_load(&door_answered), n) && door_read(0))
+	while (atomic_load(&door_answered) < n && door_read(0))
 		;
 	pthread_mutex_unlock(&door_mu);
 }

@@ -395,8 +395,8 @@ func TestSQDrainedByNetworkCompletion(t *testing.T) {
 
 // QP.Await, a host device's goroutine waiting, for a program's thread that sleeps meanwhile, for
 // the QP's next receive (docs/architecture.md, "Doorbells on the host device"): it blocks until
-// the receive's entry is written, without polling; one waiter at a time; a timeout ends it. Two
-// devices over UDP on loopback, each with its receive loop.
+// the receive is counted, without polling; one waiter at a time; a timeout or an interrupt ends
+// it. Two devices over UDP on loopback, each with its receive loop.
 func TestQPAwait(t *testing.T) {
 	a, b := udpRig(t), udpRig(t)
 	ah, err := a.d.CreateAH(a.pd, b.d.GID())
@@ -404,7 +404,7 @@ func TestQPAwait(t *testing.T) {
 		t.Fatal(err)
 	}
 	never := make(chan time.Time) // (a wait that missed its receive would hang the test)
-	if !b.q.Await(1, never) {
+	if !b.q.Await(1, never, nil) {
 		t.Fatal("Await with the receive count already past seen did not return true")
 	}
 
@@ -412,20 +412,29 @@ func TestQPAwait(t *testing.T) {
 	// wait with nothing to show.
 	timeout := make(chan time.Time)
 	first := make(chan bool)
-	go func() { first <- b.q.Await(0, timeout) }()
+	go func() { first <- b.q.Await(0, timeout, nil) }()
 	for b.q.recvCQ.waiters.Load() == 0 {
 		runtime.Gosched()
 	}
-	if b.q.Await(0, never) {
+	if b.q.Await(0, never, nil) {
 		t.Error("a second waiter on the CQ was not turned away")
 	}
 	close(timeout)
 	if <-first {
 		t.Error("Await ended by its timeout with no receive reported true")
 	}
+	interrupt := make(chan struct{})
+	go func() { first <- b.q.Await(0, never, interrupt) }()
+	for b.q.recvCQ.waiters.Load() == 0 {
+		runtime.Gosched()
+	}
+	close(interrupt)
+	if <-first {
+		t.Error("Await ended by its interrupt with no receive reported true")
+	}
 
 	got := make(chan bool)
-	go func() { got <- b.q.Await(0, never) }()
+	go func() { got <- b.q.Await(0, never, nil) }()
 	const msg = "written while the waiter slept"
 	postSend(a, b, ah, msg)
 	a.d.Ring(a.q)

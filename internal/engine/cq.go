@@ -197,33 +197,43 @@ func (cq *CQ) Overrun() bool {
 	return cq.overrun
 }
 
-// Await blocks until q has completed a receive past seen (its RecvWRs count), its receive CQ
-// has had an entry written since the call, or timeout fires, and reports whether one of the first
-// two happened. It is for a consumer in another process (the host device: the program's thread
-// sleeps in the device instead of spinning on its ring, and lends its core to the work it waits
-// for); unlike AwaitRecv it polls nothing and uses no CPU while it waits. One goroutine waits on
-// a CQ at a time: another returns false at once.
-func (q *QP) Await(seen uint64, timeout <-chan time.Time) bool {
+// Await blocks until q has completed a receive past seen (its RecvWRs count), timeout fires or
+// interrupt is ready, and reports whether the receive came. It is for a consumer in another
+// process (the host device: the program's thread sleeps in the device instead of spinning on its
+// ring, and lends its core to the work it waits for); unlike AwaitRecv it polls nothing and uses
+// no CPU while it waits. One goroutine waits on a CQ at a time: another returns false at once.
+func (q *QP) Await(seen uint64, timeout <-chan time.Time, interrupt <-chan struct{}) bool {
 	cq := q.recvCQ
 	if cq == nil || !cq.waiters.CompareAndSwap(0, 1) {
 		return false
 	}
 	defer cq.waiters.Store(0)
 	select {
-	case <-cq.wake: // (a signal left by an entry of an earlier wait)
+	case <-cq.wake: // (a signal left by a receive of an earlier wait)
 	default:
 	}
-	// (an entry written after the loads below finds waiters set and signals: they are all
-	// sequentially consistent atomics)
-	w := cq.written.Load()
-	for q.counts.RecvWRs.Load() == seen && cq.written.Load() == w {
+	// (a receive counted after the load below finds waiters set and signals: both are
+	// sequentially consistent atomics; countRecv)
+	for q.counts.RecvWRs.Load() == seen {
 		select {
 		case <-cq.wake:
 		case <-timeout:
-			return q.counts.RecvWRs.Load() != seen || cq.written.Load() != w
+			return q.counts.RecvWRs.Load() != seen
+		case <-interrupt:
+			return q.counts.RecvWRs.Load() != seen
 		}
 	}
 	return true
+}
+
+// countRecv counts a receive WR of q completed (its entry written first: a thread that sees the
+// count move finds the entry) and wakes a goroutine blocked in Await on q's receive CQ.
+func (q *QP) countRecv(length uint64) {
+	q.counts.RecvWRs.Add(1)
+	q.counts.RecvBytes.Add(length)
+	if cq := q.recvCQ; cq != nil && cq.waiters.Load() != 0 {
+		cq.signal()
+	}
 }
 
 // signal wakes the goroutine blocked in Await, if it is not already to wake.
@@ -253,9 +263,6 @@ func (cq *CQ) post(c *efaio.Completion) {
 	atomic.StoreUint32((*uint32)(unsafe.Pointer(&slot[0])), efaio.HeaderWord(c))
 	cq.pc++
 	cq.written.Store(uint32(cq.pc))
-	if cq.waiters.Load() != 0 {
-		cq.signal()
-	}
 	if uint32(cq.pc)&(cq.depth-1) == 0 {
 		cq.phase ^= 1
 	}

@@ -404,8 +404,7 @@ func (d *Device) finish(in *inbound) efaio.Status {
 		// another goroutine than the one receiving) finds the entry when it sees the count move.
 		d.counts.RecvWRs.Add(1)
 		d.counts.RecvBytes.Add(m.length)
-		in.t.counts.RecvWRs.Add(1)
-		in.t.counts.RecvBytes.Add(m.length)
+		in.t.countRecv(m.length)
 	case m.op == efaio.OpRDMAWrite:
 		d.counts.RDMAWriteRecvBytes.Add(m.length)
 		if m.hasImm {

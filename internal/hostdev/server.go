@@ -32,8 +32,9 @@ type Server struct {
 	// DefaultProgramShare.
 	ProgramShare float64
 
-	mu      sync.Mutex // guards conns and closed
+	mu      sync.Mutex // guards conns, peers and closed
 	conns   map[*conn]struct{}
+	peers   map[int]*peer // by process id, while a connection of the process is served
 	closed  bool
 	changed *sync.Cond // on mu: a program connected or was released
 	wg      sync.WaitGroup
@@ -66,7 +67,7 @@ func Listen(d *uverbs.Device, path string) (*Server, error) {
 		ln.Close()
 		return nil, fmt.Errorf("hostdev: %w", err)
 	}
-	s := &Server{d: d, ln: ln, path: path, ProgramShare: DefaultProgramShare, conns: make(map[*conn]struct{}), stop: make(chan struct{})}
+	s := &Server{d: d, ln: ln, path: path, ProgramShare: DefaultProgramShare, conns: make(map[*conn]struct{}), peers: make(map[int]*peer), stop: make(chan struct{})}
 	s.changed = sync.NewCond(&s.mu)
 	return s, nil
 }
@@ -103,7 +104,7 @@ func (s *Server) Serve() error {
 			c.Close()
 			return nil
 		}
-		cn := &conn{s: s, c: c, files: make(map[uint32]*open), quota: uverbs.NewQuota(s.d.Engine().Config(), s.ProgramShare)}
+		cn := &conn{s: s, c: c, files: make(map[uint32]*open)}
 		s.conns[cn] = struct{}{}
 		s.changed.Broadcast()
 		s.wg.Add(1)
@@ -154,7 +155,8 @@ type conn struct {
 	files map[uint32]*open // by handle; the connection's goroutine alone changes it
 	next  uint32
 	door  *net.UnixConn // the device's end of the program's doorbell socket (opDoorbell), or nil
-	quota *uverbs.Quota // what the program's opens hold together
+	peer  *peer         // the process's, shared by its connections; nil until known
+	pid   int
 	buf   []byte
 	// later holds the kicks, arms and traps that came while a command waited for the program
 	// to take an fd (giver.Give): the command holds its File's lock, which they take, so they are
@@ -167,6 +169,50 @@ type open struct {
 	mfd *uverbs.Memfd
 }
 
+// peer is what the connections of one process share: its quota of the device's objects, its
+// opens and its connections, bounded per process rather than per connection (a process could
+// otherwise connect again for more). Its counts are guarded by Server.mu.
+type peer struct {
+	quota *uverbs.Quota
+	opens int
+	conns int
+}
+
+// join counts c as a connection of process pid, or reports false past maxConns.
+func (c *conn) join(pid int) bool {
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.peers[pid]
+	if p == nil {
+		p = &peer{quota: uverbs.NewQuota(s.d.Engine().Config(), s.ProgramShare)}
+		s.peers[pid] = p
+	}
+	if p.conns >= maxConns {
+		return false
+	}
+	p.conns++
+	c.peer, c.pid = p, pid
+	return true
+}
+
+// opened counts an open of c's process, or reports false past maxOpens; closed uncounts one.
+func (c *conn) opened() bool {
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	if c.peer.opens >= maxOpens {
+		return false
+	}
+	c.peer.opens++
+	return true
+}
+
+func (c *conn) closed() {
+	c.s.mu.Lock()
+	c.peer.opens--
+	c.s.mu.Unlock()
+}
+
 func (c *conn) serve() {
 	defer c.s.wg.Done()
 	defer c.release()
@@ -174,7 +220,7 @@ func (c *conn) serve() {
 	if err != nil || int(cred.Uid) != os.Geteuid() {
 		return // only the device's own user's programs (docs/security.md, "The host device")
 	}
-	if c.proc, err = peerProcess(c.c, int(cred.Pid)); err != nil {
+	if c.proc, err = peerProcess(c.c, int(cred.Pid)); err != nil || !c.join(int(cred.Pid)) {
 		return
 	}
 	go func() { // a program that exits mid-command is disconnected at once
@@ -251,6 +297,7 @@ func (c *conn) handle(op, h uint32, arg uint64, p []byte) ([]byte, int, bool) {
 		delete(c.files, h)
 		c.mu.Unlock()
 		err := errors.Join(o.f.Close(), o.mfd.Close())
+		c.closed()
 		return reply(op, errnoStatus(err), nil), -1, true
 	case opKick:
 		if need() {
@@ -317,16 +364,18 @@ func (c *conn) handle(op, h uint32, arg uint64, p []byte) ([]byte, int, bool) {
 // open is a program's open of the device node: a File whose memory is the program's and whose
 // rings live in a memfd the program maps too.
 func (c *conn) open() ([]byte, int, bool) {
-	if len(c.files) >= maxOpens {
+	if !c.opened() {
 		return reply(opOpen, -int64(syscall.EMFILE), nil), -1, true
 	}
 	m, err := uverbs.NewMemfd("softefa-uverbs")
 	if err != nil {
+		c.closed()
 		return reply(opOpen, errnoStatus(err), nil), -1, true
 	}
 	fd, err := unix.Dup(m.FD())
 	if err != nil {
 		m.Close()
+		c.closed()
 		return reply(opOpen, errnoStatus(err), nil), -1, true
 	}
 	for c.files[c.next] != nil {
@@ -335,7 +384,7 @@ func (c *conn) open() ([]byte, int, bool) {
 	h := c.next
 	c.next++
 	o := &open{f: c.s.d.Open(uverbs.NewProcessMemory(c.proc), m, giver{c}), mfd: m}
-	o.f.SetQuota(c.quota)
+	o.f.SetQuota(c.peer.quota)
 	c.mu.Lock()
 	c.files[h] = o
 	c.mu.Unlock()
@@ -374,28 +423,36 @@ func (c *conn) doorbell() ([]byte, int, bool) {
 
 // ring serves the doorbell socket (docs/architecture.md, "Doorbells on the host device"). Each
 // request is a kick: op kick, the open's handle, and in arg the QP's handle (low 32 bits), whether
-// the program's thread waits for the answer (bit 32) and the kick's number (bits 33–63). Each is
-// carried out on this goroutine, lingering for the QP's next receive when the program waits and
-// the QP ping-pongs (uverbs.File.KickAwait). A kick the program waits for is answered, and so is
-// one whose QP's next kick would linger: op kick, the QP's handle, and in status the kick's number
-// (low 31 bits) and whether the QP's next kick would linger (bit 32). Anything else ends the
-// connection.
+// the program's thread waits for the answer (bit 32) and the kick's number (bits 33–63). Kicks are
+// read by readKicks and carried out here, in order, lingering for the QP's next receive when the
+// program waits and the QP ping-pongs (uverbs.File.KickAwait) until the program kicks again. A
+// kick the program waits for is answered, and so is one whose QP's next kick would linger: op
+// kick, the QP's handle, and in status the kick's number (low 31 bits) and whether the QP's next
+// kick would linger (bit 32). Anything else on the socket ends the connection.
 func (c *conn) ring() {
 	defer c.s.wg.Done()
-	defer c.c.Close() // (the connection's goroutine then releases everything)
-	var b [reqHeader]byte
+	kicks := make(chan [reqHeader]byte, kickQueue)
+	more := make(chan struct{}, 1) // a kick was queued
+	done := make(chan struct{})
+	defer close(done)
+	c.s.wg.Add(1)
+	go c.readKicks(kicks, more, done)
 	t := time.NewTimer(time.Hour)
 	t.Stop()
-	for {
-		n, _, flags, _, err := c.door.ReadMsgUnix(b[:], nil)
-		if err != nil || n != reqHeader || flags&unix.MSG_TRUNC != 0 || binary.LittleEndian.Uint32(b[:]) != opKick {
-			return
+	for b := range kicks {
+		select {
+		case <-more: // (this kick's, or one already taken)
+		default:
+		}
+		interrupt := (<-chan struct{})(more)
+		if len(kicks) > 0 {
+			interrupt = closed // the next kick is here already: no wait
 		}
 		arg := binary.LittleEndian.Uint64(b[8:])
 		qp := uint32(arg)
 		wait, lingering := arg>>32&1 != 0, false
 		if o := c.lookup(binary.LittleEndian.Uint32(b[4:])); o != nil {
-			lingering = o.f.KickAwait(qp, wait, t)
+			lingering = o.f.KickAwait(qp, wait, t, interrupt)
 		}
 		if !wait && !lingering {
 			continue // (nothing the program does not know)
@@ -407,10 +464,41 @@ func (c *conn) ring() {
 		binary.LittleEndian.PutUint32(b[4:], qp)
 		binary.LittleEndian.PutUint64(b[8:], status)
 		if _, err := c.door.Write(b[:]); err != nil {
+			c.c.Close() // (the connection's goroutine then releases everything)
 			return
 		}
 	}
 }
+
+// readKicks reads the doorbell socket's kicks into kicks, signalling more after each, until the
+// socket ends, something else comes (the connection is closed) or done is closed.
+func (c *conn) readKicks(kicks chan<- [reqHeader]byte, more chan<- struct{}, done <-chan struct{}) {
+	defer c.s.wg.Done()
+	defer close(kicks)
+	var b [reqHeader]byte
+	for {
+		n, _, flags, _, err := c.door.ReadMsgUnix(b[:], nil)
+		if err != nil || n != reqHeader || flags&unix.MSG_TRUNC != 0 || binary.LittleEndian.Uint32(b[:]) != opKick {
+			c.c.Close() // (the connection's goroutine then releases everything)
+			return
+		}
+		select {
+		case kicks <- b:
+		case <-done:
+			return
+		}
+		select {
+		case more <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// kickQueue is how many kicks read from a program's doorbell socket wait to be carried out.
+const kickQueue = 64
+
+// closed is a channel that is always ready.
+var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // giver is FDs over the connection: the fd goes to the program, which answers with its number.
 type giver struct{ c *conn }
@@ -452,9 +540,13 @@ func (g giver) Give(fd int) (int32, error) {
 // (with config's defaults, 1,024 QPs and CQs, 16,383 PDs, MRs and AHs a program).
 const DefaultProgramShare = 0.25
 
-// maxOpens bounds a program's opens of the device node at once (each holds a memfd in the
-// device): past it, EMFILE, as a process at its fd limit gets from the kernel.
-const maxOpens = 64
+// maxOpens bounds a process's opens of the device node at once, over all its connections (each
+// holds a memfd in the device): past it, EMFILE, as a process at its fd limit gets from the
+// kernel. maxConns bounds its connections: past it, a connection is closed at once.
+const (
+	maxOpens = 64
+	maxConns = 16
+)
 
 // giveTimeout is how long the device waits for a program to answer a give.
 const giveTimeout = 10 * time.Second
@@ -477,6 +569,12 @@ func (c *conn) release() {
 		c.proc.Close()
 	}
 	c.s.mu.Lock()
+	if p := c.peer; p != nil {
+		p.opens -= len(files)
+		if p.conns--; p.conns == 0 {
+			delete(c.s.peers, c.pid)
+		}
+	}
 	delete(c.s.conns, c)
 	c.s.changed.Broadcast()
 	c.s.mu.Unlock()
@@ -514,8 +612,11 @@ func peerProcess(c *net.UnixConn, pid int) (*mem.Process, error) {
 	}); err != nil {
 		return nil, err
 	}
-	if perr != nil {
+	if errors.Is(perr, unix.ENOPROTOOPT) { // (before Linux 6.5)
 		return mem.Open(pid)
+	}
+	if perr != nil {
+		return nil, perr // (say, a peer already reaped: its id may be another's now)
 	}
 	return mem.FromPidfd(fd, pid), nil
 }

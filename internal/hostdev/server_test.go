@@ -174,11 +174,14 @@ func TestServeProgram(t *testing.T) {
 	}
 }
 
-// TestMain runs TestProgramKilled's program, or TestOtherUserRefused's, when the test binary is
-// started as it.
+// TestMain runs TestProgramKilled's program, TestProgramQuota's or TestOtherUserRefused's, when
+// the test binary is started as it.
 func TestMain(m *testing.M) {
 	if path := os.Getenv("HOSTDEV_TEST_SOCKET"); path != "" {
 		killedProgram(path)
+	}
+	if path := os.Getenv("HOSTDEV_TEST_PDS"); path != "" {
+		pdProgram(path)
 	}
 	if path := os.Getenv("HOSTDEV_TEST_OTHER_USER"); path != "" {
 		c, err := Dial(path)
@@ -570,30 +573,53 @@ func TestGivenFDOfFailedCommand(t *testing.T) {
 	}
 }
 
-// A program holds at most its share of each of the device's maxima over all its opens (here 2 of
-// 8 PDs): past it, ENOMEM, while another program still gets its own; what a closed open held no
-// longer counts. A program's opens at once are bounded too (EMFILE past maxOpens).
+// openContext opens the device and makes a context (its async fd closed); it returns the open.
+func openContext(c *Client) (uint32, error) {
+	h, mfd, err := c.Open()
+	if err != nil {
+		return 0, err
+	}
+	unix.Close(mfd)
+	resp := make([]byte, 64)
+	drv := binary.LittleEndian.AppendUint32(make([]byte, 0, 8), 3)
+	if _, err := c.Write(h, command(cmdGetContext, (8+24)/4, withResp(8, resp), append(drv, 0, 0, 0, 0))); err != nil {
+		return 0, err
+	}
+	unix.Close(int(int32(binary.LittleEndian.Uint32(resp)))) // (the async fd)
+	return h, nil
+}
+
+func allocPD(c *Client, h uint32) error {
+	resp := make([]byte, 64)
+	_, err := c.Write(h, command(cmdAllocPD, (4+8)/4, withResp(8, resp), nil))
+	return err
+}
+
+// pdProgram is TestProgramQuota's other program: it makes PDs on the device at path until one
+// fails, and prints how many it made and the error.
+func pdProgram(path string) {
+	c, err := Dial(path)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	h, err := openContext(c)
+	n := 0
+	for err == nil {
+		if err = allocPD(c, h); err == nil {
+			n++
+		}
+	}
+	fmt.Println(n, errors.Is(err, syscall.ENOMEM))
+	os.Exit(0)
+}
+
+// A program (a process) holds at most its share of each of the device's maxima over all its
+// opens and connections (here 2 of 8 PDs): past it, ENOMEM, while another process still gets its
+// own; what a closed open held no longer counts. A process's opens at once are bounded too
+// (EMFILE past maxOpens), and so are its connections (maxConns).
 func TestProgramQuota(t *testing.T) {
 	s, _ := serveWith(t, config.Device{Name: "efa_7", VendorPartID: 0xefa1, MaxPD: 8})
-	context := func(c *Client) uint32 {
-		h, mfd, err := c.Open()
-		if err != nil {
-			t.Fatal(err)
-		}
-		unix.Close(mfd)
-		resp := make([]byte, 64)
-		drv := binary.LittleEndian.AppendUint32(make([]byte, 0, 8), 3)
-		if _, err := c.Write(h, command(cmdGetContext, (8+24)/4, withResp(8, resp), append(drv, 0, 0, 0, 0))); err != nil {
-			t.Fatal(err)
-		}
-		unix.Close(int(int32(binary.LittleEndian.Uint32(resp)))) // (the async fd)
-		return h
-	}
-	allocPD := func(c *Client, h uint32) error {
-		resp := make([]byte, 64)
-		_, err := c.Write(h, command(cmdAllocPD, (4+8)/4, withResp(8, resp), nil))
-		return err
-	}
 	dial := func() *Client {
 		c, err := Dial(s.Path())
 		if err != nil {
@@ -602,38 +628,55 @@ func TestProgramQuota(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	a, b := dial(), dial()
-	a1, a2 := context(a), context(a)
+	a, b := dial(), dial() // (two connections of this process: one program)
+	a1, err := openContext(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b1, err := openContext(b)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := range 2 {
 		if err := allocPD(a, a1); err != nil {
 			t.Fatalf("PD %d of the program's 2: %v", i, err)
 		}
 	}
-	if err := allocPD(a, a2); !errors.Is(err, syscall.ENOMEM) {
-		t.Fatalf("a third PD, through the program's second open: %v, want ENOMEM", err)
+	if err := allocPD(b, b1); !errors.Is(err, syscall.ENOMEM) {
+		t.Fatalf("a third PD, through the program's second connection: %v, want ENOMEM", err)
 	}
-	b1 := context(b)
-	for i := range 2 {
-		if err := allocPD(b, b1); err != nil {
-			t.Fatalf("another program's PD %d: %v", i, err)
-		}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "HOSTDEV_TEST_PDS="+s.Path())
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil || string(out) != "2 true\n" {
+		t.Fatalf("another process made PDs: %q (%v), want 2 and then ENOMEM", out, err)
 	}
 	if err := a.CloseFile(a1); err != nil {
 		t.Fatal(err)
 	}
-	if err := allocPD(a, a2); err != nil {
+	if err := allocPD(b, b1); err != nil {
 		t.Fatalf("a PD after the open holding two was closed: %v", err)
 	}
 
 	c := dial()
-	for i := range maxOpens {
+	for i := 1; i < maxOpens; i++ { // (b1 is the process's first open)
 		if _, mfd, err := c.Open(); err != nil {
-			t.Fatalf("open %d: %v", i, err)
+			t.Fatalf("open %d: %v", i+1, err)
 		} else {
 			unix.Close(mfd)
 		}
 	}
 	if _, _, err := c.Open(); !errors.Is(err, syscall.EMFILE) {
 		t.Fatalf("open %d: %v, want EMFILE", maxOpens+1, err)
+	}
+	for i := 3; i < maxConns; i++ {
+		if _, err := dial().Info(); err != nil { // (served: counted before the next connects)
+			t.Fatalf("connection %d: %v", i+1, err)
+		}
+	}
+	extra := dial() // (the kernel accepts it; the device hangs up)
+	if _, err := extra.Info(); err == nil {
+		t.Errorf("connection %d of one process was served", maxConns+1)
 	}
 }

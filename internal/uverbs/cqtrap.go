@@ -60,12 +60,13 @@ func (f *File) RingTrapped(h uint32) (send, recv uint32, ok bool) {
 
 // KickAwait is Kick for a program in another process (the host device's doorbell socket). When
 // wait is set (the program's thread waits for the answer) and the QP ping-pongs as RingTrapped
-// tells it (lingers), the calling goroutine then blocks until the QP's next receive, or for the
-// linger budget (Options.Linger), using t: the program's thread sleeps meanwhile instead of
-// spinning on its CQ, which on a machine with few cores leaves them to the peer and the device
-// that make the answer. It reports whether the QP's next ring would linger, for the program to
-// wait on that one.
-func (f *File) KickAwait(h uint32, wait bool, t *time.Timer) (lingering bool) {
+// tells it (lingers), the calling goroutine then blocks until the QP's next receive, for at most
+// the linger budget (Options.Linger, timed with t), or until interrupt is ready (the program
+// kicked again: its next kick may be what the receive needs). The program's thread sleeps
+// meanwhile instead of spinning on its CQ, which on a machine with few cores leaves them to the
+// peer and the device that make the answer. It reports whether the QP's next kick would linger,
+// for the program to wait on that one.
+func (f *File) KickAwait(h uint32, wait bool, t *time.Timer, interrupt <-chan struct{}) (lingering bool) {
 	o := f.kick(h)
 	if o == nil || f.d.linger <= 0 {
 		return false
@@ -73,7 +74,7 @@ func (f *File) KickAwait(h uint32, wait bool, t *time.Timer) (lingering bool) {
 	seen := o.qp.Counters().RecvWRs.Load()
 	if o.lingers(o.rungRecvs.Swap(seen) != seen) && wait {
 		t.Reset(f.d.linger)
-		o.qp.Await(seen, t.C)
+		o.qp.Await(seen, t.C, interrupt)
 		t.Stop()
 	}
 	return o.answers.Load() >= lingerAfter

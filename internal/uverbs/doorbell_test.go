@@ -153,7 +153,7 @@ func TestKickAwait(t *testing.T) {
 	var got strings.Builder
 	for i := range lingerAfter + 2 {
 		o.rungRecvs.Store(uint64(100 + i)) // a receive since the last ring (the count moved)
-		if h.f.KickAwait(qp, false, tm) {
+		if h.f.KickAwait(qp, false, tm, nil) {
 			got.WriteByte('L')
 		} else {
 			got.WriteByte('.')
@@ -162,15 +162,15 @@ func TestKickAwait(t *testing.T) {
 	if want := strings.Repeat(".", lingerAfter-1) + "LLL"; got.String() != want {
 		t.Errorf("answered kicks reported %s, want %s", got.String(), want)
 	}
-	if h.f.KickAwait(qp, false, tm) { // no receive since the last ring: the run is broken
+	if h.f.KickAwait(qp, false, tm, nil) { // no receive since the last ring: the run is broken
 		t.Error("a kick with no receive since the last reported the next would linger")
 	}
-	if h.f.KickAwait(12345, true, tm) {
+	if h.f.KickAwait(12345, true, tm, nil) {
 		t.Error("a kick of an unknown handle reported lingering")
 	}
 	h.d.linger = 0
 	o.answers.Store(lingerAfter)
-	if h.f.KickAwait(qp, true, tm) {
+	if h.f.KickAwait(qp, true, tm, nil) {
 		t.Error("a kick with no linger budget reported lingering")
 	}
 }
