@@ -545,14 +545,8 @@ func TestGivenFDOfFailedCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	h, mfd, err := c.Open()
+	h, err := openContext(c)
 	if err != nil {
-		t.Fatal(err)
-	}
-	unix.Close(mfd)
-	resp := make([]byte, 64)
-	drv := binary.LittleEndian.AppendUint32(make([]byte, 0, 8), 3)
-	if _, err := c.Write(h, command(cmdGetContext, (8+24)/4, withResp(8, resp), append(drv, 0, 0, 0, 0))); err != nil {
 		t.Fatal(err)
 	}
 	fds := func() int {
