@@ -272,7 +272,7 @@ static pthread_mutex_t door_send = PTHREAD_MUTEX_INITIALIZER; // numbering and s
 // Kick numbers, counted in 64 bits here and sent modulo 2^31. Kicks go in the order of their
 // numbers (door_send), and the device answers in the order it reads them, so a kick's answer
 // has been read once the last answer read is numbered at or past it.
-static uint64_t door_sent;           // door_send
+static _Atomic uint64_t door_sent; // written under door_send
 static _Atomic uint64_t door_answered;
 static _Atomic unsigned char door_lingers[4096]; // by QP handle mod 4096: a hint
 
@@ -281,9 +281,7 @@ static _Atomic unsigned char door_lingers[4096]; // by QP handle mod 4096: a hin
 static void door_take(const unsigned char *b) {
 	uint64_t v = (uint64_t)get64(b + 8);
 	atomic_store(&door_lingers[get32(b + 4) & 4095], (unsigned char)(v >> 32 & 1));
-	pthread_mutex_lock(&door_send);
-	uint64_t sent = door_sent;
-	pthread_mutex_unlock(&door_send);
+	uint64_t sent = atomic_load(&door_sent); // (this answer's kick was sent: its number is in)
 	uint64_t n = sent - ((sent - (v & 0x7fffffff)) & 0x7fffffff);
 	uint64_t old = atomic_load(&door_answered);
 	while (old < n && !atomic_compare_exchange_weak(&door_answered, &old, n))
@@ -317,7 +315,8 @@ void softefa_hostdev_kick_qp(int fd, uint32_t qp) {
 	put32(b, OP_KICK);
 	put32(b + 4, h);
 	pthread_mutex_lock(&door_send);
-	uint64_t n = ++door_sent;
+	uint64_t n = atomic_load(&door_sent) + 1;
+	atomic_store(&door_sent, n);
 	put64(b + 8, qp | (uint64_t)wait << 32 | (n & 0x7fffffff) << 33);
 	ssize_t r;
 	do

@@ -446,7 +446,7 @@ func (c *conn) ring() {
 		}
 		interrupt := (<-chan struct{})(more)
 		if len(kicks) > 0 {
-			interrupt = closed // the next kick is here already: no wait
+			interrupt = ready // the next kick is here already: no wait
 		}
 		arg := binary.LittleEndian.Uint64(b[8:])
 		qp := uint32(arg)
@@ -497,8 +497,8 @@ func (c *conn) readKicks(kicks chan<- [reqHeader]byte, more chan<- struct{}, don
 // kickQueue is how many kicks read from a program's doorbell socket wait to be carried out.
 const kickQueue = 64
 
-// closed is a channel that is always ready.
-var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+// ready is a channel that is always ready.
+var ready = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // giver is FDs over the connection: the fd goes to the program, which answers with its number.
 type giver struct{ c *conn }
