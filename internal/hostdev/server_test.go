@@ -353,16 +353,7 @@ func encodeChardev(ch uverbs.Chardev) []byte {
 // for the program waited on itself for ever.
 func TestKickDuringGive(t *testing.T) {
 	s, _ := serve(t)
-	c, err := Dial(s.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	h, mfd, err := c.Open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	unix.Close(mfd)
+	c, h := dialOpen(t, s)
 	resp := make([]byte, 64)
 	drv := binary.LittleEndian.AppendUint32(make([]byte, 0, 8), 3)
 	cmd := command(cmdGetContext, (8+24)/4, withResp(8, resp), append(drv, 0, 0, 0, 0))
@@ -438,16 +429,7 @@ func TestOtherUserRefused(t *testing.T) {
 // lingering) is not; anything but a kick on it drops the program.
 func TestDoorbellSocket(t *testing.T) {
 	s, d := serve(t)
-	c, err := Dial(s.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	h, mfd, err := c.Open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	unix.Close(mfd)
+	c, h := dialOpen(t, s)
 	st, _, fd, err := c.call(request(opDoorbell, 0, 0))
 	if err != nil || st != 0 || fd < 0 {
 		t.Fatalf("opDoorbell: status %d, fd %d, %v", st, fd, err)
@@ -565,6 +547,23 @@ func TestGivenFDOfFailedCommand(t *testing.T) {
 	if after := fds(); after != before {
 		t.Errorf("%d fds open after the failed command, %d before", after, before)
 	}
+}
+
+// dialOpen connects to s (closed when the test ends) and opens the device once; its memfd is
+// closed.
+func dialOpen(t *testing.T, s *Server) (*Client, uint32) {
+	t.Helper()
+	c, err := Dial(s.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	h, mfd, err := c.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(mfd)
+	return c, h
 }
 
 // openContext opens the device and makes a context (its async fd closed); it returns the open.
