@@ -105,7 +105,7 @@ func (t *Transport) probe(p *peer, i int, now time.Duration) {
 //
 // A timeout before the stream's first RTT sample sends the packet again and backs the timer off,
 // but is no loss: the initial timeout is a guess, and a peer slow to answer its first datagrams
-// (a process starting, a first contact's challenge) is the common cause; counted, it cut the
+// (a process starting) is the common cause; counted, it cut the
 // window and turned sparse copies on for thousands of packets of a loss-free ping-pong.
 func (t *Transport) checkRTO(p *peer, now time.Duration) {
 	s := &p.tx

@@ -107,7 +107,9 @@ func (t *Transport) resetPeer(p *peer, st efaio.Status, inc uint32) {
 	t.resetRx(p)
 	p.inc = inc // before resetTx: the requests it sends again are for the new life
 	p.rx.epoch = 0
-	p.heard = false
+	// Heard: its datagram is being taken, and it made a context for us by sending it, so that
+	// the requests sent again go at once, not after a first contact's PROBE (hello).
+	p.heard = true
 	p.ports, p.echo = nil, nil     // the new life sends from ports of its own, and challenges anew
 	t.resetTx(p, st, resetRestart) // the answers were for the peer's earlier life
 }

@@ -233,8 +233,11 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 			}
 		case wire.TypeProbeAck:
 			for i := range p.paths {
-				if ps := &p.paths[i]; !ps.usable() && ps.probeSent && ps.nonce == f.Nonce {
-					ps.failed, ps.unproven, ps.losses, ps.probeSent = false, false, 0, false
+				if ps := &p.paths[i]; ps.probeSent && ps.nonce == f.Nonce {
+					ps.probeSent = false // (a usable path's: a first contact's, see hello)
+					if !ps.usable() {
+						ps.failed, ps.unproven, ps.losses = false, false, 0
+					}
 				}
 			}
 		case wire.TypeReset, wire.TypeCookie:

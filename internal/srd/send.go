@@ -308,12 +308,15 @@ func (t *Transport) pump(p *peer) {
 		t.sendAgain(p, psn, e, now)
 	}
 	s.retx = s.retx[:copy(s.retx, s.retx[taken:])]
-	// A peer never heard from has no context for us yet: it challenges our first datagram and
-	// drops it (docs/wire.md, "Address validation"). One packet goes until it answers, not a
-	// window of them, all to be sent again with its cookie.
 	window := s.cwnd
 	if !p.heard {
-		window = 1
+		// A peer never heard from has no context for us yet: it would challenge our first
+		// packet and drop it (docs/wire.md, "Address validation"). The stream waits for the
+		// answer to a PROBE instead, and goes with the challenge's cookie: nothing twice.
+		if len(s.queue) > 0 {
+			t.hello(p, now)
+		}
+		window = 0
 	}
 	done := 0
 	for done < len(s.queue) && float64(s.inflight) < window {
@@ -349,6 +352,23 @@ func (t *Transport) pump(p *peer) {
 	n := copy(s.queue, s.queue[done:])
 	clear(s.queue[n:]) // let go of the messages moved past
 	s.queue = s.queue[:n]
+}
+
+// hello asks a peer never heard from for its challenge: a PROBE on the endpoint's path, sent
+// again after the retransmission timeout, backed off each time as the first round trip's timeouts
+// are (checkRTO), until the peer answers or the transport timeout ends the stream (docs/wire.md,
+// "Address validation"). The path's probe fields hold its state: the endpoint's path is probed
+// for nothing else before the peer is heard from.
+func (t *Transport) hello(p *peer, now time.Duration) {
+	ps, s := &p.paths[0], &p.tx
+	if ps.probeSent {
+		if now < ps.probeAt {
+			return
+		}
+		s.rto = min(2*s.rto, maxRTO)
+	}
+	t.probe(p, 0, now)
+	ps.probeAt = now + s.rto
 }
 
 // answeredReq reports whether m is a request the peer's answer showed it had whole.

@@ -134,7 +134,7 @@ func TestTraceTransportTimeoutStartsNewEpoch(t *testing.T) {
 	r.advance(900 * time.Millisecond)
 	r.noCompletion()
 	r.advance(200 * time.Millisecond)
-	r.wantCompletion(1, efaio.StatusLocalUnreachRemote)
+	r.wantCompletion(1, efaio.StatusLocalUnrespRemote) // (its challenge was heard)
 	r.data()
 	r.post(2, efaio.OpSend, 100)
 	d = r.data()
@@ -921,24 +921,71 @@ func TestTraceRepeatedTimeoutProbesTwoPaths(t *testing.T) {
 	r.wantCompletion(1, efaio.StatusOK)
 }
 
-// wire.md "Address validation": a device sends one packet to a peer it never heard from, which
-// has no context for it and challenges it, dropping it; the rest follow once the peer answers, so
-// that only that one goes again with the cookie, not a window of them.
-func TestTraceFirstContactSendsOnePacket(t *testing.T) {
+// wire.md "Address validation": a device sends no packet of its stream to a peer it never heard
+// from, which has no context for it and would challenge the packet and drop it: it sends a PROBE on
+// its endpoint's path, again after the retransmission timeout (backed off), and the stream goes
+// once the peer's challenge comes, its first datagram with the cookie: nothing goes twice.
+func TestTraceFirstContactWaitsForChallenge(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	r.tr.ports = []uint16{traceDev.Port(), 4800}
+	r.quietPeer = true
 	for i := range 4 {
 		r.post(uint16(i), efaio.OpSend, 100)
 	}
-	if d := r.data(); len(d) != 1 || d[0].f.Data.PSN != 0 {
-		t.Fatalf("sent %v to a peer never heard from, want PSN 0 alone", psns(d))
+	hellos := func() (n int) {
+		for _, g := range r.take(wire.TypeProbe) {
+			if g.h.Path == 0 {
+				n++
+			}
+		}
+		return n
+	}
+	if d, n := r.data(), hellos(); len(d) != 0 || n != 1 {
+		t.Fatalf("sent %v and %d PROBEs on path 0 to a peer never heard from, want no DATA and one PROBE", psns(d), n)
+	}
+	r.advance(initialRTO)
+	if n := hellos(); n != 1 {
+		t.Fatalf("%d PROBEs on path 0 after the retransmission timeout, want 1", n)
+	}
+	r.advance(initialRTO)
+	if n := hellos(); n != 0 {
+		t.Fatalf("%d PROBEs on path 0 a timeout later, want none: the wait doubles", n)
+	}
+	r.advance(initialRTO)
+	if n := hellos(); n != 1 {
+		t.Fatalf("%d PROBEs on path 0 after twice the timeout, want 1", n)
 	}
 	r.send(0, func(b []byte) []byte { return wire.AppendChallenge(b, 0x1234567, traceDev.Port()) })
-	if d := r.data(); !slices.Equal(psns(d), []wire.PSN{0, 1, 2, 3}) {
-		t.Fatalf("sent %v after the peer's challenge, want PSN 0 again and 1-3", psns(d))
+	d := r.data()
+	if !slices.Equal(psns(d), []wire.PSN{0, 1, 2, 3}) {
+		t.Fatalf("sent %v after the peer's challenge, want PSNs 0-3", psns(d))
 	}
-	if n := r.counts.RetransPkts.Load(); n != 1 {
-		t.Fatalf("%d packets retransmitted, want 1", n)
+	if c := r.take(wire.TypeCookie); len(c) == 0 || c[0].dgram != d[0].dgram || c[0].f.Cookie != 0x1234567 {
+		t.Fatalf("COOKIEs %+v, want the challenge's cookie in the first DATA's datagram", c)
+	}
+	r.ack(4, nil, 0)
+	if cs := r.completions(); len(cs) != 4 || slices.ContainsFunc(cs, func(c completion) bool { return c.Status != efaio.StatusOK }) {
+		t.Fatalf("completions %+v, want 4 OK", cs)
+	}
+	if n := r.counts.RetransPkts.Load(); n != 0 {
+		t.Fatalf("%d packets retransmitted, want 0", n)
+	}
+}
+
+// wire.md "Address validation" and "Completion": a peer that never answers gets no packet of the
+// stream, a PROBE at most every 200 ms once the wait has doubled up to it, and the requests end
+// as LOCAL_UNREACH_REMOTE at the transport timeout.
+func TestTraceUnansweredFirstContact(t *testing.T) {
+	r := newTrace(t, 1, nil)
+	r.quietPeer = true
+	r.post(1, efaio.OpSend, 100)
+	r.advance(900 * time.Millisecond)
+	r.noCompletion()
+	r.advance(200 * time.Millisecond)
+	r.wantCompletion(1, efaio.StatusLocalUnreachRemote)
+	// 10, 20, 40, 80, 160, then 200 ms apart: 10 within the second.
+	if d, probes := r.data(), r.take(wire.TypeProbe); len(d) != 0 || len(probes) < 8 || len(probes) > 10 {
+		t.Fatalf("sent %d DATA and %d PROBEs to a peer that never answered, want none and 8-10", len(d), len(probes))
 	}
 }
 
@@ -1611,6 +1658,7 @@ func TestTraceNewPathProvesItself(t *testing.T) {
 	if d := r.data(); len(d) != 1 || d[0].h.Path != 0 {
 		t.Fatalf("sent %+v, want one DATA on path 0", d)
 	}
+	r.take(wire.TypeCookie) // (the first contact's, for the endpoint's port, with the DATA)
 	probes := r.take(wire.TypeProbe)
 	if len(probes) != 1 || probes[0].h.Path != 1 {
 		t.Fatalf("probes %+v, want one on the unproven path 1", probes)

@@ -3,6 +3,7 @@ package srd
 import (
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -49,6 +50,9 @@ type trace struct {
 	horizonZero bool
 	devTx       wire.Epoch // the transport's stream epoch, as its latest DATA said
 	cookie      uint64     // the transport's challenge, echoed in the peer's next datagram
+	// quietPeer: the peer does not answer the transport's first-contact PROBE (hello) with a
+	// challenge, as a peer that has no context for it does unless a test says otherwise.
+	quietPeer bool
 
 	got    []traceFrame // frames the transport sent, in order, not yet taken by the test
 	dgrams int          // datagrams the transport sent
@@ -186,6 +190,25 @@ func (r *trace) post(wrid uint16, op efaio.OpType, n int) {
 		}
 	})
 	r.drive()
+	r.answerHello()
+}
+
+// answerHello answers the transport's first-contact PROBE, if it sent one, as a peer with no
+// context for it does: with a CHALLENGE to its endpoint's port, unless quietPeer. The PROBE is
+// taken; the transport's stream then goes, with the cookie.
+func (r *trace) answerHello() {
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	if r.quietPeer || p == nil || p.heard || !p.paths[0].probeSent {
+		return
+	}
+	hello := slices.IndexFunc(r.got, func(g traceFrame) bool {
+		return g.f.Type == wire.TypeProbe && g.h.Path == 0 && g.f.Nonce == p.paths[0].nonce
+	})
+	if hello < 0 {
+		return
+	}
+	r.got = slices.Delete(r.got, hello, hello+1)
+	r.send(0, func(b []byte) []byte { return wire.AppendChallenge(b, 0x1234567, traceDev.Port()) })
 }
 
 // sends posts n SENDs of 100 bytes (WR ids 0 to n-1), 100 µs apart, and returns their DATA
