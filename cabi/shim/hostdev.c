@@ -271,9 +271,11 @@ static pthread_mutex_t door_mu = PTHREAD_MUTEX_INITIALIZER;  // reading answers
 static pthread_mutex_t door_send = PTHREAD_MUTEX_INITIALIZER; // numbering and sending kicks
 // Kick numbers, counted in 64 bits here and sent modulo 2^31. Kicks go in the order of their
 // numbers (door_send), and the device answers in the order it reads them, so a kick's answer
-// has been read once the last answer read is numbered at or past it.
-static _Atomic uint64_t door_sent; // written under door_send
-static _Atomic uint64_t door_answered;
+// has been read once the last answer read is numbered at or past it. The first is 2^31 - 512:
+// every program past 512 kicks crosses the wrap of the 31 bits sent, in tests as in long runs.
+#define KICK_FIRST ((UINT64_C(1) << 31) - 512)
+static _Atomic uint64_t door_sent = KICK_FIRST - 1; // written under door_send
+static _Atomic uint64_t door_answered = KICK_FIRST - 1;
 static _Atomic unsigned char door_lingers[4096]; // by QP handle mod 4096: a hint
 
 // door_take records an answer. Its number is the latest one sent with those 31 bits: answers
