@@ -30,14 +30,18 @@ import (
 // not proven — gets nothing but one CHALLENGE, sent to the endpoint the header names and never
 // longer than the datagram, whatever its frames say; its UD messages, which need no state and get
 // no answer, are delivered. A peer context is created only by a valid COOKIE, or by the device
-// itself when it sends to a peer. Cookies are a keyed hash of the endpoint, the port and a
-// 10-second time bucket, so they cost no memory: a flood from forged addresses leaves no state
+// itself when it sends to a peer. Cookies are the second they were issued in and a keyed hash of
+// the endpoint, the port and that second, so they cost no memory: a flood from forged addresses leaves no state
 // behind, and a cookie captured from one port proves nothing from another. Sealing adds
 // authenticity on top of this, not instead of it: a peer context forgotten (or never made) is
 // made again only through a fresh cookie, so replayed sealed datagrams from an earlier exchange
 // create nothing.
 
-const cookiePeriod = 10 * time.Second
+// A cookie names the second it was issued in (cookieTick) and is taken for cookieLife ticks.
+const (
+	cookieTick = time.Second
+	cookieLife = 20
+)
 
 // newSecret draws the device's cookie key.
 func newSecret(rng io.Reader) (s [32]byte) {
@@ -48,22 +52,44 @@ func newSecret(rng io.Reader) (s [32]byte) {
 // portQuiet is how long a peer may stay silent with its proven ports still trusted.
 const portQuiet = time.Second
 
-// cookie is the cookie for endpoint addr's source port port in the given time bucket.
-func (t *Transport) cookie(addr netip.AddrPort, port uint16, bucket int64) uint64 {
+// cookie is the cookie for endpoint addr's source port port issued at tick (the device's clock
+// in cookieTicks): the tick modulo 2^16 in the top 16 bits, then 48 bits of SHA-256 over the
+// device's secret, the endpoint, the port and the whole tick, with bit 0 set (0 is no cookie).
+func (t *Transport) cookie(addr netip.AddrPort, port uint16, tick int64) uint64 {
 	var in [32 + 16 + 2 + 2 + 8]byte
 	copy(in[:32], t.secret[:])
 	a := addr.Addr().As16()
 	copy(in[32:48], a[:])
 	binary.BigEndian.PutUint16(in[48:], addr.Port())
 	binary.BigEndian.PutUint16(in[50:], port)
-	binary.BigEndian.PutUint64(in[52:], uint64(bucket))
+	binary.BigEndian.PutUint64(in[52:], uint64(tick))
 	sum := sha256.Sum256(in[:])
-	return binary.BigEndian.Uint64(sum[:8]) | 1 // never 0: 0 means "no cookie"
+	return uint64(uint16(tick))<<48 | binary.BigEndian.Uint64(sum[:8])>>16 | 1
 }
 
-func (t *Transport) cookieOK(addr netip.AddrPort, port uint16, c uint64) bool {
-	b := int64(t.now / cookiePeriod)
-	return c == t.cookie(addr, port, b) || c == t.cookie(addr, port, b-1)
+// cookieNow is the device's clock in cookieTicks.
+func (t *Transport) cookieNow() int64 { return int64(t.now / cookieTick) }
+
+// cookieOK reports whether c is a cookie of ours for addr's port port, issued at most cookieLife
+// ticks ago, and the tick it was issued at.
+func (t *Transport) cookieOK(addr netip.AddrPort, port uint16, c uint64) (int64, bool) {
+	now := t.cookieNow()
+	age := int64(uint16(uint64(now) - c>>48))
+	return now - age, age <= cookieLife && c == t.cookie(addr, port, now-age)
+}
+
+// cookieTakes reports whether c, the first cookie of a datagram from addr's port port, makes or
+// revives the context p for it (cookieOK). For a datagram sealed by another run of a peer we
+// know (otherRun), the cookie must not be older than the peer's current run (p.runTick): a
+// capture of an earlier run's datagram carries that run's cookie, and would otherwise pass for
+// a restart for as long as the cookie lasts once the salts we remember no longer name it.
+func (t *Transport) cookieTakes(p *peer, addr netip.AddrPort, port uint16, c uint64, otherRun bool) bool {
+	tick, ok := t.cookieOK(addr, port, c)
+	if !ok || !otherRun || p == nil {
+		return ok
+	}
+	now := uint16(t.cookieNow())
+	return now-uint16(tick) <= now-p.runTick
 }
 
 // trusts reports whether a datagram from UDP source port port, naming the peer's endpoint port
@@ -107,7 +133,7 @@ func (t *Transport) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Hea
 		firstCookie := f.Type == wire.TypeCookie && !cookieTried
 		cookieTried = cookieTried || f.Type == wire.TypeCookie
 		switch {
-		case firstCookie && f.Ports.Has(src.Port()) && t.cookieOK(addr, src.Port(), f.Cookie):
+		case firstCookie && f.Ports.Has(src.Port()) && t.cookieTakes(p, addr, src.Port(), f.Cookie, otherRun):
 			if p == nil {
 				if p = t.peerFor(gid); p == nil {
 					t.counts.RxDrops.Add(1) // MaxPeers, none idle to give way
@@ -139,7 +165,7 @@ func (t *Transport) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Hea
 		// unchallenged, it could never prove itself).
 		if n >= wire.DatagramHeaderSize+challengeFrameSize || otherRun {
 			s.paths = append(s.paths, pathState{})
-			c := t.cookie(addr, src.Port(), int64(t.now/cookiePeriod))
+			c := t.cookie(addr, src.Port(), t.cookieNow())
 			t.commit(wire.AppendChallenge(t.room(s, 0, challengeFrameSize), c, src.Port()))
 			t.txq.cur = nil // no other frame joins a stranger's datagram
 		}
@@ -155,8 +181,8 @@ const challengeFrameSize = wire.FrameHeaderSize + wire.ChallengeSize
 // of its own), or until a packet sent there since is acknowledged. A path whose port is not our
 // endpoint's carries it in a PROBE at once, and nothing else until the peer answers the PROBE.
 // On a new cookie for one of our ports, what the paths sending from it sent that is not yet
-// acknowledged goes again at once: the peer dropped it. Once per cookie (a cookie lasts a
-// 10-second bucket): the peer challenges every datagram that reaches it from the port before the
+// acknowledged goes again at once: the peer dropped it. Once per cookie (the peer's cookies
+// change each second): the peer challenges every datagram that reaches it from the port before the
 // cookie does, and resending the whole flight for each of those challenges was a storm
 // (thousands of packets in a short run). A challenge to a port not ours is only echoed, on the
 // paths not echoing one of ours: it may come of a datagram another process of our host sent the

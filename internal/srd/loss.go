@@ -51,7 +51,9 @@ func (t *Transport) transportTick(now time.Duration) bool {
 			// Unproven paths only for a stream, ours or the peer's (UD alone keeps no state at
 			// the peer): a device that only acknowledges must prove them too, or its ACKs all
 			// take the endpoint's path, and are lost with it.
-			if ps := &p.paths[i]; (ps.failed || ps.unproven && (p.tx.busy() || p.rx.started)) && now >= ps.probeAt {
+			// And not before the peer is heard from: it challenges our endpoint's port first (hello),
+			// and the stream goes on that path with its cookie.
+			if ps := &p.paths[i]; (ps.failed || ps.unproven && p.heard && (p.tx.busy() || p.rx.started)) && now >= ps.probeAt {
 				t.probe(p, i, now)
 			}
 		}

@@ -17,6 +17,9 @@ type peer struct {
 	addr  netip.AddrPort
 	inc   uint32 // the peer's incarnation; 0 until heard from
 	heard bool   // the peer has sent us something: a timeout means unresponsive, not unreachable
+	// runTick: when (cookieNow, modulo 2^16) the context was made or its current run (salt,
+	// incarnation) was taken: an older cookie does not take another run (cookieTakes).
+	runTick uint16
 
 	tx txStream
 	rx rxStream
@@ -86,7 +89,7 @@ func (t *Transport) peerFor(gid [16]byte) *peer {
 	if len(t.peers) >= t.cfg.MaxPeers && !t.makeRoom(gid) {
 		return nil
 	}
-	p := &peer{gid: gid, addr: config.AddrFromGID(gid, t.link.LocalAddr().Port()), paths: make([]pathState, t.link.Paths()),
+	p := &peer{gid: gid, addr: config.AddrFromGID(gid, t.link.LocalAddr().Port()), runTick: uint16(t.cookieNow()), paths: make([]pathState, t.link.Paths()),
 		seen: t.now}
 	p.tx.init()
 	if t.seal != nil {

@@ -178,8 +178,12 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 	otherRun := p != nil && n != nil && p.replay.OtherRun(n.salt)
 	newLife := p != nil && p.inc != 0 && h.SrcInc != p.inc && from.Port() != h.SrcPort
 	if p == nil || !p.trusts(from.Port(), h.SrcPort, now) || otherRun || newLife {
+		run := p == nil || otherRun || newLife
 		if p = t.admit(p, gid, from, &h, frames, pk.N, otherRun); p == nil {
 			return
+		}
+		if run {
+			p.runTick = uint16(t.cookieNow())
 		}
 	}
 	if n != nil && !p.replay.Fresh(n.salt, n.ctr) {
@@ -199,6 +203,7 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		t.resetPeer(p, efaio.StatusRemoteAbort, h.SrcInc) // the peer restarted
 	}
 	p.heardFrom(from.Port(), now) // (proven by this datagram's cookie, if admitted)
+	first := !p.heard
 	p.inc, p.heard, p.seen = h.SrcInc, true, now
 	if p.tx.epoch.Less(h.RxEpoch) {
 		// The peer has had a later epoch of our stream than ours: we forgot it (our memo of
@@ -255,6 +260,9 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		if r.sinceAck++; r.sinceAck >= ackEvery {
 			t.sendAck(p)
 		}
+	}
+	if first && len(p.tx.queue) > 0 {
+		t.pump(p) // the stream that waited for the peer's first answer (hello)
 	}
 }
 

@@ -308,24 +308,24 @@ func (t *Transport) pump(p *peer) {
 		t.sendAgain(p, psn, e, now)
 	}
 	s.retx = s.retx[:copy(s.retx, s.retx[taken:])]
+	// A peer never heard from has no context for us yet: it would challenge our first packet
+	// and drop it (docs/wire.md, "Address validation"). The stream waits for the answer to a
+	// PROBE instead (hello, below), and goes with the challenge's cookie: nothing twice.
 	window := s.cwnd
 	if !p.heard {
-		// A peer never heard from has no context for us yet: it would challenge our first
-		// packet and drop it (docs/wire.md, "Address validation"). The stream waits for the
-		// answer to a PROBE instead, and goes with the challenge's cookie: nothing twice.
-		if len(s.queue) > 0 {
-			t.hello(p, now)
-		}
 		window = 0
 	}
 	done := 0
-	for done < len(s.queue) && float64(s.inflight) < window {
+	for done < len(s.queue) {
 		m := s.queue[done]
 		if m.sent == m.nseg {
 			done++ // cut short by cancel: it may go to the free list now that the queue lets go
 			s.dequeued(m)
 			t.release(m)
 			continue
+		}
+		if float64(s.inflight) >= window {
+			break
 		}
 		if s.una.Dist(s.next) >= uint32(len(s.ring)) {
 			if len(s.ring) >= maxCwnd*2 {
@@ -352,6 +352,9 @@ func (t *Transport) pump(p *peer) {
 	n := copy(s.queue, s.queue[done:])
 	clear(s.queue[n:]) // let go of the messages moved past
 	s.queue = s.queue[:n]
+	if !p.heard && n > 0 {
+		t.hello(p, now)
+	}
 }
 
 // hello asks a peer never heard from for its challenge: a PROBE on the endpoint's path, sent

@@ -124,8 +124,9 @@ func TestTraceRetransmissionTimeoutBacksOff(t *testing.T) {
 	}
 }
 
-// wire.md "Packet streams": nothing acknowledged for the transport timeout fails the WR with 15
-// (the peer never answered) and starts a new stream: tx epoch + 1, PSN 0.
+// wire.md "Packet streams": nothing acknowledged for the transport timeout fails the WR with 13
+// (the peer answered the first contact, then nothing) and starts a new stream: tx epoch + 1,
+// PSN 0. (TestTraceUnansweredFirstContact: 15, for a peer that never answered.)
 func TestTraceTransportTimeoutStartsNewEpoch(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	r.post(1, efaio.OpSend, 100)
@@ -989,6 +990,44 @@ func TestTraceUnansweredFirstContact(t *testing.T) {
 	}
 }
 
+// wire.md "Address validation": a peer that still has a context for the device answers its
+// first-contact PROBE with a PROBE_ACK, and the stream goes as that answer is taken, not at the
+// next tick.
+func TestTraceFirstContactAnsweredByProbeAck(t *testing.T) {
+	r := newTrace(t, 1, nil)
+	r.quietPeer = true
+	r.post(1, efaio.OpSend, 100)
+	hello := r.take(wire.TypeProbe)
+	if len(hello) != 1 || len(r.data()) != 0 {
+		t.Fatalf("PROBEs %+v, want one and no DATA", hello)
+	}
+	r.inject(0, func(b []byte) []byte { return wire.AppendProbe(b, hello[0].f.Nonce, true) })
+	r.busyPoll() // (no tick)
+	if d := r.data(); len(d) != 1 || d[0].f.Data.PSN != 0 {
+		t.Fatalf("sent %v as the PROBE_ACK was taken, want PSN 0", psns(d))
+	}
+}
+
+// wire.md "Address validation": a request cancelled while the device waits for a peer's first
+// answer leaves nothing to send: the PROBEs stop and the device goes idle.
+func TestTraceCancelStopsFirstContact(t *testing.T) {
+	r := newTrace(t, 1, nil)
+	r.quietPeer = true
+	var m *Msg
+	req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 100, NSrc: 1}
+	req.Src[0] = mem.Own(r.buf[:100])
+	r.batch(r.q, func(now time.Duration) { m, _ = r.tr.Request(now, config.GIDFromAddr(tracePeer), &req, uint16(1)) })
+	r.drive()
+	if len(r.take(wire.TypeProbe)) != 1 {
+		t.Fatal("no first-contact PROBE")
+	}
+	r.batch(r.q, func(time.Duration) { r.tr.Cancel(m) })
+	r.advance(100 * time.Millisecond)
+	if n := len(r.take(wire.TypeProbe)); n != 0 || r.tr.Busy() {
+		t.Fatalf("%d PROBEs after the cancel, busy %v: want none, idle", n, r.tr.Busy())
+	}
+}
+
 // wire.md "Datagrams": small messages share datagrams up to the path MTU, and a path carries a
 // burst of 16 datagrams, not of 16 frames, before the next takes over.
 func TestTraceSmallMessagesFillDatagrams(t *testing.T) {
@@ -1454,6 +1493,39 @@ func TestTraceOneProbeAnsweredADatagram(t *testing.T) {
 	})
 	if acks := r.take(wire.TypeProbeAck); len(acks) != 1 || acks[0].f.Nonce != 100 {
 		t.Fatalf("%d PROBE_ACKs, want one, of nonce 100", len(acks))
+	}
+}
+
+// wire.md "Address validation": a cookie names the second it was issued in and is taken for 20
+// seconds; for a datagram sealed by another run of a peer the device knows, only if it was issued
+// no earlier than the second the peer's current run was taken (a capture of an earlier run's
+// datagram carries that run's cookie).
+func TestTraceCookieAgeAndRun(t *testing.T) {
+	r := newTrace(t, 1, nil)
+	r.tr.now = 5 * time.Hour // (past a wrap of the 16 bits of seconds)
+	c := r.tr.cookie(tracePeer, tracePeer.Port(), r.tr.cookieNow())
+	r.tr.now += 20*time.Second + 999*time.Millisecond
+	if _, ok := r.tr.cookieOK(tracePeer, tracePeer.Port(), c); !ok {
+		t.Fatal("a cookie of 20 seconds ago refused")
+	}
+	if _, ok := r.tr.cookieOK(tracePeer, tracePeer.Port()+1, c); ok {
+		t.Fatal("a cookie taken for another port")
+	}
+	r.tr.now += time.Millisecond
+	if _, ok := r.tr.cookieOK(tracePeer, tracePeer.Port(), c); ok {
+		t.Fatal("a cookie of 21 seconds ago taken")
+	}
+	r.tr.now -= 10 * time.Second
+	p := &peer{runTick: uint16(r.tr.cookieNow() - 5)} // its current run taken 5 s ago, after c
+	if r.tr.cookieTakes(p, tracePeer, tracePeer.Port(), c, true) {
+		t.Fatal("a cookie older than the peer's current run took another run")
+	}
+	if !r.tr.cookieTakes(p, tracePeer, tracePeer.Port(), c, false) || !r.tr.cookieTakes(nil, tracePeer, tracePeer.Port(), c, true) {
+		t.Fatal("a valid cookie refused where no run is replaced")
+	}
+	p.runTick = uint16(r.tr.cookieNow() - 11) // taken in the second c was issued in
+	if !r.tr.cookieTakes(p, tracePeer, tracePeer.Port(), c, true) {
+		t.Fatal("a cookie issued in the second of the current run's start refused")
 	}
 }
 
