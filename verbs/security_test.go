@@ -493,3 +493,77 @@ func TestSealedReplayOfAnEarlierRun(t *testing.T) {
 		exchange(t, b, a, 3, 1000, 1000, 4)
 	})
 }
+
+// A first contact, plain and sealed (docs/wire.md, "Address validation"): the sender's PROBE is
+// challenged, its SEND goes with the cookie (sealed, the receiver's ACK is challenged in turn and
+// comes again with the sender's cookie), and it completes at once: nothing is sent twice and no
+// timer fires. Before, sealed, the stream waited two retransmission timeouts for the PROBE to go
+// again (30 ms of the driven world's time).
+func TestFirstContactSendsNothingTwice(t *testing.T) {
+	for _, sealed := range []bool{false, true} {
+		w := drivenWorld(t, 7)
+		a, b := w.pair(2, loopOpts{cfg: func(c *config.Device) {
+			if sealed {
+				c.Key = testKey
+			}
+		}})
+		start := w.now()
+		b.recv(1, 0, 64)
+		a.send(1, b, 0, 64)
+		wantWC(t, a.one(), 1, verbs.WCSuccess, verbs.WCSend)
+		took := w.now() - start
+		ca, cb := a.ctx.Counters(), b.ctx.Counters()
+		if ca.RetransPkts+cb.RetransPkts != 0 || ca.RetransTimeoutEvents+cb.RetransTimeoutEvents != 0 || took >= 2*time.Millisecond {
+			t.Errorf("sealed %v: first SEND completed after %v of the world's time, %d+%d packets sent again, %d+%d timeouts; want at once, none",
+				sealed, took, ca.RetransPkts, cb.RetransPkts, ca.RetransTimeoutEvents, cb.RetransTimeoutEvents)
+		}
+	}
+}
+
+// TestSealedReplayOfAnEarlierRun after the receiver has forgotten the peer (its table holds one
+// peer, and a third device takes the place): the memo keeps the peer's salts and when its
+// current run was taken, so the first run's cookie-bearing datagram, replayed then, still passes
+// for no restart, and the real peer is still heard. Before, recalled from the memo, it was taken
+// as the peer's new run and the real peer's datagrams were refused as replays.
+func TestSealedReplayAfterTheReceiverForgot(t *testing.T) {
+	inWorlds(t, 43, func(t *testing.T, w *world) {
+		key := func(c *config.Device) { c.Key = testKey; c.MaxPeers = 1 }
+		a, b := w.pair(2, loopOpts{cfg: key})
+		var captured []byte
+		w.f.Tap(func(s, d netip.AddrPort, x []byte) {
+			if s == simB && d == simA && len(x) > 200 && captured == nil {
+				captured = append([]byte(nil), x...) // (it carries a's cookie)
+			}
+		})
+		exchange(t, b, a, 2, 1000, 1000, 1)
+		w.f.Tap(nil)
+		opts := loopOpts{size: 1 << 20, access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead, typ: verbs.QPTDriver,
+			cap: verbs.QPCap{MaxSendWR: 256, MaxRecvWR: 256, MaxSendSGE: 2, MaxRecvSGE: 2}}
+		for i := range 6 { // b's process dies and a new one takes its address, six times, a second apart
+			w.sleep(1100 * time.Millisecond)
+			b.close()
+			check(t, b.ctx.Close())
+			check(t, b.ctx.Device().Close())
+			opts.iova = w.iova()
+			b = newEnd(t, openCtx(t, w.device(simB, 2, key)), opts)
+			b.ah = b.makeAH(a.ctx.Device().GID())
+			if i%2 == 0 {
+				exchange(t, b, a, 1, 1000, 1000, 2)
+			} else {
+				exchange(t, a, b, 1, 1000, 1000, 2)
+			}
+		}
+		simC := netip.MustParseAddrPort("10.0.0.3:4791")
+		opts.iova = w.iova()
+		c := newEnd(t, openCtx(t, w.device(simC, 2, key)), opts)
+		c.ah = c.makeAH(a.ctx.Device().GID())
+		exchange(t, c, a, 1, 1000, 1000, 5) // a forgets b to make room for c
+		if a.ctx.Counters().PeersForgotten == 0 {
+			t.Fatal("a did not forget b: the test needs it")
+		}
+		w.f.Inject(simB, simA, captured)
+		w.sleep(10 * time.Millisecond)
+		exchange(t, a, b, 2, 1000, 1000, 3) // the real peer is still heard
+		exchange(t, b, a, 2, 1000, 1000, 4)
+	})
+}

@@ -80,16 +80,25 @@ func (t *Transport) cookieOK(addr netip.AddrPort, port uint16, c uint64) (int64,
 
 // cookieTakes reports whether c, the first cookie of a datagram from addr's port port, makes or
 // revives the context p for it (cookieOK). For a datagram sealed by another run of a peer we
-// know (otherRun), the cookie must not be older than the peer's current run (p.runTick): a
+// know or have forgotten (otherRun), the cookie must not be older than the peer's current run
+// (p.runTick, or its memo's): a
 // capture of an earlier run's datagram carries that run's cookie, and would otherwise pass for
 // a restart for as long as the cookie lasts once the salts we remember no longer name it.
-func (t *Transport) cookieTakes(p *peer, addr netip.AddrPort, port uint16, c uint64, otherRun bool) bool {
+func (t *Transport) cookieTakes(p *peer, gid [16]byte, addr netip.AddrPort, port uint16, c uint64, otherRun bool) bool {
 	tick, ok := t.cookieOK(addr, port, c)
-	if !ok || !otherRun || p == nil {
+	if !ok || !otherRun {
 		return ok
 	}
+	var run uint16
+	if p != nil {
+		run = p.runTick
+	} else if m, known := t.memos[gid]; known {
+		run = m.runTick // (a forgotten peer's)
+	} else {
+		return true
+	}
 	now := uint16(t.cookieNow())
-	return now-uint16(tick) <= now-p.runTick
+	return now-uint16(tick) <= now-run
 }
 
 // trusts reports whether a datagram from UDP source port port, naming the peer's endpoint port
@@ -128,12 +137,12 @@ func (t *Transport) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Hea
 			t.counts.BadPackets.Add(1)
 			return nil
 		}
-		// Only a datagram's first COOKIE is checked: each check costs two hashes, and a
+		// Only a datagram's first COOKIE is checked: each check costs a hash, and a
 		// datagram packed with cookies would cost hundreds.
 		firstCookie := f.Type == wire.TypeCookie && !cookieTried
 		cookieTried = cookieTried || f.Type == wire.TypeCookie
 		switch {
-		case firstCookie && f.Ports.Has(src.Port()) && t.cookieTakes(p, addr, src.Port(), f.Cookie, otherRun):
+		case firstCookie && f.Ports.Has(src.Port()) && t.cookieTakes(p, gid, addr, src.Port(), f.Cookie, otherRun):
 			if p == nil {
 				if p = t.peerFor(gid); p == nil {
 					t.counts.RxDrops.Add(1) // MaxPeers, none idle to give way
@@ -144,7 +153,10 @@ func (t *Transport) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Hea
 		case f.Type == wire.TypeData && f.Data.Flags&wire.FlagUD != 0:
 		case f.Type == wire.TypeChallenge:
 			if p != nil && p.trusts(src.Port(), h.SrcPort, t.now) {
-				t.onChallenge(p, f.Cookie, f.Port)
+				// (The peer answered: a first contact's stream goes, with the cookie, if the
+				// cookie is for our endpoint's port: see input.)
+				p.heard = p.heard || f.Port == t.pathPort(0)
+				t.onChallenge(p, f.Cookie, f.Port, false)
 			}
 		default:
 			stateful = true
@@ -187,9 +199,12 @@ const challengeFrameSize = wire.FrameHeaderSize + wire.ChallengeSize
 // (thousands of packets in a short run). A challenge to a port not ours is only echoed, on the
 // paths not echoing one of ours: it may come of a datagram another process of our host sent the
 // peer from a port of its own, naming us, and resending for it would let that process make us
-// send our flight again at will. An ACK goes too if we receive the peer's stream: the peer may
-// have dropped our ACKs as well.
-func (t *Transport) onChallenge(p *peer, cookie uint64, port uint16) {
+// send our flight again at will. A challenge in a datagram not taken (!taken: sealed by another
+// run of the peer, or a capture of one replayed) is only echoed, nothing resent and no path
+// unproven: a replay could do either at will, and a new run, once taken, gets our requests again
+// from the start (resetPeer). An ACK goes too if we receive the peer's stream: the peer may have
+// dropped our ACKs as well.
+func (t *Transport) onChallenge(p *peer, cookie uint64, port uint16, taken bool) {
 	if len(p.echo) != len(p.paths) {
 		p.echo = make([]pathEcho, len(p.paths))
 	}
@@ -200,12 +215,12 @@ func (t *Transport) onChallenge(p *peer, cookie uint64, port uint16) {
 		if !all && t.pathPort(i) != port || all && e.left > 0 && e.port == t.pathPort(i) {
 			continue // (a port not ours never displaces the echo of one that is)
 		}
-		if e.cookie != cookie && !all {
+		if e.cookie != cookie && !all && taken {
 			e.resend = true
 			resend = true
 		}
 		e.cookie, e.port, e.since, e.left = cookie, port, t.now, echoBudget
-		if !all && port != t.pathPort(0) {
+		if !all && port != t.pathPort(0) && taken {
 			// A path of its own: it carries nothing more until the peer has taken the cookie
 			// and answered a PROBE, which carries the cookie now.
 			ps := &p.paths[i]

@@ -21,6 +21,7 @@ type memo struct {
 	txEpoch, rxEpoch wire.Epoch // our stream's epoch and the peer's
 	rxCum            wire.PSN   // the peer's stream: every PSN below has arrived
 	rxStarted        bool
+	runTick          uint16 // the peer's runTick (cookieTakes)
 	salt             uint32 // sealed datagrams: the peer's salt, its highest counter, its old salts
 	top              uint64
 	old              [4]uint32
@@ -66,7 +67,7 @@ func (t *Transport) forget(p *peer, keep [16]byte) {
 		salt, top, old = p.replay.State()
 	}
 	t.memos[p.gid] = memo{inc: p.inc, txEpoch: p.tx.epoch, rxEpoch: p.rx.epoch, rxCum: p.rx.cum,
-		rxStarted: p.rx.started, salt: salt, top: top, old: old}
+		rxStarted: p.rx.started, salt: salt, top: top, old: old, runTick: p.runTick}
 	delete(t.peers, p.gid)
 	t.deactivate(p)
 	if t.txq != nil && t.txq.cur == p {
@@ -85,7 +86,7 @@ func (t *Transport) recall(p *peer) {
 		return
 	}
 	delete(t.memos, p.gid)
-	p.inc = m.inc
+	p.inc, p.runTick = m.inc, m.runTick
 	p.tx.epoch = m.txEpoch + 1
 	if m.rxStarted {
 		t.resetRx(p)

@@ -176,19 +176,25 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 	// source incarnation) proves its ports anew, all but its endpoint, so that a process that
 	// binds a port the peer's earlier life proved cannot pass for its restart.
 	otherRun := p != nil && n != nil && p.replay.OtherRun(n.salt)
+	if p == nil && n != nil {
+		if m, ok := t.memos[gid]; ok && m.salt != 0 && m.salt != n.salt {
+			otherRun = true // (a forgotten peer's: its memo keeps the current run's salt and tick)
+		}
+	}
 	newLife := p != nil && p.inc != 0 && h.SrcInc != p.inc && from.Port() != h.SrcPort
+	run := false
 	if p == nil || !p.trusts(from.Port(), h.SrcPort, now) || otherRun || newLife {
-		run := p == nil || otherRun || newLife
+		run = p == nil || otherRun || newLife
 		if p = t.admit(p, gid, from, &h, frames, pk.N, otherRun); p == nil {
 			return
-		}
-		if run {
-			p.runTick = uint16(t.cookieNow())
 		}
 	}
 	if n != nil && !p.replay.Fresh(n.salt, n.ctr) {
 		t.counts.Replays.Add(1)
 		return
+	}
+	if run {
+		p.runTick = uint16(t.cookieNow()) // (a context made, or another run taken: cookieTakes)
 	}
 	if h.DstInc != 0 && h.DstInc != t.inc {
 		// Sent to an earlier life of this device: say so, so that the sender starts afresh.
@@ -248,7 +254,13 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		case wire.TypeReset, wire.TypeCookie:
 			// Handled by the incarnation check and by admit.
 		case wire.TypeChallenge:
-			t.onChallenge(p, f.Cookie, f.Port)
+			if first && f.Port != t.pathPort(0) {
+				// A first contact's PROBE on another path (hello), challenged: the peer has no
+				// context for us, and takes nothing from our endpoint's port without its own
+				// cookie; the stream waits for the answer to the PROBE that echoes this one.
+				p.heard = false
+			}
+			t.onChallenge(p, f.Cookie, f.Port, true)
 		}
 	}
 	// An ACK every ackEvery datagrams of the peer's stream within a batch (and one at its end:
@@ -261,7 +273,7 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 			t.sendAck(p)
 		}
 	}
-	if first && len(p.tx.queue) > 0 {
+	if first && p.heard && len(p.tx.queue) > 0 {
 		t.pump(p) // the stream that waited for the peer's first answer (hello)
 	}
 }

@@ -359,19 +359,24 @@ func (t *Transport) pump(p *peer) {
 
 // hello asks a peer never heard from for its challenge: a PROBE on the endpoint's path, sent
 // again after the retransmission timeout, backed off each time as the first round trip's timeouts
-// are (checkRTO), until the peer answers or the transport timeout ends the stream (docs/wire.md,
-// "Address validation"). The path's probe fields hold its state: the endpoint's path is probed
-// for nothing else before the peer is heard from.
+// are (checkRTO), on the next path each time (the endpoint's may be dark; the peer challenges the
+// port of a path's PROBE, and the cookie comes back in a PROBE on that path), until the peer
+// answers or the transport timeout ends the stream (docs/wire.md, "Address validation"). The
+// timer is the endpoint's path's probe time: that path is probed for nothing else before the
+// peer is heard from; pathRR, the path of the next data burst, names the path of the last PROBE.
 func (t *Transport) hello(p *peer, now time.Duration) {
 	ps, s := &p.paths[0], &p.tx
-	if ps.probeSent {
+	if !ps.probeSent {
+		p.pathRR = 0
+	} else {
 		if now < ps.probeAt {
 			return
 		}
 		s.rto = min(2*s.rto, maxRTO)
+		p.pathRR = (p.pathRR + 1) % len(p.paths)
 	}
-	t.probe(p, 0, now)
-	ps.probeAt = now + s.rto
+	t.probe(p, p.pathRR, now)
+	ps.probeSent, ps.probeAt = true, now+s.rto
 }
 
 // answeredReq reports whether m is a request the peer's answer showed it had whole.

@@ -924,8 +924,9 @@ func TestTraceRepeatedTimeoutProbesTwoPaths(t *testing.T) {
 
 // wire.md "Address validation": a device sends no packet of its stream to a peer it never heard
 // from, which has no context for it and would challenge the packet and drop it: it sends a PROBE on
-// its endpoint's path, again after the retransmission timeout (backed off), and the stream goes
-// once the peer's challenge comes, its first datagram with the cookie: nothing goes twice.
+// its endpoint's path, again after the retransmission timeout (backed off) on the next path, and
+// the stream goes once the peer's challenge comes, its first datagram with the cookie: nothing
+// goes twice.
 func TestTraceFirstContactWaitsForChallenge(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	r.tr.ports = []uint16{traceDev.Port(), 4800}
@@ -933,28 +934,26 @@ func TestTraceFirstContactWaitsForChallenge(t *testing.T) {
 	for i := range 4 {
 		r.post(uint16(i), efaio.OpSend, 100)
 	}
-	hellos := func() (n int) {
+	hellos := func() (paths []uint8) {
 		for _, g := range r.take(wire.TypeProbe) {
-			if g.h.Path == 0 {
-				n++
-			}
+			paths = append(paths, g.h.Path)
 		}
-		return n
+		return paths
 	}
-	if d, n := r.data(), hellos(); len(d) != 0 || n != 1 {
-		t.Fatalf("sent %v and %d PROBEs on path 0 to a peer never heard from, want no DATA and one PROBE", psns(d), n)
-	}
-	r.advance(initialRTO)
-	if n := hellos(); n != 1 {
-		t.Fatalf("%d PROBEs on path 0 after the retransmission timeout, want 1", n)
+	if d, h := r.data(), hellos(); len(d) != 0 || !slices.Equal(h, []uint8{0}) {
+		t.Fatalf("sent %v and PROBEs on paths %v to a peer never heard from, want no DATA and a PROBE on path 0", psns(d), h)
 	}
 	r.advance(initialRTO)
-	if n := hellos(); n != 0 {
-		t.Fatalf("%d PROBEs on path 0 a timeout later, want none: the wait doubles", n)
+	if h := hellos(); !slices.Equal(h, []uint8{1}) {
+		t.Fatalf("PROBEs on paths %v after the retransmission timeout, want one on the next path, 1", h)
 	}
 	r.advance(initialRTO)
-	if n := hellos(); n != 1 {
-		t.Fatalf("%d PROBEs on path 0 after twice the timeout, want 1", n)
+	if h := hellos(); len(h) != 0 {
+		t.Fatalf("PROBEs on paths %v a timeout later, want none: the wait doubles", h)
+	}
+	r.advance(initialRTO)
+	if h := hellos(); !slices.Equal(h, []uint8{0}) {
+		t.Fatalf("PROBEs on paths %v after twice the timeout, want one on path 0", h)
 	}
 	r.send(0, func(b []byte) []byte { return wire.AppendChallenge(b, 0x1234567, traceDev.Port()) })
 	d := r.data()
@@ -970,6 +969,58 @@ func TestTraceFirstContactWaitsForChallenge(t *testing.T) {
 	}
 	if n := r.counts.RetransPkts.Load(); n != 0 {
 		t.Fatalf("%d packets retransmitted, want 0", n)
+	}
+}
+
+// wire.md "Address validation": a first contact whose endpoint's path is dark gets through on
+// another: the retried PROBE goes on the next path, the peer challenges that path's port, the
+// cookie comes back in a PROBE on it, and the stream goes there once the PROBE_ACK comes.
+func TestTraceFirstContactAroundADarkPath(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.tr.ports = []uint16{traceDev.Port(), 4800}
+	r.quietPeer = true
+	r.post(1, efaio.OpSend, 100)
+	r.take(wire.TypeProbe) // (lost)
+	r.advance(initialRTO)
+	if pr := r.take(wire.TypeProbe); len(pr) != 1 || pr[0].h.Path != 1 {
+		t.Fatalf("PROBEs %+v after the timeout, want one on path 1", pr)
+	}
+	r.send(0, func(b []byte) []byte { return wire.AppendChallenge(b, 0x1234567, 4800) })
+	pr, ck := r.take(wire.TypeProbe), r.take(wire.TypeCookie)
+	if len(pr) != 1 || pr[0].h.Path != 1 || len(ck) != 1 || ck[0].dgram != pr[0].dgram || len(r.data()) != 0 {
+		t.Fatalf("after the challenge to path 1's port: PROBEs %+v, COOKIEs %+v; want one PROBE with the cookie on path 1, no DATA", pr, ck)
+	}
+	r.send(1, func(b []byte) []byte { return wire.AppendProbe(b, pr[0].f.Nonce, true) })
+	if d := r.data(); len(d) != 1 || d[0].h.Path != 1 {
+		t.Fatalf("sent %+v after the PROBE_ACK, want the DATA on path 1", d)
+	}
+}
+
+// wire.md "Address validation": a CHALLENGE in a datagram the device does not take (sealed by
+// another run of the peer, or a capture of one replayed) is echoed, but nothing in flight goes
+// again and no path is unproven: a replay could otherwise do either at will.
+func TestTraceChallengeNotTakenOnlyEchoed(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.tr.ports = []uint16{traceDev.Port(), 4800}
+	r.hear()
+	p := r.tr.peers[config.GIDFromAddr(tracePeer)]
+	for i := range p.paths {
+		p.paths[i].unproven = false
+	}
+	if d := r.sends(4); len(d) != 4 {
+		t.Fatalf("sent %v, want 4 packets", psns(d))
+	}
+	r.take(wire.TypeCookie)
+	for _, port := range []uint16{traceDev.Port(), 4800} {
+		r.batch(r.q, func(time.Duration) { r.tr.onChallenge(p, 0x7654321, port, false) })
+		r.collect()
+		if d := r.data(); len(d) != 0 || !p.paths[1].usable() {
+			t.Fatalf("after a challenge not taken to port %d: sent %v again, path 1 usable %v; want nothing, usable", port, psns(d), p.paths[1].usable())
+		}
+	}
+	r.post(9, efaio.OpSend, 100)
+	if c := r.take(wire.TypeCookie); len(c) == 0 || c[0].f.Cookie != 0x7654321 {
+		t.Fatalf("COOKIEs %+v with the next DATA, want the challenge's echoed", c)
 	}
 }
 
@@ -1516,15 +1567,20 @@ func TestTraceCookieAgeAndRun(t *testing.T) {
 		t.Fatal("a cookie of 21 seconds ago taken")
 	}
 	r.tr.now -= 10 * time.Second
+	gid := config.GIDFromAddr(tracePeer)
 	p := &peer{runTick: uint16(r.tr.cookieNow() - 5)} // its current run taken 5 s ago, after c
-	if r.tr.cookieTakes(p, tracePeer, tracePeer.Port(), c, true) {
+	if r.tr.cookieTakes(p, gid, tracePeer, tracePeer.Port(), c, true) {
 		t.Fatal("a cookie older than the peer's current run took another run")
 	}
-	if !r.tr.cookieTakes(p, tracePeer, tracePeer.Port(), c, false) || !r.tr.cookieTakes(nil, tracePeer, tracePeer.Port(), c, true) {
+	if !r.tr.cookieTakes(p, gid, tracePeer, tracePeer.Port(), c, false) || !r.tr.cookieTakes(nil, gid, tracePeer, tracePeer.Port(), c, true) {
 		t.Fatal("a valid cookie refused where no run is replaced")
 	}
+	r.tr.memos[gid] = memo{runTick: p.runTick, salt: 7} // the same peer, forgotten
+	if r.tr.cookieTakes(nil, gid, tracePeer, tracePeer.Port(), c, true) {
+		t.Fatal("a cookie older than a forgotten peer's current run took another run")
+	}
 	p.runTick = uint16(r.tr.cookieNow() - 11) // taken in the second c was issued in
-	if !r.tr.cookieTakes(p, tracePeer, tracePeer.Port(), c, true) {
+	if !r.tr.cookieTakes(p, gid, tracePeer, tracePeer.Port(), c, true) {
 		t.Fatal("a cookie issued in the second of the current run's start refused")
 	}
 }
