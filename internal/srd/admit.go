@@ -153,9 +153,7 @@ func (t *Transport) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Hea
 		case f.Type == wire.TypeData && f.Data.Flags&wire.FlagUD != 0:
 		case f.Type == wire.TypeChallenge:
 			if p != nil && p.trusts(src.Port(), h.SrcPort, t.now) {
-				// (The peer answered: a first contact's stream goes, with the cookie, if the
-				// cookie is for our endpoint's port: see input.)
-				p.heard = p.heard || f.Port == t.pathPort(0)
+				p.heard = p.heard || t.challengeOpens(f.Port)
 				t.onChallenge(p, f.Cookie, f.Port, false)
 			}
 		default:
@@ -186,6 +184,13 @@ func (t *Transport) admit(p *peer, gid [16]byte, src netip.AddrPort, h *wire.Hea
 }
 
 const challengeFrameSize = wire.FrameHeaderSize + wire.ChallengeSize
+
+// challengeOpens reports whether a peer's challenge to our UDP source port port, answering a first
+// contact's PROBE (hello), lets our stream go: one to our endpoint's port does, the stream's first
+// datagrams carrying its cookie; one to another path's port does not, since the peer takes nothing
+// from our endpoint's port without its cookie, and the stream waits for the PROBE_ACK of the PROBE
+// that echoes it on that path.
+func (t *Transport) challengeOpens(port uint16) bool { return port == t.pathPort(0) }
 
 // onChallenge takes a peer's challenge to our UDP source port port: a COOKIE frame with the
 // cookie, naming the port, rides in the next echoBudget datagrams to the peer on the paths that

@@ -254,10 +254,7 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		case wire.TypeReset, wire.TypeCookie:
 			// Handled by the incarnation check and by admit.
 		case wire.TypeChallenge:
-			if first && f.Port != t.pathPort(0) {
-				// A first contact's PROBE on another path (hello), challenged: the peer has no
-				// context for us, and takes nothing from our endpoint's port without its own
-				// cookie; the stream waits for the answer to the PROBE that echoes this one.
+			if first && !t.challengeOpens(f.Port) {
 				p.heard = false
 			}
 			t.onChallenge(p, f.Cookie, f.Port, true)
