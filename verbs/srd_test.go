@@ -911,3 +911,29 @@ func TestAnswerSurvivesStreamReset(t *testing.T) {
 		wantWC(t, a.one(), 2, verbs.WCRNRRetryExcErr, verbs.WCSend)
 	})
 }
+
+// A receiver held up for 12 ms (its process off its core: the engine reads nothing, answers
+// nothing) while 8 SENDs wait for it: the sender's retransmission timer fires and PINGs, the
+// receiver wakes and acknowledges everything, and no packet went twice. Before, the timer sent the
+// oldest packet again: one packet twice for every stall longer than the timer.
+func TestHeldUpReceiverGetsNothingTwice(t *testing.T) {
+	w := drivenWorld(t, 13)
+	a, b := w.pair(2, loopOpts{})
+	exchange(t, a, b, 4, 1000, 1000, 1) // met, the RTT known: the timer at its least, 2 ms
+	before := a.ctx.Counters()
+	for i := range 8 {
+		b.recv(uint64(i), 0, 64)
+	}
+	w.hold(b.ctx.Device(), 12*time.Millisecond)
+	for i := range 8 {
+		a.send(uint64(i), b, 0, 64)
+	}
+	for i := range 8 {
+		wantWC(t, a.one(), uint64(i), verbs.WCSuccess, verbs.WCSend)
+		wantWC(t, b.one(), uint64(i), verbs.WCSuccess, verbs.WCRecv)
+	}
+	c := a.ctx.Counters()
+	if n, to := c.RetransPkts-before.RetransPkts, c.RetransTimeoutEvents-before.RetransTimeoutEvents; n != 0 || to == 0 {
+		t.Fatalf("%d packets sent again, %d timeouts: want none twice, and the timer to have fired", n, to)
+	}
+}

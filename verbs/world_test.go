@@ -27,6 +27,8 @@ type world struct {
 	timers []worldTimer
 	start  time.Time     // goroutine world: when it began
 	clock  time.Duration // driven world: the fabric's clock as step last moved it
+	// held: driven world, devices not driven until the world's time given (their process held up)
+	held map[*verbs.Device]time.Duration
 }
 
 type worldTimer struct {
@@ -122,6 +124,9 @@ func (w *world) nodeA() *memlink.Node { return w.na }
 func (w *world) step() {
 	worked := false
 	for _, d := range w.devs {
+		if until, ok := w.held[d]; ok && w.f.Now() < until {
+			continue
+		}
 		worked = d.Drive() || worked
 	}
 	if !worked {
@@ -136,6 +141,14 @@ func (w *world) step() {
 		}
 		i++
 	}
+}
+
+// hold stops driving d for the next dt of a driven world's time, as a process off its core.
+func (w *world) hold(d *verbs.Device, dt time.Duration) {
+	if w.held == nil {
+		w.held = map[*verbs.Device]time.Duration{}
+	}
+	w.held[d] = w.f.Now() + dt
 }
 
 // now is the world's time since it began.

@@ -122,7 +122,7 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 			t.counts.SpuriousTimeouts.Add(1)
 			t.stalled(now, now-s.rtoLine) // (the packets sent up to rtoLine waited this long, at least)
 		}
-		s.progress, s.rtoAt = now, 0
+		s.progress, s.rtoAt, s.pings, s.ponged = now, 0, 0, false
 	}
 	if tally.rtt >= 0 {
 		s.sampleRTT(tally.rtt)

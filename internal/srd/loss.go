@@ -94,40 +94,33 @@ func (t *Transport) probe(p *peer, i int, now time.Duration) {
 }
 
 // checkRTO is the fallback for losses no later acknowledgement reveals (the last packets of a
-// burst, or a peer that went quiet): when the packet sent longest ago has waited the
-// retransmission timeout since it was sent, or since the timer last fired, one packet goes again
-// as a probe (RACK-TLP's, RFC 8985), the lowest PSN not acknowledged (below). Its
-// acknowledgement shows which of the others are lost too (ackSlot takes a retransmission's
-// acknowledgement for the retransmission's once a round trip has passed since it went), and the
-// first acknowledgement of anything after the timer fired counts as lost every packet that had
-// waited the timeout then and is still not acknowledged (onAck); if they all arrived meanwhile
-// (the peer, or our own process, was held up, not the network), that acknowledgement covers them
-// and nothing else goes twice. Sending every packet past the timeout again, as before, made a
-// stall of a few milliseconds cost every packet in flight twice.
+// burst, or a peer that went quiet): the timer fires when the packet sent longest ago has waited
+// the retransmission timeout since it was sent, or since the timer last fired.
 //
-// A timeout before the stream's first RTT sample sends the packet again and backs the timer off,
-// but is no loss: the initial timeout is a guess, and a peer slow to answer its first datagrams
-// (a process starting) is the common cause; counted, it cut the
-// window and turned sparse copies on for thousands of packets of a loss-free ping-pong.
+// A firing sends no data until the peer shows that the data is missing: it asks. A PING (a PROBE
+// whose nonce is even, docs/wire.md "Frames") goes on a recently proven path, and the peer answers
+// it with its acknowledgement of our stream in front of the PROBE_ACK. If that acknowledgement
+// covers what waited, the peer (or our own process) was held up, not the network, and nothing
+// went twice; if the PROBE_ACK comes with nothing acknowledged since the timer fired, the peer is
+// there and the packet is not: it goes again at once (onPong). On this 2-vCPU machine nearly every
+// timeout of a loss-free run was a stall of a process off its core for longer than the timer
+// (ticks 6 to 8 ms late), so a firing that sent data sent it twice; a real loss of the last
+// packets of a burst pays one round trip more. Each firing backs the timer off and PINGs again;
+// once a PING has been answered (the data sent again is lost too), or after maxPings unanswered
+// (a peer that does not answer PINGs), a firing sends the data, on two paths.
 func (t *Transport) checkRTO(p *peer, now time.Duration) {
 	s := &p.tx
 	var oldest *sentPkt // the outstanding packet sent longest ago: the timer's
-	var probe *sentPkt  // the lowest PSN not acknowledged: what goes
-	var probePSN wire.PSN
 	for psn := s.una; psn != s.next; psn++ {
 		e := s.slot(psn)
 		if e.acked || e.msg == nil {
 			continue
 		}
 		if e.msg.answeredReq() {
-			// No probe: the answer showed the peer had it. Taken as acknowledged (the
-			// acknowledgement was lost): in flight, with nothing sent after it to bring another,
-			// it would hold the window shut for good.
+			// Taken as acknowledged (the acknowledgement was lost): in flight, with nothing sent
+			// after it to bring another, it would hold the window shut for good.
 			t.ackAnswered(p, e, now)
 			continue
-		}
-		if probe == nil {
-			probe, probePSN = e, psn
 		}
 		if !e.lost && (oldest == nil || e.at < oldest.at) {
 			oldest = e
@@ -137,45 +130,102 @@ func (t *Transport) checkRTO(p *peer, now time.Duration) {
 	if oldest == nil || now-max(oldest.at, s.rtoAt) < max(s.rto, t.stallFloor) {
 		return
 	}
-	// No loss is counted before the stream's first RTT sample (the initial timer is a guess), nor
-	// for a packet that went twice, on two paths, as a sparse copy: both lost is far less likely
-	// than a peer slow to answer, and counted, a loaded machine's stalls kept the copies on for
-	// good (a ping-pong on 2 busy vCPUs: 18,000 copies in 20,000 round trips).
-	noLoss := s.srtt == 0 || probe.copied
-	// The probe is the lowest PSN outstanding, whether counted lost already (waiting for room in
-	// the window) or not: an acknowledgement's selective bits reach only 256 PSNs past the
-	// peer's cumulative point, so only a probe at that point is sure to be acknowledged, and to
-	// move it. It goes now, whatever the window: a window full of packets that were lost (a
-	// receiver's socket overflowing) frees no room until an acknowledgement shows them lost, and
-	// only the probe's can. Not held against the packet's path yet: the timeout may as well be a
-	// lost acknowledgement (they travel on the peer's paths), a peer gone, or a scheduler's
-	// delay. If the packet then arrives by another path, ackSlot blames this one. Without that, a
-	// path that swallows whole bursts is never marked failed (no later packet on it is
-	// acknowledged to reveal the losses), and every timeout goes back to it in turn.
-	e := probe
-	if !e.lost {
-		e.suspect = e.path + 1
-		e.lost, e.counted = true, !noLoss
-		s.inflight--
-	}
-	t.sendAgain(p, probePSN, e, t.sendTime())
-	if s.rtoAt != 0 && !e.acked {
-		// The timer fired before with nothing acknowledged since: the last probe, or its
-		// acknowledgement, was lost. This one goes on two paths: a path gone dark for a while
-		// (that no loss of a probe marks failed) would otherwise take every probe the rotation
-		// gives it, at backed-off intervals, until the transport timeout.
-		t.copySeg(p, probePSN, e)
-	}
 	t.counts.RetransTimeoutEvents.Add(1)
 	rto := max(s.rto, t.stallFloor)
-	if !noLoss {
-		s.countFate(true)
-		s.lossAt = now
-		s.cut(1)
-	}
 	s.rto = min(2*rto, maxRTO)
 	if s.rtoAt == 0 {
 		s.rtoLine = now - rto
 	}
 	s.rtoAt = now
+	switch {
+	case s.ponged:
+		t.resendLowest(p, now, true)
+	case s.pings < maxPings:
+		s.pings++
+		t.ping(p)
+	default:
+		t.ping(p)
+		t.resendLowest(p, now, true)
+	}
+}
+
+// maxPings is how many times the timer PINGs a peer that does not answer before it sends the data
+// as well (checkRTO): three firings, 14 ms at the least timer, longer than the stalls seen here.
+const maxPings = 3
+
+// pingNonce is the nonce of the timer's PINGs in the round that began when the packets sent up
+// to line had waited the timeout: even, unlike a path's PROBE's.
+func pingNonce(line time.Duration) uint32 { return uint32(line) &^ 1 }
+
+// ping sends the timer's PING (checkRTO), in a datagram of its own.
+func (t *Transport) ping(p *peer) {
+	t.txq.cur = nil
+	t.commit(wire.AppendProbe(t.room(p, t.controlPath(p), wire.FrameHeaderSize+wire.ProbeSize), pingNonce(p.tx.rtoLine), false))
+	t.txq.cur = nil
+}
+
+// onPong takes a PROBE_ACK with the nonce of the timer's PINGs. The peer's acknowledgement came in
+// front of it (input) and acknowledged nothing that waited (it would have ended the timer's round,
+// onAck): the lowest packet is lost, and goes again at once, once a round.
+func (t *Transport) onPong(p *peer, now time.Duration) {
+	s := &p.tx
+	if s.ponged {
+		return
+	}
+	s.ponged, s.rtoAt = true, now
+	t.resendLowest(p, now, false)
+}
+
+// resendLowest sends again, as a probe (RACK-TLP's, RFC 8985), the lowest PSN not acknowledged,
+// whether counted lost already (waiting for room in the window) or not: an acknowledgement's
+// selective bits reach only 256 PSNs past the peer's cumulative point, so only a probe at that
+// point is sure to be acknowledged, and to move it. It goes now, whatever the window: a window
+// full of packets that were lost (a receiver's socket overflowing) frees no room until an
+// acknowledgement shows them lost, and only the probe's can. Its acknowledgement shows which of
+// the others are lost too (ackSlot takes a retransmission's acknowledgement for the
+// retransmission's once a round trip has passed since it went), and the first acknowledgement of
+// anything after the timer fired counts as lost every packet that had waited the timeout then
+// and is still not acknowledged (onAck). On both paths with twice: the timer fired before with
+// nothing acknowledged since, and a path gone dark for a while (that no loss of a probe marks
+// failed) would otherwise take every probe the rotation gives it, at backed-off intervals, until
+// the transport timeout.
+//
+// Not held against the packet's path yet: the loss may as well be of an acknowledgement (they
+// travel on the peer's paths). If the packet then arrives by another path, ackSlot blames this
+// one. Without that, a path that swallows whole bursts is never marked failed (no later packet on
+// it is acknowledged to reveal the losses), and every timeout goes back to it in turn.
+//
+// No loss is counted before the stream's first RTT sample (the initial timer is a guess, and a
+// peer slow to answer its first datagrams, a process starting, is the common cause: counted, it cut
+// the window and turned sparse copies on for thousands of packets of a loss-free ping-pong), nor
+// for a packet that went twice, on two paths, as a sparse copy: both lost is far less likely than
+// a peer slow to answer, and counted, a loaded machine's stalls kept the copies on for good (a
+// ping-pong on 2 busy vCPUs: 18,000 copies in 20,000 round trips).
+func (t *Transport) resendLowest(p *peer, now time.Duration, twice bool) {
+	s := &p.tx
+	psn := s.una
+	for ; psn != s.next; psn++ {
+		if e := s.slot(psn); !e.acked && e.msg != nil {
+			break
+		}
+	}
+	if psn == s.next {
+		return
+	}
+	e := s.slot(psn)
+	noLoss := s.srtt == 0 || e.copied
+	if !e.lost {
+		e.suspect = e.path + 1
+		e.lost, e.counted = true, !noLoss
+		s.inflight--
+	}
+	t.sendAgain(p, psn, e, t.sendTime())
+	if twice && !e.acked {
+		t.copySeg(p, psn, e)
+	}
+	if !noLoss {
+		s.countFate(true)
+		s.lossAt = now
+		s.cut(1)
+	}
 }

@@ -238,9 +238,19 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 			// One PROBE a datagram is answered (a sender probes each path in a datagram of its
 			// own): a datagram full of them would otherwise send as many PROBE_ACKs, each in a
 			// datagram of its own, to the peer whose endpoint the header names.
+			// The answer carries our acknowledgement of the peer's stream in front of it: the
+			// peer's retransmission timer asks with a PROBE (a PING, checkRTO) whether what it
+			// sent arrived, and takes a PROBE_ACK with nothing acknowledged for a loss.
 			if !probed {
 				probed = true
-				t.commit(wire.AppendProbe(t.room(p, t.controlPath(p), wire.FrameHeaderSize+wire.ProbeSize), f.Nonce, true))
+				var path int
+				if p.rx.started {
+					t.sendAck(p)
+					path = t.txq.path
+				} else {
+					path = t.controlPath(p)
+				}
+				t.commit(wire.AppendProbe(t.room(p, path, wire.FrameHeaderSize+wire.ProbeSize), f.Nonce, true))
 			}
 		case wire.TypeProbeAck:
 			for i := range p.paths {
@@ -250,6 +260,9 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 						ps.failed, ps.unproven, ps.losses = false, false, 0
 					}
 				}
+			}
+			if s := &p.tx; s.rtoAt != 0 && f.Nonce == pingNonce(s.rtoLine) {
+				t.onPong(p, now)
 			}
 		case wire.TypeReset, wire.TypeCookie:
 			// Handled by the incarnation check and by admit.

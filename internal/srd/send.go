@@ -117,6 +117,10 @@ type txStream struct {
 	// context 8 bytes longer (over 632 bytes, the allocator's header puts a pointerful object in
 	// the next size class, 704: TestOneQPManyPeers).
 	epoch wire.Epoch
+	// The timer's PINGs sent since it last fired with nothing acknowledged (rtoAt 0), and whether
+	// one of them was answered (checkRTO).
+	pings  uint8
+	ponged bool
 }
 
 // answer reports whether m answers the peer (read data, a RESP) rather than being ours.

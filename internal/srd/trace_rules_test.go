@@ -2168,3 +2168,94 @@ func TestTraceMessageForgottenAtItsLatestAbort(t *testing.T) {
 		t.Errorf("cumulative point %d, %d ABORTs remembered (%d queued); want 5, none", p.rx.cum, len(p.rx.aborted), len(p.rx.abortQ))
 	}
 }
+
+// congestion.md "Loss detection" (timer): a retransmission timeout sends no data; it PINGs the
+// peer. A peer held up (it answers nothing) that then acknowledges everything gets nothing twice,
+// and the timeout counts as spurious.
+func TestTraceTimeoutPingsAHeldUpPeer(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	p := r.rttSample() // the timer at 2 ms
+	r.heldUp = true
+	for i := range 8 {
+		r.post(uint16(1+i), efaio.OpSend, 100)
+	}
+	sent := r.data()
+	r.awaitPing()
+	if p.tx.rtoAt == 0 {
+		t.Fatal("a PING with the timer not fired")
+	}
+	r.advance(3 * time.Millisecond) // before the timer fires again (4 ms)
+	r.ack(9, nil, sent[7].h.Path)   // the peer wakes: everything arrived
+	if cs := r.completions(); len(cs) != 8 {
+		t.Fatalf("%d completions, want 8", len(cs))
+	}
+	r.advance(50 * time.Millisecond)
+	if d := r.data(); len(d) != 0 {
+		t.Fatalf("sent PSNs %v again", psns(d))
+	}
+	if n, to, sp := r.counts.RetransPkts.Load(), r.counts.RetransTimeoutEvents.Load(), r.counts.SpuriousTimeouts.Load(); n != 0 || to != 1 || sp != 1 || r.pings != 1 {
+		t.Fatalf("%d packets sent again, %d timeouts (%d spurious), %d PINGs: want 0, 1 (1), 1", n, to, sp, r.pings)
+	}
+}
+
+// congestion.md "Loss detection" (timer): a PING answered with nothing acknowledged (the
+// acknowledgement rides in front of the PROBE_ACK) shows the packet lost: it goes again at once,
+// on another path, and counts as a loss.
+func TestTraceTimeoutPongResendsAtOnce(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	p := r.rttSample()
+	cwnd := p.tx.cwnd
+	r.post(1, efaio.OpSend, 100)
+	sent := r.data()
+	r.awaitPing()
+	pinged := r.f.Now()
+	again := r.awaitData()
+	if len(again) != 1 || again[0].f.Data.PSN != 1 || again[0].h.Path == sent[0].h.Path || r.f.Now()-pinged > 200*time.Microsecond {
+		t.Fatalf("after the PONG (%v after the PING) sent %v on path %d (first on %d): want PSN 1 once, at once, on the other path",
+			r.f.Now()-pinged, psns(again), again[0].h.Path, sent[0].h.Path)
+	}
+	r.advance(time.Millisecond)
+	r.ack(2, nil, again[0].h.Path)
+	r.wantCompletion(1, efaio.StatusOK)
+	if p.tx.cwnd >= cwnd || p.tx.lossRate == 0 {
+		t.Fatalf("window %v (from %v), loss rate %v: a loss shown by a PING's answer not counted", p.tx.cwnd, cwnd, p.tx.lossRate)
+	}
+}
+
+// congestion.md "Loss detection" (timer): a peer that answers no PING gets maxPings of them, the
+// timer backing off each time, and then the data too, on two paths.
+func TestTraceUnansweredPingsThenData(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.rttSample()
+	r.heldUp = true
+	r.post(1, efaio.OpSend, 100)
+	r.data()
+	var at []time.Duration
+	for len(at) < maxPings {
+		r.awaitPing()
+		at = append(at, r.f.Now())
+	}
+	if at[2]-at[1] < 2*(at[1]-at[0])-200*time.Microsecond {
+		t.Fatalf("PINGs at %v: the timer did not back off", at)
+	}
+	d := r.awaitData()
+	if len(d) != 2 || d[0].f.Data.PSN != 1 || d[1].f.Data.PSN != 1 || d[0].h.Path == d[1].h.Path || r.pings != maxPings+1 {
+		t.Fatalf("after %d PINGs sent %v: want PSN 1 on both paths, with a PING", r.pings, psns(d))
+	}
+}
+
+// wire.md "PROBE": a PROBE from a peer whose stream the device has is answered with the stream's
+// ACK in front of the PROBE_ACK, in the same datagram, so that the peer's timer, which PINGs, can
+// tell a loss from a late acknowledgement.
+func TestTraceProbeAnsweredWithTheAck(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.meet()
+	r.recv(1)
+	r.peerData(wire.Data{Op: wire.OpSend, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)})
+	r.take(wire.TypeAck)
+	r.send(0, func(b []byte) []byte { return wire.AppendProbe(b, 42, false) })
+	acks, answers := r.take(wire.TypeAck), r.take(wire.TypeProbeAck)
+	if len(acks) != 1 || len(answers) != 1 || acks[0].dgram != answers[0].dgram || acks[0].f.Ack.Cum != r.next {
+		t.Fatalf("ACKs %+v, PROBE_ACKs %+v: want the ACK of PSN %d in the PROBE_ACK's datagram", acks, answers, r.next-1)
+	}
+}

@@ -53,9 +53,14 @@ type trace struct {
 	// quietPeer: the peer does not answer the transport's first-contact PROBE (hello) with a
 	// challenge, as a peer that has no context for it does unless a test says otherwise.
 	quietPeer bool
+	// heldUp: the peer does not answer the retransmission timer's PINGs (a peer held up, or one
+	// they do not reach). Otherwise it answers each with a PROBE_ACK and no acknowledgement, as a
+	// peer that has not had the packets does (pong).
+	heldUp bool
 
 	got    []traceFrame // frames the transport sent, in order, not yet taken by the test
 	dgrams int          // datagrams the transport sent
+	pings  int          // PINGs the transport's retransmission timer sent (pong)
 }
 
 // traceFrame is one frame the transport sent, with its datagram's header and number (frames of
@@ -242,6 +247,30 @@ func (r *trace) drive() {
 		}
 	})
 	r.collect()
+	r.pong()
+}
+
+// pong answers the retransmission timer's PINGs the transport sent (PROBEs with an even nonce)
+// with a PROBE_ACK that acknowledges nothing, unless heldUp; the transport takes it at its next
+// work. The PINGs are taken.
+func (r *trace) pong() {
+	keep := r.got[:0]
+	var nonces []uint32
+	for _, g := range r.got {
+		if g.f.Type == wire.TypeProbe && g.f.Nonce&1 == 0 {
+			nonces = append(nonces, g.f.Nonce)
+			r.pings++
+		} else {
+			keep = append(keep, g)
+		}
+	}
+	r.got = keep
+	if r.heldUp {
+		return
+	}
+	for _, n := range nonces {
+		r.inject(0, func(b []byte) []byte { return wire.AppendProbe(b, n, true) })
+	}
 }
 
 // busyPoll does what an application's empty poll does (the transport's PollNetwork): it takes the
@@ -328,6 +357,21 @@ func (r *trace) awaitData() []traceFrame {
 		r.advance(100 * time.Microsecond)
 		if d := r.data(); len(d) > 0 {
 			return d
+		}
+	}
+}
+
+// awaitPing moves virtual time on in steps of 100 µs until the transport's timer sends its next
+// PING (pong), for up to 100 ms; DATA sent meanwhile fails the test.
+func (r *trace) awaitPing() {
+	r.t.Helper()
+	for n, end := r.pings, r.f.Now()+100*time.Millisecond; r.pings == n; {
+		if r.f.Now() >= end {
+			r.t.Fatalf("no PING in 100 ms")
+		}
+		r.advance(100 * time.Microsecond)
+		if d := r.data(); len(d) > 0 {
+			r.t.Fatalf("the timer sent PSNs %v, not a PING", psns(d))
 		}
 	}
 }
