@@ -495,14 +495,16 @@ func TestTraceSpuriousTimeoutUndone(t *testing.T) {
 	}
 }
 
-// congestion.md "Reliability": a retransmission timeout sends only the packet sent longest ago, as
-// a probe. A peer that was held up and then acknowledges everything gets nothing else twice; a
-// peer that lost them all acknowledges the probe, which shows the others lost: they go again at
-// once, not one timeout at a time.
+// congestion.md "Reliability": a retransmission timeout sends only a PING; a peer that was held
+// up (it answers nothing) and then acknowledges everything gets nothing twice. A peer that lost
+// them all answers the PING with nothing acknowledged, and the packet sent longest ago goes again,
+// alone, as a probe; its acknowledgement shows the others lost: they go again at once, not one
+// timeout at a time.
 func TestTraceTimeoutProbesOnce(t *testing.T) {
 	for _, stalled := range []bool{true, false} {
 		r := newTrace(t, 2, nil)
 		r.rttSample()
+		r.heldUp = stalled
 		for i := range 8 {
 			r.post(uint16(1+i), efaio.OpSend, 100)
 		}
@@ -510,19 +512,21 @@ func TestTraceTimeoutProbesOnce(t *testing.T) {
 		if len(sent) != 8 {
 			t.Fatalf("sent %d DATA frames, want 8", len(sent))
 		}
-		again := r.awaitData() // until the timer fires
-		if len(again) != 1 || again[0].f.Data.PSN != 1 {
-			t.Fatalf("the timer sent PSNs %v, want only 1", psns(again))
-		}
-		r.advance(time.Millisecond) // the probe's round trip
 		if stalled {
+			r.awaitPing()
+			r.advance(time.Millisecond)
 			r.ack(9, nil, sent[7].h.Path) // everything arrived, late
 			r.advance(20 * time.Millisecond)
-			if d := r.data(); len(d) != 0 {
+			if d := r.data(); len(d) != 0 || r.counts.RetransPkts.Load() != 0 {
 				t.Fatalf("after the held-up peer acknowledged everything, sent PSNs %v again", psns(d))
 			}
 			continue
 		}
+		again := r.awaitData() // until the timer fires, and its PING is answered
+		if len(again) != 1 || again[0].f.Data.PSN != 1 {
+			t.Fatalf("the timer sent PSNs %v, want only 1", psns(again))
+		}
+		r.advance(time.Millisecond)    // the probe's round trip
 		r.ack(2, nil, again[0].h.Path) // the probe arrived: the others were lost
 		if d := r.data(); !slices.Equal(psns(d), []wire.PSN{2, 3, 4, 5, 6, 7, 8}) {
 			t.Fatalf("after the probe's acknowledgement sent PSNs %v, want the rest, 2 to 8, at once", psns(d))
@@ -633,25 +637,23 @@ func TestTraceSpuriousTimeoutLosesNothing(t *testing.T) {
 	if n := len(r.data()); n != 16 {
 		t.Fatalf("sent %d DATA frames, want 16", n)
 	}
-	// The peer stalls: the timer fires and probes the lowest PSN.
-	probe := r.awaitData()
-	if len(probe) != 1 || probe[0].f.Data.PSN != 1 {
-		t.Fatalf("the timer sent PSNs %v, want 1", psns(probe))
-	}
-	// The peer wakes and acknowledges the first half of its backlog, originals all: PSN 1 and
-	// 2..8, the second half still in its socket.
+	// The peer stalls: the timer fires and PINGs it.
+	r.heldUp = true
+	r.awaitPing()
+	// The peer wakes and acknowledges the first half of its backlog, originals all: PSNs 1 to
+	// 8, the second half still in its socket.
 	r.advance(time.Millisecond)
-	r.ack(9, nil, probe[0].h.Path)
+	r.ack(9, nil, 0)
 	if again := r.data(); len(again) != 0 {
 		t.Fatalf("sent PSNs %v again after an acknowledgement that proved the timeout spurious", psns(again))
 	}
 	r.advance(100 * time.Microsecond)
-	r.ack(17, nil, probe[0].h.Path)
+	r.ack(17, nil, 0)
 	if cs := r.completions(); len(cs) != 16 {
 		t.Fatalf("%d completions, want 16", len(cs))
 	}
-	if n, sp := r.counts.RetransPkts.Load(), r.counts.SpuriousTimeouts.Load(); n != 1 || sp != 1 {
-		t.Fatalf("%d packets retransmitted, %d spurious timeouts: want the probe alone, and 1", n, sp)
+	if n, sp := r.counts.RetransPkts.Load(), r.counts.SpuriousTimeouts.Load(); n != 0 || sp != 1 {
+		t.Fatalf("%d packets retransmitted, %d spurious timeouts: want none, and 1", n, sp)
 	}
 }
 
@@ -901,9 +903,10 @@ func TestTraceAnsweredRequestLeavesTheWindow(t *testing.T) {
 	}
 }
 
-// congestion.md "Loss detection" (timer): a timeout that follows one with nothing acknowledged
-// since sends its probe on two paths: a path dark for a while, that a lost probe does not mark
-// failed, would otherwise take the probes the rotation gives it until the transport timeout.
+// congestion.md "Loss detection" (timer): the packet a PING's answer shows lost goes once; a
+// timeout after that with nothing acknowledged since sends it on two paths: a path dark for a
+// while, that a lost probe does not mark failed, would otherwise take the probes the rotation
+// gives it until the transport timeout.
 func TestTraceRepeatedTimeoutProbesTwoPaths(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	r.hear()
@@ -912,7 +915,7 @@ func TestTraceRepeatedTimeoutProbesTwoPaths(t *testing.T) {
 		t.Fatalf("sent %v, want PSN 0", psns(d))
 	}
 	if d := r.awaitData(); len(d) != 1 {
-		t.Fatalf("first timeout sent %v, want PSN 0 once", psns(d))
+		t.Fatalf("the first timeout's answered PING sent %v, want PSN 0 once", psns(d))
 	}
 	d := r.awaitData()
 	if len(d) != 2 || d[0].f.Data.PSN != 0 || d[1].f.Data.PSN != 0 || d[0].h.Path == d[1].h.Path {
@@ -1138,7 +1141,8 @@ func TestTraceStallRaisesTheTimer(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	r.hear()
 	r.rttSample() // 1 ms: the timer at 2 ms
-	// probeAfter posts a SEND and reports how long the timer took to send it again.
+	// probeAfter posts a SEND and reports how long the timer took to send it again (its PING
+	// answered with nothing acknowledged).
 	probeAfter := func(wrid uint16) time.Duration {
 		r.post(wrid, efaio.OpSend, 100)
 		d := r.data()
@@ -1158,13 +1162,15 @@ func TestTraceStallRaisesTheTimer(t *testing.T) {
 			r.completions()
 		}
 	}
-	// PSNs 1 and 2; the timer fires and probes PSN 1; PSN 2, sent once, is acknowledged 8 ms
-	// after it went: the timeout was spurious.
+	// PSNs 1 and 2; the peer is held up, the timer fires and PINGs; PSNs 1 and 2, sent once, are
+	// acknowledged 8 ms after they went: the timeout was spurious.
 	r.post(1, efaio.OpSend, 100)
 	r.post(2, efaio.OpSend, 100)
 	d := r.data()
 	start := r.f.Now()
-	r.awaitData()
+	r.heldUp = true
+	r.awaitPing()
+	r.heldUp = false
 	r.advance(start + 8*time.Millisecond - r.f.Now())
 	r.ack(1, []wire.PSN{2}, d[1].h.Path)
 	r.ack(3, nil, d[1].h.Path)
@@ -1178,7 +1184,7 @@ func TestTraceStallRaisesTheTimer(t *testing.T) {
 	}
 	r.advance(2 * time.Second)
 	exchange(20)
-	if took := probeAfter(4); took > 3*time.Millisecond {
+	if took := probeAfter(4); took > 4*time.Millisecond { // (the timer, 3 ms, and its PING's answer)
 		t.Fatalf("the timer fired %v after a send, 2 s after the stall: want the floor forgotten", took)
 	}
 }
@@ -2174,7 +2180,7 @@ func TestTraceMessageForgottenAtItsLatestAbort(t *testing.T) {
 // and the timeout counts as spurious.
 func TestTraceTimeoutPingsAHeldUpPeer(t *testing.T) {
 	r := newTrace(t, 2, nil)
-	p := r.rttSample() // the timer at 2 ms
+	p := r.rttSample() // the timer at 3 ms
 	r.heldUp = true
 	for i := range 8 {
 		r.post(uint16(1+i), efaio.OpSend, 100)
@@ -2184,7 +2190,7 @@ func TestTraceTimeoutPingsAHeldUpPeer(t *testing.T) {
 	if p.tx.rtoAt == 0 {
 		t.Fatal("a PING with the timer not fired")
 	}
-	r.advance(3 * time.Millisecond) // before the timer fires again (4 ms)
+	r.advance(3 * time.Millisecond) // before the timer fires again (6 ms)
 	r.ack(9, nil, sent[7].h.Path)   // the peer wakes: everything arrived
 	if cs := r.completions(); len(cs) != 8 {
 		t.Fatalf("%d completions, want 8", len(cs))
@@ -2223,7 +2229,7 @@ func TestTraceTimeoutPongResendsAtOnce(t *testing.T) {
 }
 
 // congestion.md "Loss detection" (timer): a peer that answers no PING gets maxPings of them, the
-// timer backing off each time, and then the data too, on two paths.
+// timer backing off each time; the next expiry sends the data, on two paths.
 func TestTraceUnansweredPingsThenData(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	r.rttSample()
@@ -2239,8 +2245,8 @@ func TestTraceUnansweredPingsThenData(t *testing.T) {
 		t.Fatalf("PINGs at %v: the timer did not back off", at)
 	}
 	d := r.awaitData()
-	if len(d) != 2 || d[0].f.Data.PSN != 1 || d[1].f.Data.PSN != 1 || d[0].h.Path == d[1].h.Path || r.pings != maxPings+1 {
-		t.Fatalf("after %d PINGs sent %v: want PSN 1 on both paths, with a PING", r.pings, psns(d))
+	if len(d) != 2 || d[0].f.Data.PSN != 1 || d[1].f.Data.PSN != 1 || d[0].h.Path == d[1].h.Path || r.pings != maxPings {
+		t.Fatalf("after %d PINGs sent %v: want PSN 1 on both paths, and no PING", r.pings, psns(d))
 	}
 }
 
@@ -2254,8 +2260,60 @@ func TestTraceProbeAnsweredWithTheAck(t *testing.T) {
 	r.peerData(wire.Data{Op: wire.OpSend, Length: 10, DstQPN: 3, QKey: traceQKey, Payload: make([]byte, 10)})
 	r.take(wire.TypeAck)
 	r.send(0, func(b []byte) []byte { return wire.AppendProbe(b, 42, false) })
+	ackFirst := len(r.got) == 2 && r.got[0].f.Type == wire.TypeAck && r.got[1].f.Type == wire.TypeProbeAck
 	acks, answers := r.take(wire.TypeAck), r.take(wire.TypeProbeAck)
-	if len(acks) != 1 || len(answers) != 1 || acks[0].dgram != answers[0].dgram || acks[0].f.Ack.Cum != r.next {
-		t.Fatalf("ACKs %+v, PROBE_ACKs %+v: want the ACK of PSN %d in the PROBE_ACK's datagram", acks, answers, r.next-1)
+	if !ackFirst || len(acks) != 1 || len(answers) != 1 || acks[0].dgram != answers[0].dgram || acks[0].f.Ack.Cum != r.next {
+		t.Fatalf("ACKs %+v, PROBE_ACKs %+v: want the ACK of PSN %d in front of the PROBE_ACK, in its datagram", acks, answers, r.next-1)
 	}
+}
+
+// congestion.md "Loss detection" (timer): a loss shown by a PING's answer is a loss: a packet
+// sent after the timer fired and acknowledged with the packet sent again does not make the
+// timeout spurious (nor raise the timer's floor, as a stall would).
+func TestTraceLossShownByPongIsNoStall(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	p := r.rttSample()
+	r.heldUp = true
+	r.post(1, efaio.OpSend, 100)
+	r.data() // lost
+	r.awaitPing()
+	r.advance(300 * time.Microsecond)
+	r.post(2, efaio.OpSend, 100) // after the timer fired, before the answer
+	if d := r.data(); len(d) != 1 {
+		t.Fatalf("PSN 2 went as %v", psns(d))
+	}
+	r.advance(500 * time.Microsecond)
+	nonce := pingNonce(p.tx.rtoLine)
+	r.send(0, func(b []byte) []byte { return wire.AppendProbe(b, nonce, true) }) // nothing of PSN 1
+	again := r.data()
+	if len(again) != 1 || again[0].f.Data.PSN != 1 {
+		t.Fatalf("after the PING's answer sent %v, want PSN 1", psns(again))
+	}
+	r.advance(time.Millisecond)
+	r.ack(3, nil, again[0].h.Path)
+	if sp := r.counts.SpuriousTimeouts.Load(); sp != 0 || r.tr.stallFloor != 0 {
+		t.Fatalf("a loss shown by a PING's answer counted as %d spurious timeouts, timer floor %v", sp, r.tr.stallFloor)
+	}
+}
+
+// congestion.md "Loss detection" (timer): the timer's round ends when nothing is left
+// outstanding, also without an acknowledgement (a request the peer answered, its ACK lost): the
+// next message's timer PINGs first again.
+func TestTraceTimerRoundEndsWhenIdle(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	p := r.rttSample()
+	r.post(1, efaio.OpRDMARead, 100)
+	req := r.data()
+	r.awaitData() // the timer's PING answered with nothing: the READ_REQ again
+	r.peerData(wire.Data{Op: wire.OpReadResp, MsgID: req[0].f.Data.MsgID, Length: 100, Payload: make([]byte, 100)})
+	r.take(wire.TypeAck) // lost
+	r.advance(20 * time.Millisecond)
+	r.wantCompletion(1, efaio.StatusOK)
+	if p.tx.busy() || p.tx.rtoAt != 0 || p.tx.ponged {
+		t.Fatalf("idle %v, timer fired at %v, answered %v: want the round over", !p.tx.busy(), p.tx.rtoAt, p.tx.ponged)
+	}
+	r.heldUp = true
+	r.post(2, efaio.OpSend, 100)
+	r.data()
+	r.awaitPing()
 }
