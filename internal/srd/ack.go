@@ -317,12 +317,15 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 	t.release(m)
 }
 
-// acksEarly reports whether a acknowledges, for the first time, a packet sent once, before the
-// retransmission timer last fired: the timer was spurious.
+// acksEarly reports whether a acknowledges, for the first time, a packet sent once that had
+// waited the retransmission timeout when the timer fired (sent up to rtoLine): the timer was
+// spurious. A packet sent later proves nothing of those that waited: acknowledged while one of
+// them is not (copies on, which credit no path, hide its loss from the other rules), it shows
+// that one lost (onAck's timedOut), and a PING round taking it for a stall never resent it.
 func (s *txStream) acksEarly(a *wire.Ack) bool {
 	early := func(psn wire.PSN) bool {
 		e := s.slot(psn)
-		return !e.acked && e.msg != nil && e.retx == 0 && e.at < s.rtoAt
+		return !e.acked && e.msg != nil && e.retx == 0 && e.at <= s.rtoLine
 	}
 	for psn := s.una; psn.Less(a.Cum); psn++ {
 		if early(psn) {

@@ -221,6 +221,7 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 	}
 	f := &t.frame // (not on the stack: the host's methods take pointers into it)
 	probed, data := false, false
+	var probeNonce uint32
 	for len(frames) > 0 {
 		if frames, err = wire.NextFrame(frames, f); err != nil {
 			t.counts.BadPackets.Add(1)
@@ -236,21 +237,11 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 			}
 		case wire.TypeProbe:
 			// One PROBE a datagram is answered (a sender probes each path in a datagram of its
-			// own): a datagram full of them would otherwise send as many PROBE_ACKs, each in a
-			// datagram of its own, to the peer whose endpoint the header names.
-			// The answer carries our acknowledgement of the peer's stream in front of it: the
-			// peer's retransmission timer asks with a PROBE (a PING, checkRTO) whether what it
-			// sent arrived, and takes a PROBE_ACK with nothing acknowledged for a loss.
+			// own), once its frames are handled (below): a datagram full of them would otherwise
+			// send as many PROBE_ACKs, each in a datagram of its own, to the peer whose endpoint
+			// the header names.
 			if !probed {
-				probed = true
-				var path int
-				if p.rx.started {
-					t.sendAck(p)
-					path = t.txq.path
-				} else {
-					path = t.controlPath(p)
-				}
-				t.commit(wire.AppendProbe(t.room(p, path, wire.FrameHeaderSize+wire.ProbeSize), f.Nonce, true))
+				probed, probeNonce = true, f.Nonce
 			}
 		case wire.TypeProbeAck:
 			for i := range p.paths {
@@ -272,6 +263,19 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 			}
 			t.onChallenge(p, f.Cookie, f.Port, true)
 		}
+	}
+	if probed {
+		// A PING (an even nonce: the peer's retransmission timer asks whether what it sent
+		// arrived, checkRTO) is answered with our acknowledgement of its stream in front of the
+		// PROBE_ACK: the peer takes a PROBE_ACK with nothing acknowledged for a loss.
+		var path int
+		if probeNonce&1 == 0 && p.rx.started {
+			t.sendAck(p)
+			path = t.txq.path
+		} else {
+			path = t.controlPath(p)
+		}
+		t.commit(wire.AppendProbe(t.room(p, path, wire.FrameHeaderSize+wire.ProbeSize), probeNonce, true))
 	}
 	// An ACK every ackEvery datagrams of the peer's stream within a batch (and one at its end:
 	// inputBatch), counted in datagrams, not frames: small messages share datagrams, and an ACK

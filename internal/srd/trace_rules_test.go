@@ -2317,3 +2317,105 @@ func TestTraceTimerRoundEndsWhenIdle(t *testing.T) {
 	r.data()
 	r.awaitPing()
 }
+
+// congestion.md "Loss detection" (timer): a lost packet (both its copies: copies on, whose
+// acknowledgements credit no path, so no acknowledgement rule reveals the loss) while later
+// packets keep being acknowledged: the first acknowledgement after the timer fired of packets
+// sent since (not of packets that had waited) shows it lost, and it goes again. A real peer
+// answers each PING with its ACK in front. (When any acknowledgement ended the PING round as a
+// stall, the timer PINGed at every tick and the packet never went again while the trickle lasted.)
+func TestTraceLossAmidAcknowledgedTrickle(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	p := r.rttSample()
+	p.tx.lossRate, p.tx.lossAt = 0.01, r.f.Now() // copies on
+	r.post(1, efaio.OpSend, 100)
+	if d := r.data(); len(d) != 2 || d[0].f.Data.PSN != 1 {
+		t.Fatalf("PSN 1 went as %v, want two copies", psns(d))
+	}
+	// The peer's view: PSN 1 missing, the later ones as they arrive, a round trip of 200 µs.
+	var sent, have []wire.PSN
+	ack := func() wire.Ack {
+		a := wire.Ack{Cum: 1}
+		for _, q := range have {
+			i := q - 2
+			a.Sack[i/64] |= 1 << (i % 64)
+			a.Highest = max(a.Highest, q)
+		}
+		return a
+	}
+	var pings []uint32
+	r.onPing = func(n uint32) { pings = append(pings, n) }
+	start, again := r.f.Now(), time.Duration(0)
+	look := func() {
+		for _, d := range r.data() {
+			if psn := d.f.Data.PSN; psn == 1 && again == 0 {
+				again = r.f.Now() - start
+			} else if psn != 1 && !slices.Contains(sent, psn) {
+				sent = append(sent, psn)
+			}
+		}
+	}
+	for k := 0; again == 0 && r.f.Now()-start < 20*time.Millisecond && len(have) < 200; k++ { // (an ACK's bits reach 256 PSNs)
+		r.advance(100 * time.Microsecond)
+		r.post(uint16(2+k), efaio.OpSend, 100)
+		look()
+		if len(sent) > 2 {
+			have = sent[:len(sent)-2]
+		}
+		for _, n := range pings {
+			a := ack()
+			r.inject(0, func(b []byte) []byte { return wire.AppendProbe(wire.AppendAck(b, &a), n, true) })
+		}
+		pings = nil
+		a := ack()
+		r.send(0, func(b []byte) []byte { return wire.AppendAck(b, &a) })
+		look()
+	}
+	if again == 0 || again > 5*time.Millisecond {
+		t.Fatalf("PSN 1, lost, sent again after %v of acknowledged traffic (0: not at all); %d PINGs, %d spurious timeouts, timer floor %v",
+			again, r.pings, r.counts.SpuriousTimeouts.Load(), r.tr.stallFloor)
+	}
+	if n := r.counts.SpuriousTimeouts.Load(); n != 0 || r.tr.stallFloor != 0 {
+		t.Fatalf("%d spurious timeouts, timer floor %v: acknowledgements of later packets taken for a stall", n, r.tr.stallFloor)
+	}
+}
+
+// congestion.md "Loss detection" (timer): a round's packet goes again once however many of its
+// PINGs are answered.
+func TestTracePongOnceARound(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	p := r.rttSample()
+	r.heldUp = true
+	r.post(1, efaio.OpSend, 100)
+	r.data()
+	r.awaitPing()
+	r.awaitPing()
+	n := pingNonce(p.tx.rtoLine)
+	r.inject(0, func(b []byte) []byte { return wire.AppendProbe(b, n, true) })
+	r.send(0, func(b []byte) []byte { return wire.AppendProbe(b, n, true) })
+	r.advance(200 * time.Microsecond)
+	if d := r.data(); len(d) != 1 {
+		t.Fatalf("two answers of one round sent %v, want PSN 1 once", psns(d))
+	}
+}
+
+// congestion.md "Loss detection" (timer): a round ended by an acknowledgement of what waited (a
+// stall) leaves the next timeout to PING first again.
+func TestTraceRoundEndedByAckPingsAgain(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.rttSample()
+	r.heldUp = true
+	r.post(1, efaio.OpSend, 100)
+	d := r.data()
+	r.awaitPing()
+	r.awaitPing()
+	r.ack(2, nil, d[0].h.Path) // the peer woke
+	r.wantCompletion(1, efaio.StatusOK)
+	r.post(2, efaio.OpSend, 100)
+	r.data()
+	before := r.pings
+	r.awaitPing()
+	if r.pings != before+1 {
+		t.Fatalf("%d PINGs, want one more", r.pings-before)
+	}
+}

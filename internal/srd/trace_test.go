@@ -57,6 +57,9 @@ type trace struct {
 	// they do not reach). Otherwise it answers each with a PROBE_ACK and no acknowledgement, as a
 	// peer that has not had the packets does (pong).
 	heldUp bool
+	// onPing, if set, is told the nonce of each of the timer's PINGs instead (and answers it, or
+	// not, as the test's peer would).
+	onPing func(nonce uint32)
 
 	got    []traceFrame // frames the transport sent, in order, not yet taken by the test
 	dgrams int          // datagrams the transport sent
@@ -265,6 +268,12 @@ func (r *trace) pong() {
 		}
 	}
 	r.got = keep
+	if r.onPing != nil {
+		for _, n := range nonces {
+			r.onPing(n)
+		}
+		return
+	}
 	if r.heldUp {
 		return
 	}
@@ -351,9 +360,13 @@ func (r *trace) take(typ wire.FrameType) []traceFrame {
 }
 
 // awaitData moves virtual time on in steps of 100 µs until the transport sends DATA (a timer's
-// probe), and takes it.
+// probe), for up to a second, and takes it.
 func (r *trace) awaitData() []traceFrame {
-	for {
+	r.t.Helper()
+	for end := r.f.Now() + time.Second; ; {
+		if r.f.Now() >= end {
+			r.t.Fatalf("no DATA in a second")
+		}
 		r.advance(100 * time.Microsecond)
 		if d := r.data(); len(d) > 0 {
 			return d
