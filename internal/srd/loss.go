@@ -106,7 +106,9 @@ func (t *Transport) probe(p *peer, i int, now time.Duration) {
 // there and the packet is not: it goes again at once (onPong). On this 2-vCPU machine nearly every
 // timeout of a loss-free run was a stall of a process off its core for longer than the timer
 // (ticks 6 to 8 ms late), so a firing that sent data sent it twice; a real loss of the last
-// packets of a burst pays one round trip more. Each firing backs the timer off and PINGs again;
+// packets of a burst pays one round trip more; a stream that lost packets lately (losing) skips
+// the PINGs, and its first firing sends the data at once, its later ones on two paths. Each
+// firing backs the timer off and PINGs again;
 // once a PING has been answered (the data sent again is lost too), or after maxPings unanswered
 // (a peer that does not answer PINGs, or they are lost), a firing sends the data, on two paths,
 // and no PING.
@@ -140,16 +142,29 @@ func (t *Transport) checkRTO(p *peer, now time.Duration) {
 	t.counts.RetransTimeoutEvents.Add(1)
 	rto := max(s.rto, t.stallFloor)
 	s.rto = min(2*rto, maxRTO)
-	if s.rtoAt == 0 {
+	first := s.rtoAt == 0
+	if first {
 		s.rtoLine = now - rto
 	}
 	s.rtoAt = now
-	if s.pings < maxPings && !s.ponged {
+	switch {
+	case s.losing(now):
+		t.resendLowest(p, now, !first)
+	case s.pings < maxPings && !s.ponged:
 		s.pings++
 		t.ping(p)
-		return
+	default:
+		t.resendLowest(p, now, true)
 	}
-	t.resendLowest(p, now, true)
+}
+
+// losing reports whether the stream lost packets lately (its loss rate at least sparseLoss, a
+// loss within lossMemory): it sends sparse copies (pump), and its timer sends the data at once,
+// not a PING first (checkRTO): on a stream that really loses, a timeout is a loss more often
+// than a stall, and the PING's round trip lengthened the tail (ping-pong through the fabric with
+// 1% loss, p99.9 5.0 ms against 3.1, 2026-12-05).
+func (s *txStream) losing(now time.Duration) bool {
+	return s.lossRate >= sparseLoss && now-s.lossAt < lossMemory
 }
 
 // maxPings is how many of the timer's expiries in a row PING a peer that does not answer before

@@ -345,7 +345,7 @@ func (t *Transport) pump(p *peer) {
 		m.sent++
 		m.pending++
 		t.sendSeg(p, psn, e, now, -1)
-		if s.inflight <= sparseFlight && s.lossRate >= sparseLoss && now-s.lossAt < lossMemory && !t.cfg.NoSparseCopies {
+		if s.inflight <= sparseFlight && s.losing(now) && !t.cfg.NoSparseCopies {
 			t.copySeg(p, psn, e)
 		}
 		if m.sent == m.nseg {

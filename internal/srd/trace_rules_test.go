@@ -2320,10 +2320,11 @@ func TestTraceTimerRoundEndsWhenIdle(t *testing.T) {
 
 // congestion.md "Loss detection" (timer): a lost packet (both its copies: copies on, whose
 // acknowledgements credit no path, so no acknowledgement rule reveals the loss) while later
-// packets keep being acknowledged: the first acknowledgement after the timer fired of packets
-// sent since (not of packets that had waited) shows it lost, and it goes again. A real peer
-// answers each PING with its ACK in front. (When any acknowledgement ended the PING round as a
-// stall, the timer PINGed at every tick and the packet never went again while the trickle lasted.)
+// packets keep being acknowledged: it goes again, and the acknowledgements after the timer fired
+// of packets sent since (not of packets that had waited) are no sign of a stall: no spurious
+// timeout, no higher timer floor. A real peer answers each PING with its ACK in front. (When
+// such acknowledgements ended the timer's round as a stall, a timer that PINGed in a stream with
+// copies on PINGed at every tick and the packet never went again while the trickle lasted.)
 func TestTraceLossAmidAcknowledgedTrickle(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	p := r.rttSample()
@@ -2417,5 +2418,24 @@ func TestTraceRoundEndedByAckPingsAgain(t *testing.T) {
 	r.awaitPing()
 	if r.pings != before+1 {
 		t.Fatalf("%d PINGs, want one more", r.pings-before)
+	}
+}
+
+// congestion.md "Loss detection" (timer): a stream that lost packets lately (copies on) does not
+// PING: its timer sends the packet at once, once, and again on two paths at its next expiry.
+func TestTraceLosingStreamTimerSendsAtOnce(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	p := r.rttSample()
+	p.tx.lossRate, p.tx.lossAt = 0.01, r.f.Now()
+	r.heldUp = true
+	r.post(1, efaio.OpSend, 100)
+	r.data()
+	d := r.awaitData()
+	if len(d) != 1 || d[0].f.Data.PSN != 1 || r.pings != 0 {
+		t.Fatalf("the timer of a losing stream sent %v and %d PINGs, want PSN 1 once and none", psns(d), r.pings)
+	}
+	d = r.awaitData()
+	if len(d) != 2 || d[0].h.Path == d[1].h.Path || r.pings != 0 {
+		t.Fatalf("its next expiry sent %v and %d PINGs, want PSN 1 on both paths", psns(d), r.pings)
 	}
 }
