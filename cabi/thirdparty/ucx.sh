@@ -19,7 +19,8 @@
 # below warnings) with its parameter checks on (--enable-params-check: a bad argument is refused
 # with UCS_ERR_INVALID_PARAM, which UCX's gtest expects), --with-verbs pointing at the stack,
 # --with-efa, --without-mlx5 (as upstream's EFA job builds: no mlx5 code and tests in a build for
-# EFA) and --enable-gtest, and every program and library gets an rpath to the
+# EFA), --enable-gtest and --disable-static (no static libraries: libtool would compile every
+# source twice, and nothing links them), and every program and library gets an rpath to the
 # stack's lib/, so UCX runs on rdma-core 64's libibverbs and libefa, not Debian's. UCX's own unit
 # tests (test/gtest, which upstream never installs) are built in the same tree and installed as
 # bin/ucx_gtest, linked as libtool links a program to be installed: its rpath names the prefix's
@@ -30,7 +31,7 @@
 set -euo pipefail
 
 # Bump when the recipe below changes what gets built.
-RECIPE=3
+RECIPE=4
 archive=ucx-1.21.0.tar.gz
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -93,7 +94,7 @@ ucx=$work/ucx-1.21.0
 log "UCX 1.21: configure"
 (cd "$ucx" && ./autogen.sh >"$work/autogen.log" 2>&1 &&
   ./contrib/configure-release --prefix="$prefix" --with-verbs="$stack" --with-efa --without-mlx5 \
-    --enable-params-check --enable-gtest \
+    --enable-params-check --enable-gtest --disable-static \
     --without-cuda --without-rocm --without-java --without-go --disable-doxygen-doc \
     LDFLAGS="-Wl,-rpath,$stack/lib -Wl,-rpath,$prefix/lib" >"$work/configure.log" 2>&1) ||
   { tail -40 "$work/autogen.log" "$work/configure.log" >&2; exit 1; }
