@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"fmt"
 	"hash/crc32"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -513,11 +514,18 @@ func TestOneQPManyPeers(t *testing.T) {
 				wantWC(t, h.one(), uint64(i), verbs.WCSuccess, verbs.WCRecv)
 			}
 		}
+		// The least of three readings, each after a collection: one reading in a CI run beside
+		// the cabi package's processes once came out 170 bytes a peer above the 960 that runs
+		// alone and whole-package runs give (2026-12-05).
 		heap := func() float64 {
 			var ms runtime.MemStats
-			runtime.GC()
-			runtime.ReadMemStats(&ms)
-			return float64(ms.HeapAlloc)
+			least := uint64(math.MaxUint64)
+			for range 3 {
+				runtime.GC()
+				runtime.ReadMemStats(&ms)
+				least = min(least, ms.HeapAlloc)
+			}
+			return float64(least)
 		}
 		// Each device's own costs (its datagram queues and buffers, the free ring and window its
 		// slimmed contexts leave, its busy poll's scratch) come with its first exchange (with
