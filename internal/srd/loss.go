@@ -100,16 +100,14 @@ func (t *Transport) probe(p *peer, i int, now time.Duration) {
 // A firing sends no data until the peer shows that the data is missing: it asks. A PING (a PROBE
 // whose nonce is even, docs/wire.md "PROBE") goes on the path an ACK would take (a recently proven
 // one if there is one), and the peer answers it with its acknowledgement of our stream in front
-// of the PROBE_ACK. If that acknowledgement
-// covers what waited, the peer (or our own process) was held up, not the network, and nothing
-// went twice; if the PROBE_ACK comes with nothing acknowledged since the timer fired, the peer is
+// of the PROBE_ACK. If that acknowledgement covers what waited, the peer (or our own process) was
+// held up, not the network, and nothing went twice; if the PROBE_ACK comes with nothing acknowledged since the timer fired, the peer is
 // there and the packet is not: it goes again at once (onPong). On this 2-vCPU machine nearly every
 // timeout of a loss-free run was a stall of a process off its core for longer than the timer
 // (ticks 6 to 8 ms late), so a firing that sent data sent it twice; a real loss of the last
 // packets of a burst pays one round trip more; a stream that lost packets lately (losing) skips
 // the PINGs, and its first firing sends the data at once, its later ones on two paths. Each
-// firing backs the timer off and PINGs again;
-// once a PING has been answered (the data sent again is lost too), or after maxPings unanswered
+// firing backs the timer off and PINGs again; once a PING has been answered (the data sent again is lost too), or after maxPings unanswered
 // (a peer that does not answer PINGs, or they are lost), a firing sends the data, on two paths,
 // and no PING.
 func (t *Transport) checkRTO(p *peer, now time.Duration) {
@@ -175,6 +173,10 @@ const maxPings = 3
 // pingNonce is the nonce of the timer's PINGs in the round that began when the packets sent up
 // to line had waited the timeout: even, unlike a path's PROBE's.
 func pingNonce(line time.Duration) uint32 { return uint32(line) &^ 1 }
+
+// isPing reports whether a PROBE's nonce is a timer's PING's (pingNonce) rather than a path
+// PROBE's (probe: odd).
+func isPing(nonce uint32) bool { return nonce&1 == 0 }
 
 // ping sends the timer's PING (checkRTO), in a datagram of its own.
 func (t *Transport) ping(p *peer) {

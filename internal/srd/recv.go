@@ -269,7 +269,7 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		// arrived, checkRTO) is answered with our acknowledgement of its stream in front of the
 		// PROBE_ACK: the peer takes a PROBE_ACK with nothing acknowledged for a loss.
 		var path int
-		if probeNonce&1 == 0 && p.rx.started {
+		if isPing(probeNonce) && p.rx.started {
 			t.sendAck(p)
 			path = t.txq.path
 		} else {

@@ -260,7 +260,7 @@ func (r *trace) pong() {
 	keep := r.got[:0]
 	var nonces []uint32
 	for _, g := range r.got {
-		if g.f.Type == wire.TypeProbe && g.f.Nonce&1 == 0 {
+		if g.f.Type == wire.TypeProbe && isPing(g.f.Nonce) {
 			nonces = append(nonces, g.f.Nonce)
 			r.pings++
 		} else {
