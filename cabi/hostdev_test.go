@@ -34,7 +34,7 @@ func hostDevice(t *testing.T) (*Setup, *hostdev.Server) {
 		l.Close()
 		t.Fatal(err)
 	}
-	d := uverbs.NewDevice(e, uverbs.DefaultOptions())
+	d := uverbs.NewDevice(e)
 	srv, err := hostdev.Listen(d, filepath.Join(t.TempDir(), "efa_0.sock"))
 	if err != nil {
 		t.Fatal(err)

@@ -34,18 +34,6 @@ var Settings = []Setting{
 	{"rx-spin", "SOFTEFA_RXSPIN", Duration,
 		"how long the engine's receive loop keeps reading without waiting after traffic (config.Device.RxSpin); default 0: never,\n" +
 			"as the program busy-polls its CQ itself"},
-	{"linger", "SOFTEFA_LINGER", Duration,
-		"how long a program's thread, ringing the SQ doorbell of a QP answered by a receive since its last ring, waits in the\n" +
-			"engine for the next receive; 0: not at all (default 1ms)"},
-	{"cq-spin", "SOFTEFA_CQ_SPIN", Duration,
-		"completion traps: how long a program's read of a guarded CQ ring polls the network for its entry; default 0: off"},
-	{"db-spin", "SOFTEFA_DB_SPIN", Duration,
-		"how long the doorbell watcher keeps scanning without sleeping after a doorbell moved (default 0)"},
-	{"db-trap", "SOFTEFA_DB_TRAP", Bool,
-		"trap the program's doorbell stores (SIGSEGV on a guarded page) so the engine sees them at once; false: the watcher\n" +
-			"scans the doorbells (default true)"},
-	{"engine-slack", "SOFTEFA_ENGINE_SLACK", Duration,
-		"timer slack of the engine's threads inside the program (default 1ms; 0: the program's own)"},
 	{"no-sparse-copies", "SOFTEFA_NO_SPARSE_COPIES", Bool,
 		"no second copy, on another path, of packets sent while few are in flight after a loss (config.Device.NoSparseCopies)"},
 	{"no-offload", "SOFTEFA_NO_OFFLOAD", Bool,

@@ -99,11 +99,11 @@ func TestEveryVariableListed(t *testing.T) {
 }
 
 func TestSettingValues(t *testing.T) {
-	linger, noOffload := Settings[0], Settings[0]
+	rxSpin, noOffload := Settings[0], Settings[0]
 	for _, s := range Settings {
 		switch s.Flag {
-		case "linger":
-			linger = s
+		case "rx-spin":
+			rxSpin = s
 		case "no-offload":
 			noOffload = s
 		}
@@ -112,7 +112,7 @@ func TestSettingValues(t *testing.T) {
 		s       Setting
 		in, out string
 	}{
-		{linger, "200us", "200µs"}, {linger, "0", "0s"}, {linger, "-1ms", ""}, {linger, "soon", ""},
+		{rxSpin, "200us", "200µs"}, {rxSpin, "0", "0s"}, {rxSpin, "-1ms", ""}, {rxSpin, "soon", ""},
 		{noOffload, "true", "1"}, {noOffload, "false", "0"}, {noOffload, "yes", ""},
 	} {
 		got, err := c.s.EnvValue(c.in)
@@ -120,12 +120,12 @@ func TestSettingValues(t *testing.T) {
 			t.Errorf("--%s %q: got %q, %v; want %q", c.s.Flag, c.in, got, err, c.out)
 		}
 	}
-	t.Setenv("SOFTEFA_LINGER", "250us")
-	if d, ok, err := EnvDuration("SOFTEFA_LINGER"); d != 250*time.Microsecond || !ok || err != nil {
+	t.Setenv("SOFTEFA_RXSPIN", "250us")
+	if d, ok, err := EnvDuration("SOFTEFA_RXSPIN"); d != 250*time.Microsecond || !ok || err != nil {
 		t.Errorf("EnvDuration: %v %v %v", d, ok, err)
 	}
-	t.Setenv("SOFTEFA_LINGER", "-1s")
-	if _, _, err := EnvDuration("SOFTEFA_LINGER"); err == nil || !strings.Contains(err.Error(), "SOFTEFA_LINGER") {
+	t.Setenv("SOFTEFA_RXSPIN", "-1s")
+	if _, _, err := EnvDuration("SOFTEFA_RXSPIN"); err == nil || !strings.Contains(err.Error(), "SOFTEFA_RXSPIN") {
 		t.Errorf("EnvDuration of -1s: %v, want an error naming the variable", err)
 	}
 	t.Setenv("SOFTEFA_NO_OFFLOAD", "maybe")

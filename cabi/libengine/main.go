@@ -31,7 +31,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"github.com/softefa/softefa/cabi"
@@ -87,17 +86,6 @@ func device() (*uverbs.Device, error) {
 	if cfg.NoOffload, err = cabi.EnvBool("SOFTEFA_NO_OFFLOAD"); err != nil {
 		return nil, err
 	}
-	opts := uverbs.DefaultOptions()
-	for _, b := range []struct {
-		env string
-		to  *time.Duration
-	}{{"SOFTEFA_LINGER", &opts.Linger}, {"SOFTEFA_CQ_SPIN", &opts.CQSpin}, {"SOFTEFA_DB_SPIN", &opts.DoorbellSpin}} {
-		if v, ok, err := cabi.EnvDuration(b.env); err != nil {
-			return nil, err
-		} else if ok {
-			*b.to = v
-		}
-	}
 	if v := os.Getenv("SOFTEFA_PART_ID"); v != "" {
 		n, err := strconv.ParseUint(v, 0, 32)
 		if err != nil {
@@ -136,15 +124,14 @@ func device() (*uverbs.Device, error) {
 		}
 		return nil, err
 	}
-	state.dev = uverbs.NewDevice(e, opts)
-	if _, set := os.LookupEnv("GOMAXPROCS"); (state.dev.CQTraps() || state.dev.Lingers()) && !set {
-		// This Go runtime serves the device alone, and with completion traps or lingering the
-		// program's own thread does most of the device's receiving: one processor for the rest,
-		// so that its goroutines readied per datagram are not handed to threads woken beside the
-		// program's, and the receive loop does not spin beside a lingering thread (docs/cabi.md,
-		// "Completion traps": fi_pingpong 64 B 98-115 -> 61-72 µs a transfer; "Lingering after a
-		// post": 166-182 -> 49-65). One more for each program thread that calls in while the
-		// others are in (softefa_procs).
+	state.dev = uverbs.NewDevice(e)
+	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
+		// This Go runtime serves the device alone, and a ping-pong's thread, lingering after its
+		// post, does most of the device's receiving: one processor for the rest, so that its
+		// goroutines readied per datagram are not handed to threads woken beside the program's,
+		// and the receive loop does not spin beside a lingering thread (docs/cabi.md, "Lingering
+		// after a post"). One more for each program thread that calls in while the others are in
+		// (softefa_procs).
 		runtime.GOMAXPROCS(1)
 		adaptProcs.Store(true)
 	}
@@ -345,40 +332,12 @@ func softefa_db_page(fd C.int, off C.int64_t) C.int64_t {
 }
 
 // softefa_db_rung is a trapped store to the SQ doorbell of the QP with handle h: the engine's
-// Kick, then the CQs whose rings the shim guards until the program next reads them, packed as
-// send | recv<<32, or -1 for none (uverbs.File.RingTrapped).
+// Kick, with the linger of a ping-pong's post (uverbs.File.RingTrapped).
 //
 //export softefa_db_rung
-func softefa_db_rung(fd C.int, handle C.uint32_t) C.int64_t {
+func softefa_db_rung(fd C.int, handle C.uint32_t) {
 	if o := lookup(fd); o != nil {
-		if s, r, ok := o.f.RingTrapped(uint32(handle)); ok {
-			return C.int64_t(int64(s) | int64(r)<<32)
-		}
-	}
-	return -1
-}
-
-// softefa_cq_ring answers the shim's mmap of the device fd at off: the handle of the CQ whose
-// ring that is, or -1 (uverbs.File.CQRing).
-//
-//export softefa_cq_ring
-func softefa_cq_ring(fd C.int, off C.int64_t) C.int64_t {
-	if o := lookup(fd); o != nil && off >= 0 {
-		if h, ok := o.f.CQRing(uint64(off)); ok {
-			return C.int64_t(h)
-		}
-	}
-	return -1
-}
-
-// softefa_await_cq is the program's read at byte off of a guarded ring of the CQ with handle h:
-// the thread polls the network until that entry is written or the spin budget passes
-// (uverbs.File.AwaitCQ).
-//
-//export softefa_await_cq
-func softefa_await_cq(fd C.int, handle C.uint32_t, off C.uint64_t) {
-	if o := lookup(fd); o != nil {
-		o.f.AwaitCQ(uint32(handle), uint64(off))
+		o.f.RingTrapped(uint32(handle))
 	}
 }
 

@@ -4,8 +4,8 @@
 // the doorbells itself (libfabric 2.x's efa provider), at once and without a thread that polls.
 //
 // The program's mapping of a QP's SQ doorbell page (libefa maps it from the device fd; the RQ
-// doorbell has a page of its own, which is not trapped: delivery reads it) is made read-only; the shim keeps a writable mapping of the same page
-// of its own (the alias). A store to the page faults. The SIGSEGV handler, installed in front of
+// doorbell has a page of its own, which is not trapped: delivery reads it) is made read-only; the
+// shim keeps a writable mapping of the same page of its own (the alias). A store to the page faults. The SIGSEGV handler, installed in front of
 // the Go runtime's and chaining to it (and to whatever the program installs later) for every
 // other fault, decodes the faulting instruction (the MOV and XCHG stores compilers emit for an
 // MMIO write), performs the store through the alias, steps the thread past the instruction and
@@ -18,17 +18,9 @@
 // store at once: a store that does not fault found the page writable, so some thread's step is
 // under way, and that thread protects the page before it rings.)
 //
-// Completion traps (docs/cabi.md, "Completion traps") use the same handler and trampoline. After a
-// trapped SQ doorbell store of a QP that talks to other devices, the program's mappings of the
-// QP's CQ rings are guarded (no access); the program's next read of one faults, the handler opens
-// the mapping again and sends the thread through the trampoline into the engine's AwaitCQ, which
-// polls the network on that thread until the entry read is written (or a budget passes), and the
-// thread then runs the read again. So the program's own thread takes the answer off the socket,
-// rather than the engine's receive loop, which must first be woken and given a core.
-//
-// x86-64 only. Elsewhere, with SOFTEFA_DB_TRAP=0, or when the process has a shadow stack (which
-// the trampoline's return would violate), no page is protected, and the engine's doorbell watcher
-// scans the doorbells instead (internal/uverbs, doorbell.go).
+// x86-64 only. Elsewhere, or when the process has a shadow stack (which the trampoline's return
+// would violate), no page is protected, and the engine's doorbell watcher scans the doorbells
+// instead (internal/uverbs, doorbell.go).
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -75,32 +67,7 @@ struct chained {
 static struct chained chain_segv, chain_trap;
 static pthread_mutex_t chain_mu = PTHREAD_MUTEX_INITIALIZER;
 
-// cqs[0:ncqs] are the program's mappings of CQ rings; a free slot has addr 0. Filled, emptied and
-// guarded under traps_mu; the SIGSEGV handler reads them and opens a mapping again without it
-// (guarded is a hint that saves an mprotect per doorbell store: the handler takes any fault in a
-// CQ mapping for a guarded read, whatever guarded says).
-struct cqmap {
-	_Atomic uintptr_t addr;
-	size_t len;
-	int prot; // as the program asked
-	int fd;
-	uint32_t handle;
-	_Atomic int guarded;
-};
-enum { MAX_CQS = 4096 };
-static struct cqmap cqs[MAX_CQS];
-static _Atomic int ncqs;
-
-static _Atomic uint64_t n_emulated, n_stepped, n_cq_waits;
-
-// drop_cq forgets a CQ mapping, giving it back the program's protection if it is guarded (part of
-// it may outlive the munmap that drops it). Called with traps_mu held.
-static void drop_cq(struct cqmap *c) {
-	uintptr_t p = atomic_load_explicit(&c->addr, memory_order_relaxed);
-	atomic_store_explicit(&c->addr, 0, memory_order_release);
-	if (atomic_exchange(&c->guarded, 0))
-		mprotect((void *)p, c->len, c->prot);
-}
+static _Atomic uint64_t n_emulated, n_stepped;
 
 // The trampoline's save area: XSAVE's size for the features the OS enabled, a multiple of 64.
 __attribute__((used)) static uint64_t xsave_size;
@@ -159,7 +126,7 @@ static int remember(uintptr_t page, uint8_t *alias, int fd, uint32_t handle) {
 // mapping over. (A store to such a page racing with its munmap is the program's bug; here it may
 // fault in the handler, which kills the process.)
 static void forget(void *addr, size_t len) {
-	if (!atomic_load_explicit(&ntraps, memory_order_acquire) && !atomic_load_explicit(&ncqs, memory_order_acquire))
+	if (!atomic_load_explicit(&ntraps, memory_order_acquire))
 		return;
 	uintptr_t lo = (uintptr_t)addr, hi = lo + len;
 	pthread_mutex_lock(&traps_mu);
@@ -170,68 +137,6 @@ static void forget(void *addr, size_t len) {
 			atomic_store_explicit(&traps[i].page, 0, memory_order_release);
 			real_munmap(traps[i].alias, PAGE);
 		}
-	}
-	n = atomic_load_explicit(&ncqs, memory_order_relaxed);
-	for (int i = 0; i < n; i++) {
-		uintptr_t p = atomic_load_explicit(&cqs[i].addr, memory_order_relaxed);
-		if (p && p + cqs[i].len > lo && p < hi)
-			drop_cq(&cqs[i]);
-	}
-	pthread_mutex_unlock(&traps_mu);
-}
-
-// softefa_trap_forget_fd drops the CQ mappings made through fd, which the program is closing:
-// a later device, opened on the same fd number, numbers its CQs from 0 again.
-void softefa_trap_forget_fd(int fd) {
-	if (!atomic_load_explicit(&ncqs, memory_order_acquire))
-		return;
-	pthread_mutex_lock(&traps_mu);
-	int n = atomic_load_explicit(&ncqs, memory_order_relaxed);
-	for (int i = 0; i < n; i++)
-		if (atomic_load_explicit(&cqs[i].addr, memory_order_relaxed) && cqs[i].fd == fd)
-			drop_cq(&cqs[i]);
-	pthread_mutex_unlock(&traps_mu);
-}
-
-static void remember_cq(uintptr_t addr, size_t len, int prot, int fd, uint32_t handle) {
-	pthread_mutex_lock(&traps_mu);
-	int n = atomic_load_explicit(&ncqs, memory_order_relaxed), i = 0;
-	while (i < n && atomic_load_explicit(&cqs[i].addr, memory_order_relaxed))
-		i++;
-	if (i < MAX_CQS) {
-		cqs[i].len = len;
-		cqs[i].prot = prot;
-		cqs[i].fd = fd;
-		cqs[i].handle = handle;
-		atomic_store_explicit(&cqs[i].guarded, 0, memory_order_relaxed);
-		atomic_store_explicit(&cqs[i].addr, addr, memory_order_release);
-		if (i == n)
-			atomic_store_explicit(&ncqs, n + 1, memory_order_release);
-	} // else the ring is never guarded: its completions come from the receive loop, as without traps
-	pthread_mutex_unlock(&traps_mu);
-}
-
-static struct cqmap *find_cq(uintptr_t a) {
-	int n = atomic_load_explicit(&ncqs, memory_order_acquire);
-	for (int i = 0; i < n; i++) {
-		uintptr_t p = atomic_load_explicit(&cqs[i].addr, memory_order_acquire);
-		if (p && a >= p && a - p < cqs[i].len)
-			return &cqs[i];
-	}
-	return NULL;
-}
-
-// guard takes away access to the program's mappings of the ring of the CQ with handle h (fd), so
-// that its next read of it faults. guarded goes first: a handler opening the mapping meanwhile
-// leaves it open or guarded, and either is right (see struct cqmap).
-static void guard(int fd, uint32_t h) {
-	pthread_mutex_lock(&traps_mu);
-	int n = atomic_load_explicit(&ncqs, memory_order_relaxed);
-	for (int i = 0; i < n; i++) {
-		struct cqmap *c = &cqs[i];
-		uintptr_t p = atomic_load_explicit(&c->addr, memory_order_relaxed);
-		if (p && c->fd == fd && c->handle == h && !atomic_exchange(&c->guarded, 1))
-			mprotect((void *)p, c->len, PROT_NONE);
 	}
 	pthread_mutex_unlock(&traps_mu);
 }
@@ -280,13 +185,6 @@ void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
 		}
 		if (flags & MAP_FIXED)
 			forget(addr, len);
-		if ((flags & MAP_SHARED) && len % PAGE == 0 && softefa_shim_ours(fd)) {
-			long h = softefa_shim_cq_ring(fd, (long long)off);
-			void *p = real_mmap(addr, len, prot, flags, fd, off);
-			if (h >= 0 && p != MAP_FAILED)
-				remember_cq((uintptr_t)p, len, prot, fd, (uint32_t)h);
-			return p;
-		}
 	}
 	return real_mmap(addr, len, prot, flags, fd, off);
 }
@@ -403,31 +301,16 @@ static int emulate(greg_t *g, uintptr_t addr, uint8_t *alias) {
 	return 1;
 }
 
-// What the trampoline is to do (ring's what): ring the doorbell of the QP with handle what, or,
-// with AWAIT_CQ set, wait for the entry at byte offset what>>32 & 0x7fffffff of the ring of the
-// CQ with handle what & 0xffffffff.
-#define AWAIT_CQ (1ull << 63)
-
 // trap_rung is what the trampoline calls, as the program's own call into the engine would be,
-// keeping the program's errno: for a doorbell store, the engine's Kick for the QP, then guard the
-// CQs it names; for a guarded CQ read, the engine's AwaitCQ.
-__attribute__((used)) static void trap_rung(int fd, uint64_t what) {
+// keeping the program's errno: the engine's Kick for the QP with handle h.
+__attribute__((used)) static void trap_rung(int fd, uint64_t h) {
 	int err = errno;
-	if (what & AWAIT_CQ) {
-		softefa_shim_await_cq(fd, (uint32_t)what, what >> 32 & 0x7fffffff);
-	} else {
-		long long r = softefa_shim_db_rung(fd, (uint32_t)what);
-		if (r >= 0) {
-			guard(fd, (uint32_t)r);
-			if ((uint32_t)(r >> 32) != (uint32_t)r)
-				guard(fd, (uint32_t)(r >> 32));
-		}
-	}
+	softefa_shim_db_rung(fd, (uint32_t)h);
 	errno = err;
 }
 
-// The trampoline a thread enters after its doorbell store or guarded CQ read. On entry rsp points
-// at four words: the stack pointer to return with less 136, fd, what (trap_rung), the address to
+// The trampoline a thread enters after its doorbell store. On entry rsp points at four words:
+// the stack pointer to return with less 136, fd, the QP's handle (trap_rung), the address to
 // return to. It saves the
 // flags and every register the C calling convention lets trap_rung change (the callee-saved ones
 // it keeps), and the extended state with XSAVE (the save area's header zeroed, as XRSTOR wants
@@ -498,7 +381,7 @@ __asm__(".text\n"
 // go 1 KiB below the handler's own frame when it runs on the thread's stack (the kernel's signal
 // frame lies between the interrupted stack pointer and the handler's frame, and sigreturn reads
 // it), otherwise 1 KiB below the interrupted stack pointer.
-static void ring(ucontext_t *uc, int fd, uint64_t what) {
+static void ring(ucontext_t *uc, int fd, uint32_t handle) {
 	if (softefa_shim_forked())
 		return; // the child's engine did not survive the fork: the store is all there is
 	greg_t *g = uc->uc_mcontext.gregs;
@@ -507,7 +390,7 @@ static void ring(ucontext_t *uc, int fd, uint64_t what) {
 	uint64_t *w = (uint64_t *)((base - 1024) & ~(uintptr_t)15);
 	w[0] = sp - 136;
 	w[1] = (uint64_t)fd;
-	w[2] = what;
+	w[2] = handle;
 	w[3] = (uint64_t)g[REG_RIP];
 	g[REG_RSP] = (greg_t)w;
 	g[REG_RIP] = (greg_t)softefa_db_tramp;
@@ -532,13 +415,6 @@ static void chain(struct chained *c, int sig, siginfo_t *si, void *uctx) {
 		raise(sig); // not re-raised by running on: pending until the handler returns
 }
 
-// allowed reports whether the program's protection prot allows the access a page fault's error
-// code describes (bit 1: a write, bit 4: an instruction fetch). Another access to a CQ mapping is
-// the program's own fault, and goes on to its handler.
-static int allowed(int prot, greg_t err) {
-	return (!(err & 2) || (prot & PROT_WRITE)) && (!(err & 16) || (prot & PROT_EXEC)) && (prot & PROT_READ);
-}
-
 static void on_segv(int sig, siginfo_t *si, void *uctx) {
 	ucontext_t *uc = uctx;
 	greg_t *g = uc->uc_mcontext.gregs;
@@ -557,20 +433,6 @@ static void on_segv(int sig, siginfo_t *si, void *uctx) {
 		step_handle = handle;
 		mprotect((void *)step_page, PAGE, PROT_READ | PROT_WRITE);
 		g[REG_EFL] |= EFLAGS_TF;
-		return;
-	}
-	struct cqmap *c;
-	if (si->si_code == SEGV_ACCERR && (c = find_cq(a)) && allowed(c->prot, g[REG_ERR])) {
-		// A read of a guarded CQ ring: open it again, wait for the entry in the engine, and run
-		// the read again (the return address is the faulting instruction's).
-		uintptr_t p = atomic_load_explicit(&c->addr, memory_order_acquire);
-		int fd = c->fd, err = errno;
-		uint64_t what = AWAIT_CQ | (uint64_t)((a - p) & 0x7fffffff) << 32 | c->handle;
-		mprotect((void *)p, c->len, c->prot);
-		errno = err;
-		atomic_store_explicit(&c->guarded, 0, memory_order_release);
-		atomic_fetch_add_explicit(&n_cq_waits, 1, memory_order_relaxed);
-		ring(uc, fd, what);
 		return;
 	}
 	chain(&chain_segv, sig, si, uctx);
@@ -673,7 +535,6 @@ static void atfork_child(void) { traps_mu = (pthread_mutex_t)PTHREAD_MUTEX_INITI
 static void report(void) {
 	fprintf(stderr, "softefa: debug: doorbell stores trapped: %llu emulated, %llu stepped\n",
 		(unsigned long long)atomic_load(&n_emulated), (unsigned long long)atomic_load(&n_stepped));
-	fprintf(stderr, "softefa: debug: guarded CQ reads: %llu\n", (unsigned long long)atomic_load(&n_cq_waits));
 }
 
 static void off(const char *why) {
@@ -683,10 +544,7 @@ static void off(const char *why) {
 
 void softefa_trap_install(void) {
 	resolve();
-	const char *e = getenv("SOFTEFA_DB_TRAP");
 	unsigned a, b, c, d;
-	if (e && strcmp(e, "0") == 0)
-		return off("SOFTEFA_DB_TRAP=0");
 	if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE))
 		return off("no XSAVE");
 	if (shadow_stack())
@@ -725,7 +583,5 @@ int softefa_trap_covers(int fd, uint32_t handle) {
 	(void)handle;
 	return 0;
 }
-
-void softefa_trap_forget_fd(int fd) { (void)fd; }
 
 #endif

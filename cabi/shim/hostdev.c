@@ -353,12 +353,8 @@ void softefa_hostdev_db_trapped(int fd, uint32_t qp, int trapped) {
 		send_req(OP_TRAP, h, (uint64_t)qp | (trapped ? 1ull << 32 : 0), NULL, 0, NULL, 0);
 }
 
-// A trapped doorbell store: the device is told at once (nothing to linger in: the device is
-// another process), and no CQ is guarded.
-int64_t softefa_hostdev_db_rung(int fd, uint32_t qp) {
-	softefa_hostdev_kick_qp(fd, qp);
-	return -1;
-}
+// A trapped doorbell store: the device is told at once, as by a post through libibverbs.
+void softefa_hostdev_db_rung(int fd, uint32_t qp) { softefa_hostdev_kick_qp(fd, qp); }
 
 // softefa_hostdev_netlink answers the RDMA netlink request in buf, sent by the program on its
 // socket with port id port, by writing the device's replies into peer.
@@ -441,16 +437,6 @@ int softefa_hostdev_sysfs(char *buf, size_t n) {
 	return -EOPNOTSUPP; // (softefa run writes the host device's tree)
 }
 int softefa_hostdev_poll_net(void) { return 0; }
-int64_t softefa_hostdev_cq_ring(int fd, int64_t off) {
-	(void)fd;
-	(void)off;
-	return -1;
-}
-void softefa_hostdev_await_cq(int fd, uint32_t h, uint64_t off) {
-	(void)fd;
-	(void)h;
-	(void)off;
-}
 void softefa_hostdev_exit(void) {}
 int softefa_hostdev_procs(int callers) {
 	(void)callers;

@@ -193,9 +193,7 @@ static int (*eng_ioctl)(int fd, unsigned long req, void *arg);
 static int (*eng_netlink)(int peer, uint32_t port, const void *buf, size_t n);
 static int64_t (*eng_db_page)(int fd, int64_t off);
 static void (*eng_db_trapped)(int fd, uint32_t handle, int trapped);
-static int64_t (*eng_db_rung)(int fd, uint32_t handle);
-static int64_t (*eng_cq_ring)(int fd, int64_t off);
-static void (*eng_await_cq)(int fd, uint32_t handle, uint64_t off);
+static void (*eng_db_rung)(int fd, uint32_t handle);
 static void (*eng_exit)(void);
 static int (*eng_procs)(int callers);
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
@@ -262,32 +260,9 @@ static void at_exit(void) {
 	leave(&old);
 }
 
-// DEFAULT_ENGINE_SLACK is the timer slack, in nanoseconds, of the engine's Go runtime threads
-// (docs/cabi.md, "The engine's timer slack"); SOFTEFA_ENGINE_SLACK gives another (a Go duration:
-// "1ms", "500us"; "0" leaves the program's own).
-#define DEFAULT_ENGINE_SLACK 1000000L
-
-// engine_slack is the timer slack the engine's threads get: SOFTEFA_ENGINE_SLACK, or the default;
-// 0 for the program's own. A value that does not parse, or is negative, gives the default.
-static long engine_slack(void) {
-	const char *v = getenv("SOFTEFA_ENGINE_SLACK");
-	if (!v || !*v)
-		return DEFAULT_ENGINE_SLACK;
-	char *end;
-	double n = strtod(v, &end);
-	static const struct {
-		const char *unit;
-		double ns;
-	} units[] = {{"ns", 1}, {"us", 1e3}, {"\xc2\xb5s", 1e3}, {"ms", 1e6}, {"s", 1e9}, {"", 0}};
-	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-		if (strcmp(end, units[i].unit) != 0)
-			continue;
-		if (end == v || n < 0 || (units[i].ns == 0 && n != 0) || n * units[i].ns > 1e9)
-			break; // (a bare number is Go's "0" only; at most a second)
-		return (long)(n * units[i].ns);
-	}
-	return DEFAULT_ENGINE_SLACK;
-}
+// ENGINE_SLACK is the timer slack, in nanoseconds, of the engine's Go runtime threads (docs/cabi.md,
+// "The engine's timer slack").
+#define ENGINE_SLACK 1000000L
 
 // load_hostdev makes the host device's client (hostdev.c) the engine, when SOFTEFA_DEVICE names
 // the device's socket: no library is loaded.
@@ -317,8 +292,6 @@ static int load_hostdev(void) {
 	eng_db_page = softefa_hostdev_db_page;
 	eng_db_trapped = softefa_hostdev_db_trapped;
 	eng_db_rung = softefa_hostdev_db_rung;
-	eng_cq_ring = softefa_hostdev_cq_ring;
-	eng_await_cq = softefa_hostdev_await_cq;
 	eng_exit = softefa_hostdev_exit;
 	eng_procs = softefa_hostdev_procs;
 	engine_loaded = 1;
@@ -339,12 +312,12 @@ static void load_engine(void) {
 	// slack is what keeps the runtime's monitor thread (sysmon), which wakes every 20 us while
 	// the program's thread holds the engine's processor in C, from preempting the program's
 	// busy-polling threads tens of thousands of times a second (docs/cabi.md).
-	long slack = engine_slack(), own = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-	int set_slack = slack > 0 && own >= 0;
+	long own = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+	int set_slack = own >= 0;
 	sigset_t old;
 	enter(&old);
 	if (set_slack)
-		prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
+		prctl(PR_SET_TIMERSLACK, (unsigned long)ENGINE_SLACK, 0, 0, 0);
 	void *h = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
 	if (set_slack)
 		prctl(PR_SET_TIMERSLACK, (unsigned long)own, 0, 0, 0);
@@ -367,14 +340,12 @@ static void load_engine(void) {
 	eng_netlink = (int (*)(int, uint32_t, const void *, size_t))dlsym(h, "softefa_netlink");
 	eng_db_page = (int64_t (*)(int, int64_t))dlsym(h, "softefa_db_page");
 	eng_db_trapped = (void (*)(int, uint32_t, int))dlsym(h, "softefa_db_trapped");
-	eng_db_rung = (int64_t (*)(int, uint32_t))dlsym(h, "softefa_db_rung");
-	eng_cq_ring = (int64_t (*)(int, int64_t))dlsym(h, "softefa_cq_ring");
-	eng_await_cq = (void (*)(int, uint32_t, uint64_t))dlsym(h, "softefa_await_cq");
+	eng_db_rung = (void (*)(int, uint32_t))dlsym(h, "softefa_db_rung");
 	eng_exit = (void (*)(void))dlsym(h, "softefa_exit");
 	int (*procs)(int) = (int (*)(int))dlsym(h, "softefa_procs");
 	if (!eng_open || !eng_write || !eng_close || !eng_kick_qp || !eng_arm_cq || !eng_poll_net || !eng_dup ||
 	    !eng_sysfs || !eng_sysfs_counter || !eng_ioctl || !eng_netlink || !eng_db_page || !eng_db_trapped || !eng_db_rung ||
-	    !eng_cq_ring || !eng_await_cq || !eng_exit || !procs) {
+	    !eng_exit || !procs) {
 		fprintf(stderr, "softefa: %s lacks the engine entry points\n", lib);
 		eng_err = ENODEV;
 		return;
@@ -562,7 +533,6 @@ int close(int fd) {
 		REAL(close)(nl_peer[fd]);
 	} else if (ours(fd)) {
 		mark(fd, 0);
-		softefa_trap_forget_fd(fd);
 		eng_close_fd(fd); // tears the ucontext down, as ib_uverbs_close does
 	} else if (orphan(fd)) {
 		atomic_fetch_and(&orphans[fd >> 6], ~((uint64_t)1 << (fd & 63)));
@@ -1286,28 +1256,14 @@ long softefa_shim_db_page(int fd, long long off) {
 	return h;
 }
 
-long long softefa_shim_db_rung(int fd, uint32_t handle) {
-	if (on_hostdev) // (no Go runtime to keep signals from: two system calls a post saved)
-		return (long long)eng_db_rung(fd, handle);
+void softefa_shim_db_rung(int fd, uint32_t handle) {
+	if (on_hostdev) { // (no Go runtime to keep signals from: two system calls a post saved)
+		eng_db_rung(fd, handle);
+		return;
+	}
 	sigset_t old;
 	enter(&old);
-	long long r = (long long)eng_db_rung(fd, handle);
-	leave(&old);
-	return r;
-}
-
-long softefa_shim_cq_ring(int fd, long long off) {
-	sigset_t old;
-	enter(&old);
-	long h = (long)eng_cq_ring(fd, off);
-	leave(&old);
-	return h;
-}
-
-void softefa_shim_await_cq(int fd, uint32_t handle, uint64_t off) {
-	sigset_t old;
-	enter(&old);
-	eng_await_cq(fd, handle, off);
+	eng_db_rung(fd, handle);
 	leave(&old);
 }
 

@@ -14,9 +14,7 @@ HIDDEN int softefa_shim_ours(int fd);        // fd is a device fd of this proces
 HIDDEN int softefa_shim_forked(void);        // this is a child forked after the engine started
 HIDDEN long softefa_shim_db_page(int fd, long long off); // the QP whose doorbell page off is, or -1
 HIDDEN void softefa_shim_db_trapped(int fd, uint32_t handle, int trapped);
-HIDDEN long long softefa_shim_db_rung(int fd, uint32_t handle); // Kick; the CQs to guard (send | recv<<32), or -1
-HIDDEN long softefa_shim_cq_ring(int fd, long long off);       // the CQ whose ring off is, or -1
-HIDDEN void softefa_shim_await_cq(int fd, uint32_t handle, uint64_t off); // poll until the entry at off is written
+HIDDEN void softefa_shim_db_rung(int fd, uint32_t handle); // a trapped store to the QP's SQ doorbell: Kick
 HIDDEN int softefa_shim_debug(void);         // SOFTEFA_DEBUG=1: diagnostics on stderr
 HIDDEN int softefa_shim_dev_fd(int fd);      // fd names the device node (this process's, or an orphan)
 HIDDEN const char *softefa_shim_dev_path(void); // the node's path (SOFTEFA_DEV_PATH); NULL: the shim is inert
@@ -27,7 +25,6 @@ HIDDEN void softefa_shim_counter_read(const char *path); // path, in the tree, i
 // From dbtrap.c.
 HIDDEN void softefa_trap_install(void);              // once, after the engine is loaded
 HIDDEN int softefa_trap_covers(int fd, uint32_t handle); // that QP's doorbell stores trap
-HIDDEN void softefa_trap_forget_fd(int fd);          // fd is being closed: drop its CQ mappings
 
 // From hostdev.c: the engine's entry points (preload.c's eng_*) on the host device.
 HIDDEN int softefa_hostdev_connect(const char *path); // 0, or -errno
@@ -44,9 +41,7 @@ HIDDEN int softefa_hostdev_ioctl(int fd, unsigned long req, void *arg);
 HIDDEN int softefa_hostdev_netlink(int peer, uint32_t port, const void *buf, unsigned long n);
 HIDDEN int64_t softefa_hostdev_db_page(int fd, int64_t off);
 HIDDEN void softefa_hostdev_db_trapped(int fd, uint32_t handle, int trapped);
-HIDDEN int64_t softefa_hostdev_db_rung(int fd, uint32_t handle);
-HIDDEN int64_t softefa_hostdev_cq_ring(int fd, int64_t off);
-HIDDEN void softefa_hostdev_await_cq(int fd, uint32_t handle, uint64_t off);
+HIDDEN void softefa_hostdev_db_rung(int fd, uint32_t handle);
 HIDDEN void softefa_hostdev_exit(void);
 HIDDEN int softefa_hostdev_procs(int callers);
 

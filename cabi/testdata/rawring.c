@@ -13,8 +13,8 @@
 // what an idle program costs). Success prints "ok rounds=N usec/round=T"; a side that sees no
 // completion for 30 s reports the round it stalled in and exits 2. -w (two processes) then posts
 // one more SEND and stores to the CQ buffer, which is mapped read-only: the fault must reach the
-// program's own SIGSEGV handler, which prints "ok CQ store faulted" (the shim's completion traps
-// must not take it for a read of a guarded ring).
+// program's own SIGSEGV handler, which prints "ok CQ store faulted" (the shim's handler, in front
+// of it for the doorbell traps, must hand it on).
 #define _GNU_SOURCE
 #include <errno.h>
 #include <infiniband/efadv.h>
@@ -286,8 +286,8 @@ static void on_segv(int sig) {
 	_exit(0);
 }
 
-// store_to_cq stores to s's CQ buffer after a SEND (whose trapped doorbell store guards the CQ):
-// the program's own handler must get the fault.
+// store_to_cq stores to s's CQ buffer after a SEND (whose doorbell store trapped): the program's
+// own handler must get the fault.
 static int store_to_cq(struct side *s) {
 	struct sigaction sa = {.sa_handler = on_segv};
 	sigemptyset(&sa.sa_mask);

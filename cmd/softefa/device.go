@@ -31,7 +31,6 @@ func runDevice(args []string) error {
 	paths := fs.Int("paths", 0, "UDP paths (default 4)")
 	partID := fs.Uint("part-id", 0xefa1, "the PCI device id (vendor_part_id) programs see")
 	share := fs.Float64("program-share", hostdev.DefaultProgramShare, "the share of each of the device's maxima (PDs, MRs, CQs, QPs, AHs) one program may hold")
-	linger := fs.Duration("linger", uverbs.DefaultOptions().Linger, "how long a kick of a ping-ponging QP, whose program waits, waits in the device for the QP's next receive; 0: not at all")
 	if err := parseFlags(fs, "softefa device [flags] | softefa device status|stop [--socket PATH]", args); err != nil {
 		return err
 	}
@@ -59,9 +58,7 @@ func runDevice(args []string) error {
 		return err
 	}
 	defer e.Close()
-	opts := uverbs.DefaultOptions()
-	opts.Linger = *linger
-	d := uverbs.NewDevice(e, opts)
+	d := uverbs.NewDevice(e)
 	defer d.Close()
 	if err := os.MkdirAll(filepath.Dir(*socket), 0o700); err != nil {
 		return err

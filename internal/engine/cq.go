@@ -26,7 +26,7 @@ type CQ struct {
 	flags int
 
 	pc      uint16        // CQEs produced, modulo 2^16
-	written atomic.Uint32 // pc, readable without the device's lock (AwaitCQ)
+	written atomic.Uint32 // pc, readable without the device's lock
 	phase   uint8
 	unpaced bool   // CQInit.Unpaced: the doorbell's consumer count is not read for overrun
 	refs    int    // QPs using this CQ

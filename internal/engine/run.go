@@ -317,22 +317,6 @@ func (d *Device) recheckArms() {
 	d.recheck = keep
 }
 
-// AwaitCQ is a consumer's read of the entry at slot of cq that found nothing there yet, made on
-// the consumer's thread (a program polling a raw CQ ring: docs/cabi.md, "Completion traps"): it
-// polls the network, as PollNetwork does, until the CQ has written past slot's previous lap (its
-// next entry to write is no longer slot) or budget has passed. The consumer was about to spin on
-// that entry anyway; spinning here lets its own thread take the answer off the socket, instead of
-// waiting for the receive loop's thread to be woken and given a core.
-func (d *Device) AwaitCQ(cq *CQ, slot uint32, budget time.Duration) {
-	if slot >= cq.depth {
-		return
-	}
-	// Its ACKs go at once: a C program may exit right after the entry it waited for (the end of a
-	// test), and an ACK left owed would die with it; the peer's send would then fail as
-	// unresponsive after the transport timeout (libfabric's test_rdm_pingpong_no_inject_range).
-	d.pollWhile(func() bool { return cq.written.Load()&(cq.depth-1) == slot }, budget, false)
-}
-
 // AwaitRecv is made on the thread of a program that has just posted a send on q after a receive
 // of q completed (a ping-pong: docs/cabi.md, "Lingering after a post"): the thread polls the
 // network, as PollNetwork does, until q has completed a receive past seen (its RecvWRs count) or
@@ -387,7 +371,7 @@ func (d *Device) flushOwed(rx *srd.Inbox, minAge time.Duration) {
 }
 
 // pollWhile polls the network on the calling thread, as PollNetwork does, while waiting reports
-// true and budget has not passed (AwaitCQ, AwaitRecv); lazy leaves the ACKs owed
+// true and budget has not passed (AwaitRecv); lazy leaves the ACKs owed
 // (pollNetwork).
 //
 // After yieldAfter of waiting, each poll that found nothing offers the thread's core to other

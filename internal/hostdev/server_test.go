@@ -95,7 +95,7 @@ func serveWith(t *testing.T, cfg config.Device) (*Server, *uverbs.Device) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := uverbs.NewDevice(e, uverbs.DefaultOptions())
+	d := uverbs.NewDevice(e)
 	s, err := Listen(d, filepath.Join(t.TempDir(), "efa_7.sock"))
 	if err != nil {
 		t.Fatal(err)
@@ -484,7 +484,7 @@ func TestSocketDirChecked(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	d := uverbs.NewDevice(e, uverbs.DefaultOptions())
+	d := uverbs.NewDevice(e)
 	defer d.Close()
 	dir := t.TempDir()
 	listen := func(mode os.FileMode) error {

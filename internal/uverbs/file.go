@@ -66,47 +66,24 @@ type Device struct {
 	files  map[*File]struct{}
 	cancel context.CancelFunc
 	dbs    *watcher      // notices doorbell stores (doorbell.go)
-	cqSpin time.Duration // a guarded CQ read's spin budget; 0: no completion traps (cqtrap.go)
-	linger time.Duration // how long a trapped ring waits for the next receive; 0: not at all (cqtrap.go)
+	linger time.Duration // how long a ping-pong's post waits for the next receive (Linger; tests change it)
 }
 
-// Options are the budgets of the ways a program's own threads serve its device (docs/cabi.md;
-// the settings table, docs/settings.md). Zero turns each off; DefaultOptions gives the defaults.
-type Options struct {
-	// CQSpin is how long a guarded CQ read polls the network for the entry it reads; after it,
-	// the program spins on the ring as before and the receive loop writes the entry. 0, the
-	// default: no completion traps (on, each of two whole runs of libfabric's EFA suite failed a
-	// test; docs/cabi.md, "Completion traps").
-	CQSpin time.Duration
-	// Linger is how long a program's thread, ringing the SQ doorbell of a QP whose previous ring
-	// was answered by a receive, polls the network for the next receive before it goes back to
-	// the program (engine.Device.AwaitRecv; docs/cabi.md, "Lingering after a post"). It holds
-	// the program's thread for up to the budget, which a program that computes after its send
-	// would feel; a ping-pong's round trip falls to a third. Default a millisecond, not less: a
-	// linger that runs out leaves the next answer to the receive loop, which waits for the Go
-	// runtime to take its processor back from the program's thread (a millisecond or two), and
-	// the peer's linger, waiting meanwhile, runs out in turn.
-	Linger time.Duration
-	// DoorbellSpin is how long the doorbell watcher keeps scanning without sleeping after a
-	// doorbell moved. Default 0: the shim's wrappers tell the engine of posts made through
-	// libibverbs, and on a small machine a spinning watcher takes the CPU from the program's own
-	// busy-polling (ib_send_lat -s 64 on 2 vCPUs: 70 µs typical without, 0.7 ms with).
-	DoorbellSpin time.Duration
-}
-
-// DefaultOptions returns the default budgets: lingering on, completion traps and the watcher's
-// spinning off.
-func DefaultOptions() Options { return Options{Linger: time.Millisecond} }
+// Linger is how long a program's thread, ringing the SQ doorbell of a QP that ping-pongs, waits
+// for the QP's next receive before it goes back to the program (File.RingTrapped, File.KickAwait;
+// docs/cabi.md, "Lingering after a post"). It holds the program's thread for up to that long,
+// which a program that computes after its send would feel; a ping-pong's round trip falls to a
+// third. A millisecond, not less: a linger that runs out leaves the next answer to the receive
+// loop, which waits for the Go runtime to take its processor back from the program's thread (a
+// millisecond or two), and the peer's linger, waiting meanwhile, runs out in turn.
+const Linger = time.Millisecond
 
 // NewDevice wraps e. Close stops the async-event forwarder (the engine is the caller's).
-// Negative budgets in o count as zero.
-func NewDevice(e *engine.Device, o Options) *Device {
-	d := &Device{e: e, cfg: e.Config(), guid: GUID(e.GID()), files: make(map[*File]struct{})}
+func NewDevice(e *engine.Device) *Device {
+	d := &Device{e: e, cfg: e.Config(), guid: GUID(e.GID()), files: make(map[*File]struct{}), linger: Linger}
 	ctx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
-	d.dbs = newWatcher(e, max(o.DoorbellSpin, 0))
-	d.cqSpin = max(o.CQSpin, 0)
-	d.linger = max(o.Linger, 0)
+	d.dbs = newWatcher(e)
 	go d.forwardAsync(ctx)
 	return d
 }

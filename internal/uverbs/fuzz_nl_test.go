@@ -59,7 +59,7 @@ func fuzzDevice(f *testing.F) (*engine.Device, *Device) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { e.Close() })
-	d := NewDevice(e, DefaultOptions())
+	d := NewDevice(e)
 	f.Cleanup(func() { d.Close() })
 	return e, d
 }

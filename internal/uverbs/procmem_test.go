@@ -35,7 +35,7 @@ func TestFileOfAnotherProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	d := NewDevice(e, DefaultOptions())
+	d := NewDevice(e)
 	defer d.Close()
 	pm := NewProcessMemory(p)
 	f := d.Open(pm, &heapRegions{}, nil)

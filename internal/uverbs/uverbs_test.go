@@ -99,7 +99,7 @@ func newHarness(t *testing.T) *harness {
 		t.Fatal(err)
 	}
 	mem := &fakeMem{segs: map[uint64][]byte{respAddr: make([]byte, 4096), bufAddr: make([]byte, 65536)}}
-	h := &harness{t: t, e: e, d: NewDevice(e, DefaultOptions()), mem: mem, reg: &heapRegions{}}
+	h := &harness{t: t, e: e, d: NewDevice(e), mem: mem, reg: &heapRegions{}}
 	h.f = h.d.Open(mem, h.reg, nil)
 	t.Cleanup(func() {
 		h.f.Close()
