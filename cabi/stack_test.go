@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -182,7 +183,8 @@ func TestStackTwoProcesses(t *testing.T) {
 // payload is checked. Between two processes and between two QPs of one process (same-device
 // delivery: nothing but the doorbell's trap moves the engine). Every SQ doorbell store must have
 // trapped and been emulated, and no RQ doorbell store (SOFTEFA_DEBUG=1 makes each process report
-// its count at exit: a SEND per round, per QP; docs/cabi.md, "Doorbells").
+// its count at exit: a SEND per round, per QP; docs/cabi.md, "Doorbells"), and between two
+// processes most posts linger for their answer ("Lingering after a post").
 
 func TestStackRawRing(t *testing.T) {
 	if testing.Short() {
@@ -219,6 +221,17 @@ func TestStackRawRing(t *testing.T) {
 			want := fmt.Sprintf("softefa: debug: doorbell stores trapped: %d emulated, 0 stepped", c.stores)
 			if n := strings.Count(out, want); n != c.reports || strings.Contains(out, "traps off") {
 				t.Fatalf("want %d processes to report %q:\n%s", c.reports, want, out)
+			}
+			// The linger: a QP that talks to another process and ping-pongs has its trapped
+			// posts wait for the answer; one that talks only to its own device never.
+			lingered := regexp.MustCompile(`softefa: debug: posts lingered: (\d+)`).FindAllStringSubmatch(out, -1)
+			if len(lingered) != c.reports {
+				t.Fatalf("want %d processes to report their lingered posts:\n%s", c.reports, out)
+			}
+			for _, l := range lingered {
+				if n, _ := strconv.Atoi(l[1]); (n >= rounds/2) != (c.reports == 2) || c.reports == 1 && n != 0 {
+					t.Errorf("%s; want at least %d between two processes, none in one", l[0], rounds/2)
+				}
 			}
 			t.Log(lastLines(out, 1))
 		})

@@ -385,12 +385,20 @@ func softefa_poll_net() C.int {
 
 // softefa_exit is called as the process exits (the shim's atexit handler): the acknowledgements
 // a busy poll left owed go now, or the peers would time out sends that were delivered
-// (engine.Device.FlushAcks).
+// (engine.Device.FlushAcks). With SOFTEFA_DEBUG=1 it reports how many posts lingered.
 //
 //export softefa_exit
 func softefa_exit() {
 	if e := polled.Load(); e != nil {
 		e.FlushAcks()
+	}
+	if debug, _ := cabi.EnvBool("SOFTEFA_DEBUG"); debug {
+		state.Lock()
+		d := state.dev
+		state.Unlock()
+		if d != nil {
+			fmt.Fprintf(os.Stderr, "softefa: debug: posts lingered: %d\n", d.Lingered())
+		}
 	}
 }
 

@@ -1,22 +1,22 @@
 // Doorbell traps (docs/cabi.md, "Doorbells"): a store to a QP's doorbell traps, as a hypervisor
-// traps a guest's store to an MMIO doorbell, and the storing thread rings the engine itself
-// before it goes on. That is how the engine notices a program that writes the rings and stores
-// the doorbells itself (libfabric 2.x's efa provider), at once and without a thread that polls.
+// traps a guest's store to an MMIO doorbell, and the storing thread rings the engine itself before
+// it goes on. That is how the engine notices a program that writes the rings and stores the
+// doorbells itself (libfabric 2.x's efa provider), at once and without a thread that polls.
 //
 // The program's mapping of a QP's SQ doorbell page (libefa maps it from the device fd; the RQ
 // doorbell has a page of its own, which is not trapped: delivery reads it) is made read-only; the
-// shim keeps a writable mapping of the same page of its own (the alias). A store to the page faults. The SIGSEGV handler, installed in front of
-// the Go runtime's and chaining to it (and to whatever the program installs later) for every
-// other fault, decodes the faulting instruction (the MOV and XCHG stores compilers emit for an
-// MMIO write), performs the store through the alias, steps the thread past the instruction and
-// makes it call the engine's Kick for the QP when it leaves the handler: the handler rewrites the
-// interrupted context so that the thread enters a trampoline that saves every register (the
-// general ones, the flags and, with XSAVE, the vector state), calls into the engine as the
-// program's own call would, restores them and returns to the instruction after the store. An
-// instruction the decoder does not know runs with the page writable for one step (EFLAGS.TF); the
-// SIGTRAP after it protects the page again and rings. (Nothing is missed when several threads
-// store at once: a store that does not fault found the page writable, so some thread's step is
-// under way, and that thread protects the page before it rings.)
+// shim keeps a writable mapping of the same page of its own (the alias). A store to the page
+// faults. The SIGSEGV handler, installed in front of the Go runtime's and chaining to it (and to
+// whatever the program installs later) for every other fault, decodes the faulting instruction (the
+// MOV and XCHG stores compilers emit for an MMIO write), performs the store through the alias,
+// steps the thread past the instruction and makes it call the engine's Kick for the QP when it
+// leaves the handler: the handler rewrites the interrupted context so that the thread enters a
+// trampoline that saves every register (the general ones, the flags and, with XSAVE, the vector
+// state), calls into the engine as the program's own call would, restores them and returns to the
+// instruction after the store. An instruction the decoder does not know runs with the page writable
+// for one step (EFLAGS.TF); the SIGTRAP after it protects the page again and rings. (Nothing is
+// missed when several threads store at once: a store that does not fault found the page writable,
+// so some thread's step is under way, and that thread protects the page before it rings.)
 //
 // x86-64 only. Elsewhere, or when the process has a shadow stack (which the trampoline's return
 // would violate), no page is protected, and the engine's doorbell watcher scans the doorbells
@@ -309,14 +309,13 @@ __attribute__((used)) static void trap_rung(int fd, uint64_t h) {
 	errno = err;
 }
 
-// The trampoline a thread enters after its doorbell store. On entry rsp points at four words:
-// the stack pointer to return with less 136, fd, the QP's handle (trap_rung), the address to
-// return to. It saves the
-// flags and every register the C calling convention lets trap_rung change (the callee-saved ones
-// it keeps), and the extended state with XSAVE (the save area's header zeroed, as XRSTOR wants
-// it), calls trap_rung, restores them, writes the return address just below the red zone of the
-// stack it returns to (free again: the handler's frame is gone), switches to that stack (pop
-// rsp) and returns past the red zone (ret $128), so that every register, the flags, the stack
+// The trampoline a thread enters after its doorbell store. On entry rsp points at four words: the
+// stack pointer to return with less 136, fd, the QP's handle (trap_rung), the address to return to.
+// It saves the flags and every register the C calling convention lets trap_rung change (the
+// callee-saved ones it keeps), and the extended state with XSAVE (the save area's header zeroed, as
+// XRSTOR wants it), calls trap_rung, restores them, writes the return address just below the red
+// zone of the stack it returns to (free again: the handler's frame is gone), switches to that stack
+// (pop rsp) and returns past the red zone (ret $128), so that every register, the flags, the stack
 // and the red zone are as the store left them.
 void softefa_db_tramp(void);
 __asm__(".text\n"

@@ -96,7 +96,13 @@ func testAwaitRecv(t *testing.T) {
 
 	const msg = "taken off the socket by the lingering thread"
 	postSend(a, b, ah, msg)
+	if a.q.TalksToPeers() {
+		t.Fatal("a QP that has sent nothing talks to peers")
+	}
 	a.d.Ring(a.q)
+	if !a.q.TalksToPeers() {
+		t.Fatal("a QP that has sent to another device does not talk to peers (it would never linger)")
+	}
 
 	b.d.AwaitRecv(b.q, 0, time.Hour)
 	if n := b.q.counts.RecvWRs.Load(); n != 1 {
@@ -109,6 +115,9 @@ func testAwaitRecv(t *testing.T) {
 		t.Errorf("the receiver's CQ holds %d entries after the wait, want 1", b.q.recvCQ.written.Load())
 	}
 	b.d.AwaitRecv(b.q, 1, 0) // nothing more comes: with no budget, one poll and back
+	if b.q.TalksToPeers() {
+		t.Error("a QP that has only received talks to peers")
+	}
 }
 
 // AwaitRecv waits for the QP's sends on the network as well as for its next receive: the program

@@ -26,7 +26,7 @@ type CQ struct {
 	flags int
 
 	pc      uint16        // CQEs produced, modulo 2^16
-	written atomic.Uint32 // pc, readable without the device's lock
+	written atomic.Uint32 // pc, readable without the device's lock (the tests wait on it)
 	phase   uint8
 	unpaced bool   // CQInit.Unpaced: the doorbell's consumer count is not read for overrun
 	refs    int    // QPs using this CQ
@@ -59,9 +59,6 @@ func (cq *CQ) Depth() int { return int(cq.depth) }
 
 // Doorbell returns the CQ doorbell word.
 func (cq *CQ) Doorbell() *uint32 { return cq.db }
-
-// EntrySize returns the bytes per entry.
-func (cq *CQ) EntrySize() int { return cq.esz }
 
 // Flags returns the creation flags (uapi.CQFlag*).
 func (cq *CQ) Flags() int { return cq.flags }

@@ -111,8 +111,7 @@ func (f *File) createQP(c *call) error {
 		keys = append(keys, rqKey)
 		in.RQEntries, in.RQRing = rqSize/efaio.RxDescSize, rqRing[:rqSize]
 	}
-	o := &qpObj{f: f, handle: u64(req, 8), typ: typ, sigAll: req[52] != 0, keys: keys, dbKey: dbKey,
-		cqs: [2]uint32{u32(req, 20), u32(req, 24)}}
+	o := &qpObj{f: f, handle: u64(req, 8), typ: typ, sigAll: req[52] != 0, keys: keys, dbKey: dbKey}
 	in.Owner = o
 	qp, err := f.d.e.CreateQP(in)
 	if err != nil {

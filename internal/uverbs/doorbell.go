@@ -19,17 +19,17 @@ import (
 // a program that writes the rings itself rather than through the wrapped libibverbs entry points.
 // It scans the SQ and RQ doorbell of every QP it watches: every 50 µs until busyWindow after the
 // last change, backing off to 1 ms between scans after that, and blocks while it watches no QP.
-// It never scans without pausing: on a small machine a spinning watcher takes the CPU from the
-// program's own busy polling (ib_send_lat -s 64 on 2 vCPUs: 70 µs typical without, 0.7 ms with).
-// Pauses under a millisecond are nanosleeps on the watcher's own thread, with a timer slack of
-// 1 µs: Go's timers do not sleep less than about a millisecond, which made every raw
-// doorbell wait 1 to 2 ms (libfabric 2.6's efa-direct fi_pingpong, 64 bytes: 1.8–3.4 ms per
+// Once the doorbells stop moving it pauses between scans, never spinning: on a small machine a
+// spinning watcher takes the CPU from the program's own busy polling (ib_send_lat -s 64 on 2
+// vCPUs: 70 µs typical without, 0.7 ms with). Pauses under a millisecond are nanosleeps on the
+// watcher's own thread, with a timer slack of 1 µs: Go's timers do not sleep less than about a
+// millisecond, which made every raw doorbell wait 1 to 2 ms (libfabric 2.6's efa-direct fi_pingpong, 64 bytes: 1.8–3.4 ms per
 // transfer before, 0.3–0.6 ms after, on a loaded 2-vCPU machine).
 //
 // The watcher's goroutine owns seen values; mu guards the list, so that a QP's doorbell page is
 // never read after remove returns (the page is unmapped next).
 type watcher struct {
-	e *engine.Device
+	ring func(*engine.QP) // the engine's Ring (a test's recorder)
 
 	mu   sync.Mutex
 	qps  []*watched
@@ -56,7 +56,7 @@ const busyWindow = 2 * time.Millisecond
 
 // newWatcher starts a watcher.
 func newWatcher(e *engine.Device) *watcher {
-	w := &watcher{e: e, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	w := &watcher{ring: e.Ring, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 	go w.loop()
 	return w
 }
@@ -102,7 +102,7 @@ func (w *watcher) scan() bool {
 		sq, rq := atomic.LoadUint32(x.sq), atomic.LoadUint32(x.rq)
 		if sq != x.seenSQ || rq != x.seenRQ {
 			x.seenSQ, x.seenRQ = sq, rq
-			w.e.Ring(x.q)
+			w.ring(x.q)
 			moved = true
 		}
 	}

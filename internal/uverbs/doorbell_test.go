@@ -4,9 +4,11 @@ package uverbs
 
 import (
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/softefa/softefa/internal/engine"
 	"github.com/softefa/softefa/internal/uapi"
 )
 
@@ -22,6 +24,42 @@ func (h *harness) watching(qh uint32) bool {
 		}
 	}
 	return false
+}
+
+// TestWatcherRings: a store to the SQ or RQ doorbell of a QP the watcher scans (a program whose
+// stores do not trap: not x86-64, or a shadow stack) rings the engine for that QP. The wait for
+// the ring is bounded by a minute only so that a watcher that never rings fails the test.
+func TestWatcherRings(t *testing.T) {
+	h := newHarness(t)
+	rung := make(chan *engine.QP, 4)
+	w := h.d.dbs
+	w.mu.Lock()
+	w.ring = func(q *engine.QP) {
+		select {
+		case rung <- q:
+		default:
+		}
+	}
+	w.mu.Unlock()
+	h.getContext()
+	pd := h.allocPD()
+	cq, _ := h.createCQ(64, 32, 0)
+	qp, _ := h.createQP(pd, cq, uapi.QPTypeDriver, 16*64, 16*16)
+	o := h.f.objs[qp].(*qpObj)
+	for _, db := range []struct {
+		name string
+		word *uint32
+	}{{"SQ", o.qp.SQDoorbell()}, {"RQ", o.qp.RQDoorbell()}} {
+		atomic.AddUint32(db.word, 1)
+		select {
+		case q := <-rung:
+			if q != o.qp {
+				t.Fatalf("a store to the %s doorbell rang another QP", db.name)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("the watcher did not ring the engine for a store to the %s doorbell", db.name)
+		}
+	}
 }
 
 // TestTrapDoorbells: the shim learns which mmap key is a QP's SQ doorbell page (its RQ doorbell

@@ -67,6 +67,8 @@ type Device struct {
 	cancel context.CancelFunc
 	dbs    *watcher      // notices doorbell stores (doorbell.go)
 	linger time.Duration // how long a ping-pong's post waits for the next receive (Linger; tests change it)
+
+	lingered atomic.Uint64 // posts that waited for their answer (Lingered)
 }
 
 // Linger is how long a program's thread, ringing the SQ doorbell of a QP that ping-pongs, waits
@@ -173,10 +175,9 @@ type qpObj struct {
 	typ       int
 	sigAll    bool
 	keys      []uint64
-	dbKey     uint64    // the mmap key of its SQ doorbell page
-	dbUntrap  bool      // a mapping of the SQ doorbell page does not trap (TrapDoorbells); guarded by File.mu
-	dbTrapped bool      // a mapping of it was reported trapping (TrapDoorbells); guarded by File.mu
-	cqs       [2]uint32 // the handles of its send and receive CQs
+	dbKey     uint64 // the mmap key of its SQ doorbell page
+	dbUntrap  bool   // a mapping of the SQ doorbell page does not trap (TrapDoorbells); guarded by File.mu
+	dbTrapped bool   // a mapping of it was reported trapping (TrapDoorbells); guarded by File.mu
 	asyncSent atomic.Uint32
 	rungRecvs atomic.Uint64 // the QP's RecvWRs count at its last trapped ring (File.RingTrapped)
 	answers   atomic.Int32  // trapped rings in a row a receive followed, up to lingerAfter (lingers)

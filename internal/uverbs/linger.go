@@ -21,9 +21,13 @@ func (f *File) RingTrapped(h uint32) {
 	}
 	seen := o.qp.Counters().RecvWRs.Load()
 	if o.lingers(o.rungRecvs.Swap(seen) != seen) && f.d.linger > 0 {
+		f.d.lingered.Add(1)
 		f.d.e.AwaitRecv(o.qp, seen, f.d.linger)
 	}
 }
+
+// Lingered returns how many posts have waited for their answer (RingTrapped, KickAwait).
+func (d *Device) Lingered() uint64 { return d.lingered.Load() }
 
 // KickAwait is Kick for a program in another process (the host device's doorbell socket). When
 // wait is set (the program's thread waits for the answer) and the QP ping-pongs as RingTrapped
@@ -40,6 +44,7 @@ func (f *File) KickAwait(h uint32, wait bool, t *time.Timer, interrupt <-chan st
 	}
 	seen := o.qp.Counters().RecvWRs.Load()
 	if o.lingers(o.rungRecvs.Swap(seen) != seen) && wait {
+		f.d.lingered.Add(1)
 		t.Reset(f.d.linger)
 		o.qp.Await(seen, t.C, interrupt)
 		t.Stop()
