@@ -2439,3 +2439,79 @@ func TestTraceLosingStreamTimerSendsAtOnce(t *testing.T) {
 		t.Fatalf("its next expiry sent %v and %d PINGs, want PSN 1 on both paths", psns(d), r.pings)
 	}
 }
+
+// congestion.md "Loss detection" (timer): the PING goes on the path an ACK would take, a recently
+// proven one: here the one path of four whose packet was acknowledged lately, which is not path 0.
+func TestTracePingOnAProvenPath(t *testing.T) {
+	r := newTrace(t, 4, nil)
+	p := r.rttSample() // on path 0: proof that goes stale below
+	r.advance(100 * time.Millisecond)
+	p.pathRR, p.tx.burst = 2, 0 // the next data burst's path
+	r.post(1, efaio.OpSend, 100)
+	d := r.data()
+	if len(d) != 1 || d[0].h.Path != 2 {
+		t.Fatalf("WR 1 went as %v on path %d, want one packet on path 2", psns(d), d[0].h.Path)
+	}
+	r.advance(time.Millisecond)
+	r.ack(2, nil, 2)
+	r.wantCompletion(1, efaio.StatusOK)
+	r.heldUp = true
+	r.post(2, efaio.OpSend, 100)
+	r.data()
+	r.awaitPing()
+	if len(r.pingPaths) != 1 || r.pingPaths[0] != 2 {
+		t.Fatalf("PINGs on paths %v, want one on path 2, the one proven", r.pingPaths)
+	}
+}
+
+// congestion.md "Loss detection" (timer): a PING's answer that comes after the round ended (the
+// acknowledgement it waited for came first) sends nothing again, not even the packet sent since.
+func TestTraceLatePongAfterTheRoundSendsNothing(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	p := r.rttSample()
+	r.onPing = func(uint32) {} // answered below, late
+	r.post(1, efaio.OpSend, 100)
+	first := r.data()
+	r.awaitPing()
+	nonce := pingNonce(p.tx.rtoLine)
+	r.ack(2, nil, first[0].h.Path) // the held-up peer's acknowledgement: the round ends
+	r.wantCompletion(1, efaio.StatusOK)
+	if p.tx.rtoAt != 0 {
+		t.Fatal("the timer's round did not end with everything acknowledged")
+	}
+	r.post(2, efaio.OpSend, 100) // outstanding, well within its timeout
+	if d := r.data(); len(d) != 1 {
+		t.Fatalf("WR 2 went as %v", psns(d))
+	}
+	r.send(0, func(b []byte) []byte { return wire.AppendProbe(b, nonce, true) }) // the late answer
+	r.advance(500 * time.Microsecond)
+	if d := r.data(); len(d) != 0 {
+		t.Fatalf("a late PROBE_ACK, nothing acknowledged, sent PSNs %v again", psns(d))
+	}
+}
+
+// congestion.md "Loss detection" (timer): unanswered PINGs back off as the timer does, at 1, 3 and
+// 7 timeouts after the packet went (2, 6 and 14 ms at the least timer), and the data goes at 15
+// (30 ms).
+func TestTracePingBackoffTimes(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	p := r.rttSample()
+	r.heldUp = true
+	r.post(1, efaio.OpSend, 100)
+	r.data()
+	sent, rto := r.f.Now(), p.tx.rto
+	var at []time.Duration
+	for len(at) < maxPings {
+		r.awaitPing()
+		at = append(at, r.f.Now()-sent)
+	}
+	r.awaitData()
+	at = append(at, r.f.Now()-sent)
+	// awaitPing and awaitData step 100 µs at a time; the engine's check of the timer, at every
+	// step here, adds nothing.
+	for i, k := range []time.Duration{1, 3, 7, 15} {
+		if want := k * rto; at[i] < want || at[i] > want+100*time.Microsecond {
+			t.Fatalf("PINGs then data at %v after the packet (timeout %v): want %v×timeout each, to 100 µs", at, rto, []int{1, 3, 7, 15})
+		}
+	}
+}

@@ -64,6 +64,8 @@ type trace struct {
 	got    []traceFrame // frames the transport sent, in order, not yet taken by the test
 	dgrams int          // datagrams the transport sent
 	pings  int          // PINGs the transport's retransmission timer sent (pong)
+	// pingPaths: the path of each of those PINGs' datagrams, in order
+	pingPaths []uint8
 }
 
 // traceFrame is one frame the transport sent, with its datagram's header and number (frames of
@@ -263,6 +265,7 @@ func (r *trace) pong() {
 		if g.f.Type == wire.TypeProbe && isPing(g.f.Nonce) {
 			nonces = append(nonces, g.f.Nonce)
 			r.pings++
+			r.pingPaths = append(r.pingPaths, g.h.Path)
 		} else {
 			keep = append(keep, g)
 		}
