@@ -3,6 +3,8 @@
 package cabi
 
 import (
+	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -134,4 +136,76 @@ func flatten(m [][]string) []string {
 		}
 	}
 	return out
+}
+
+// TestRunHostStartsDevice: softefa run --host starts the host's device when none answers at its
+// socket, in the background, and leaves it running after the program; the next softefa run --host
+// attaches to that same device (one node GUID) without starting another; and a device that
+// cannot start (its UDP port taken) fails the run with the reason from the device's log.
+func TestRunHostStartsDevice(t *testing.T) {
+	setupOrSkip(t, "ibv_devinfo")
+	libs, err := Locate(testWriter{t}, Where{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if filepath.Dir(libs.Shim) != filepath.Dir(libs.Engine) {
+		t.Fatalf("the shim and the engine are in two directories: %s, %s", libs.Shim, libs.Engine)
+	}
+	exe := filepath.Join(t.TempDir(), "softefa")
+	build := exec.Command("go", "build", "-o", exe, "./cmd/softefa")
+	build.Dir = ".."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	sock := filepath.Join(t.TempDir(), "efa_0.sock")
+	t.Cleanup(func() {
+		if c, err := hostdev.Dial(sock); err == nil {
+			c.Stop()
+			c.Close()
+		}
+	})
+	softefaRun := func(args ...string) (string, error) {
+		c := exec.Command(exe, append([]string{"run", "--libdir", filepath.Dir(libs.Shim), "--host", "--device", sock}, args...)...)
+		out, err := combinedOutputWithin(c, time.Minute)
+		return string(out), err
+	}
+	guid := regexp.MustCompile(`node_guid:\s*(\S+)`)
+	port := freeUDPPort(t)
+	var guids []string
+	for i, args := range [][]string{{"--addr", fmt.Sprintf("127.0.0.1:%d", port)}, nil} {
+		out, err := softefaRun(append(args, "--", "ibv_devinfo", "-v")...)
+		m := guid.FindStringSubmatch(out)
+		if err != nil || m == nil {
+			t.Fatalf("softefa run --host, run %d: %v\n%s", i+1, err, out)
+		}
+		if started := strings.Contains(out, "started the host's device"); started != (i == 0) {
+			t.Fatalf("run %d: started a device: %v, want %v\n%s", i+1, started, i == 0, out)
+		}
+		guids = append(guids, m[1])
+	}
+	if guids[0] != guids[1] {
+		t.Fatalf("two runs saw two devices: node GUIDs %s and %s", guids[0], guids[1])
+	}
+	c, err := hostdev.Dial(sock)
+	if err != nil {
+		t.Fatalf("the device is gone after its programs: %v", err)
+	}
+	info, err := c.Info()
+	c.Stop()
+	c.Close()
+	if err != nil || config.AddrFromGID(info.GID, 0).Port() != port {
+		t.Fatalf("the device's info %+v, %v: want its UDP port %d", info, err, port)
+	}
+
+	// A device that cannot bind its UDP port exits, and the run says why.
+	taken, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	sock = filepath.Join(t.TempDir(), "efa_0.sock")
+	out, err := softefaRun("--addr", taken.LocalAddr().String(), "--", "ibv_devinfo")
+	if err == nil || !strings.Contains(out, "the host's device exited") || !strings.Contains(out, "address already in use") {
+		t.Fatalf("softefa run --host with the device's port taken: %v\n%s", err, out)
+	}
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/softefa/softefa/link"
 )
 
-// runDevice is softefa device: the host's device, which the programs softefa run --device starts
+// runDevice is softefa device: the host's device, which the programs softefa run --host starts
 // share (internal/hostdev); softefa device status and stop ask a running one.
 func runDevice(args []string) error {
 	if len(args) > 0 && (args[0] == "status" || args[0] == "stop") {

@@ -6,7 +6,7 @@
 //	softefa pingpong [flags]      the rdma-core pingpong example over SRD or UD, checking data
 //	softefa fabric --to ADDR      a multipath fabric emulator with impairments, for real processes
 //	softefa run -- COMMAND ARGS   an unmodified rdma-core program on a softefa device (docs/cabi.md)
-//	softefa device [flags]        the host's device, which programs run with softefa run --device share
+//	softefa device [flags]        the host's device, which programs run with softefa run --host share
 //
 // Results go to stdout, diagnostics to stderr.
 package main
@@ -25,7 +25,7 @@ var commands = map[string]struct {
 	usage string
 }{
 	"demo":     {runDemo, "an SRD exchange of every operation over UDP, checked and timed"},
-	"device":   {runDevice, "the host's device, shared by the programs softefa run --device starts; status, stop"},
+	"device":   {runDevice, "the host's device, shared by the programs softefa run --host starts; status, stop"},
 	"fabric":   {runFabric, "a userspace multipath network with impairments between UDP clients and a server"},
 	"devinfo":  {runDevinfo, "a device's attributes, as ibv_devinfo -v shows them, with the efadv caps"},
 	"perf":     {runPerf, "send_bw|send_lat|write_bw|write_lat|read_bw|read_lat, as perftest"},

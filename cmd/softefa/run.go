@@ -14,6 +14,7 @@ import (
 
 	"github.com/softefa/softefa"
 	"github.com/softefa/softefa/cabi"
+	"github.com/softefa/softefa/internal/hostdev"
 )
 
 // runRun is softefa run: it starts COMMAND with a softefa device under the real libibverbs and
@@ -30,7 +31,9 @@ func runRun(args []string) error {
 	ip := fs.String("ip", "", "the IP address of per-process devices (default 127.0.0.1)")
 	paths := fs.Int("paths", 0, "UDP paths (default 4)")
 	device := fs.String("device", "", "the socket of the host's device (softefa device) that the program's processes share\n"+
-		"(default: each process has a device of its own)")
+		"(default: each process has a device of its own; with --host, the host device's default socket)")
+	host := fs.Bool("host", false, "the program's processes share the host's device (softefa device), which is started, with\n"+
+		"--name, --addr and --paths, when none answers at its socket; it keeps running after the program (softefa device stop)")
 	printEnv := fs.Bool("print-env", false, "print the environment instead of running a command (for shells)")
 	var where cabi.Where
 	fs.StringVar(&where.Src, "src", "", "softefa's source tree to build the shim and engine from (default: the one above the\n"+
@@ -46,6 +49,19 @@ func runRun(args []string) error {
 	if len(cmd) == 0 && !*printEnv {
 		fs.Usage()
 		os.Exit(2)
+	}
+	if *host {
+		if *device == "" {
+			*device = hostdev.DefaultSocket(*name)
+		}
+		started, err := startDevice(*device, *name, *addr, *paths)
+		if err != nil {
+			return fmt.Errorf("--host: %w", err)
+		}
+		if started {
+			fmt.Fprintf(os.Stderr, "softefa run: started the host's device at %s (log %s.log; softefa device stop --socket %[1]s ends it)\n", *device, *device)
+		}
+		*addr = "" // the device's
 	}
 	o := cabi.Options{Name: *name, Paths: *paths, Settings: settings, Device: *device}
 	if *ip != "" {
