@@ -460,6 +460,7 @@ func startServer(t *testing.T, c *exec.Cmd) (*bytes.Buffer, chan error) {
 func combinedOutputWithin(c *exec.Cmd, d time.Duration) ([]byte, error) {
 	var out bytes.Buffer
 	c.Stdout, c.Stderr = &out, &out
+	c.WaitDelay = 10 * time.Second // (a process c left behind holding the output does not hold the test)
 	if err := c.Start(); err != nil {
 		return nil, err
 	}

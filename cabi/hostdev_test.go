@@ -4,6 +4,7 @@ package cabi
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -140,8 +141,9 @@ func flatten(m [][]string) []string {
 
 // TestRunHostStartsDevice: softefa run --host starts the host's device when none answers at its
 // socket, in the background, and leaves it running after the program; the next softefa run --host
-// attaches to that same device (one node GUID) without starting another; and a device that
-// cannot start (its UDP port taken) fails the run with the reason from the device's log.
+// attaches to that same device (one node GUID) without starting another; three runs at once
+// start one device between them and leave it none of their inherited descriptors; and a device
+// that cannot start (its UDP port taken) fails the run with the reason from the device's log.
 func TestRunHostStartsDevice(t *testing.T) {
 	setupOrSkip(t, "ibv_devinfo")
 	libs, err := Locate(testWriter{t}, Where{})
@@ -157,13 +159,19 @@ func TestRunHostStartsDevice(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	sock := filepath.Join(t.TempDir(), "efa_0.sock")
-	t.Cleanup(func() {
-		if c, err := hostdev.Dial(sock); err == nil {
-			c.Stop()
-			c.Close()
-		}
-	})
+	// newSocket is a socket path of a directory of its own; whatever device runs there when the
+	// test ends is stopped.
+	newSocket := func() string {
+		sock := filepath.Join(t.TempDir(), "efa_0.sock")
+		t.Cleanup(func() {
+			if c, err := hostdev.Dial(sock); err == nil {
+				c.Stop()
+				c.Close()
+			}
+		})
+		return sock
+	}
+	sock := newSocket()
 	softefaRun := func(args ...string) (string, error) {
 		c := exec.Command(exe, append([]string{"run", "--libdir", filepath.Dir(libs.Shim), "--host", "--device", sock}, args...)...)
 		out, err := combinedOutputWithin(c, time.Minute)
@@ -197,13 +205,64 @@ func TestRunHostStartsDevice(t *testing.T) {
 		t.Fatalf("the device's info %+v, %v: want its UDP port %d", info, err, port)
 	}
 
+	// Three runs at once with no device: one starts it, the others wait for it and share it.
+	// Each run is given a pipe as an extra descriptor (inherited without close-on-exec, as a
+	// script's 3>&1 or make's jobserver are): the device it starts must not keep it, or whoever
+	// waits for the pipe's end waits as long as the device runs.
+	sock = newSocket()
+	port = freeUDPPort(t)
+	type result struct {
+		out string
+		err error
+	}
+	results := make(chan result, 3)
+	var ends []*os.File
+	for range 3 {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ends = append(ends, r)
+		c := exec.Command(exe, "run", "--libdir", filepath.Dir(libs.Shim), "--host", "--device", sock,
+			"--addr", fmt.Sprintf("127.0.0.1:%d", port), "--", "ibv_devinfo", "-v")
+		c.ExtraFiles = []*os.File{w}
+		go func() {
+			out, err := combinedOutputWithin(c, time.Minute)
+			w.Close()
+			results <- result{string(out), err}
+		}()
+	}
+	var started int
+	guids = guids[:0]
+	for range 3 {
+		r := <-results
+		m := guid.FindStringSubmatch(r.out)
+		if r.err != nil || m == nil {
+			t.Fatalf("one of three runs at once: %v\n%s", r.err, r.out)
+		}
+		guids = append(guids, m[1])
+		if strings.Contains(r.out, "started the host's device") {
+			started++
+		}
+	}
+	if started != 1 || guids[0] != guids[1] || guids[1] != guids[2] {
+		t.Fatalf("three runs at once started %d devices and saw node GUIDs %v: want one device", started, guids)
+	}
+	for _, r := range ends {
+		r.SetReadDeadline(time.Now().Add(time.Minute))
+		if _, err := io.ReadAll(r); err != nil {
+			t.Fatalf("a pipe the runs inherited did not end when they did (the device holds it?): %v", err)
+		}
+		r.Close()
+	}
+
 	// A device that cannot bind its UDP port exits, and the run says why.
 	taken, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer taken.Close()
-	sock = filepath.Join(t.TempDir(), "efa_0.sock")
+	sock = newSocket()
 	out, err := softefaRun("--addr", taken.LocalAddr().String(), "--", "ibv_devinfo")
 	if err == nil || !strings.Contains(out, "the host's device exited") || !strings.Contains(out, "address already in use") {
 		t.Fatalf("softefa run --host with the device's port taken: %v\n%s", err, out)

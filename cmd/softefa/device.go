@@ -24,6 +24,7 @@ func runDevice(args []string) error {
 	if len(args) > 0 && (args[0] == "status" || args[0] == "stop") {
 		return deviceClient(args[0], args[1:])
 	}
+	closeInherited() // (a daemon: it keeps nothing of its starter's but stdio)
 	fs := flag.NewFlagSet("device", flag.ContinueOnError)
 	name := fs.String("name", "efa_0", "the device name")
 	socket := fs.String("socket", "", "the socket programs reach the device through (default "+hostdev.DefaultSocket("NAME")+")")

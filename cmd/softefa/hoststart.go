@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,9 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/hostdev"
 )
 
@@ -22,8 +26,9 @@ const hostStartWait = 10 * time.Second
 // this executable's softefa device, named name, at addr (its default when empty) with paths UDP
 // paths (the default when 0), in a session of its own so that the program's signals and exit
 // leave it running, as a NIC outlives the programs that use it; its output goes to socket's
-// path with ".log" added. It returns once the device answers, which may be one another process
-// started meanwhile; started says whether it was this call's.
+// path with ".log" added. Runs of softefa run that start a device at one socket at once take
+// turns (a lock file beside the socket, ".lock" added), so that one starts it and the others find
+// it. It returns once the device answers; started says whether this call started it.
 func startDevice(socket, name, addr string, paths int) (started bool, err error) {
 	if answers(socket) {
 		return false, nil
@@ -35,6 +40,17 @@ func startDevice(socket, name, addr string, paths int) (started bool, err error)
 	if err := hostdev.CheckDir(dir); err != nil {
 		return false, err
 	}
+	lock, err := os.OpenFile(socket+".lock", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return false, err
+	}
+	defer lock.Close()                                               // (and the lock with it)
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil { // (a starter holds it at most hostStartWait)
+		return false, err
+	}
+	if answers(socket) {
+		return false, nil // another run's device
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return false, err
@@ -44,6 +60,7 @@ func startDevice(socket, name, addr string, paths int) (started bool, err error)
 	if err != nil {
 		return false, err
 	}
+	logStart, _ := log.Seek(0, io.SeekEnd) // what this device writes comes after
 	args := []string{"device", "--name", name, "--socket", socket}
 	if addr != "" {
 		args = append(args, "--addr", addr)
@@ -71,13 +88,12 @@ func startDevice(socket, name, addr string, paths int) (started bool, err error)
 		}
 		select {
 		case err := <-exited:
-			if answers(socket) {
-				return false, nil // another process's device took the socket first
-			}
-			b, _ := os.ReadFile(logPath)
-			return false, fmt.Errorf("the host's device exited (%v): %s", err, lastLine(b))
+			return false, fmt.Errorf("the host's device exited (%v): %s", err, lastLine(logPath, logStart))
 		case <-deadline.C:
-			return false, fmt.Errorf("the host's device did not answer at %s within %v (log: %s)", socket, hostStartWait, logPath)
+			c.Process.Kill()
+			<-exited
+			return false, fmt.Errorf("the host's device did not answer at %s within %v, and was stopped: %s",
+				socket, hostStartWait, lastLine(logPath, logStart))
 		case <-poll.C:
 		}
 	}
@@ -94,11 +110,55 @@ func answers(socket string) bool {
 	return err == nil
 }
 
-// lastLine returns b's last non-empty line.
-func lastLine(b []byte) string {
-	b = bytes.TrimRight(b, "\n")
+// lastLine returns the last non-empty line written to the file at path past offset from.
+func lastLine(path string, from int64) string {
+	b, _ := os.ReadFile(path)
+	if from > int64(len(b)) {
+		from = int64(len(b))
+	}
+	b = bytes.TrimRight(b[from:], "\n")
 	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
 		b = b[i+1:]
 	}
+	if len(b) == 0 {
+		return "(it wrote nothing)"
+	}
 	return string(b)
+}
+
+// closeInherited closes the descriptors from 3 up that this process inherited open across exec
+// (without close-on-exec; Go opens every descriptor of its own with it). A device started by
+// softefa run would otherwise hold, for as long as it runs, whatever the run inherited: a pipe to
+// a caller waiting for the run's output to end, a make jobserver's descriptors.
+func closeInherited() {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil || fd < 3 {
+			continue
+		}
+		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && flags&unix.FD_CLOEXEC == 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+// warnOtherAddr warns when the device already answering at socket is not at addr, which
+// softefa run --host was given for a device it would start.
+func warnOtherAddr(socket, addr string) {
+	c, err := hostdev.Dial(socket)
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	info, err := c.Info()
+	if err != nil {
+		return
+	}
+	if at := config.AddrFromGID(info.GID, 0); at.String() != addr {
+		fmt.Fprintf(os.Stderr, "softefa run: the host's device at %s runs at %v already; --addr %s is not used\n", socket, at, addr)
+	}
 }

@@ -51,6 +51,9 @@ func runRun(args []string) error {
 		os.Exit(2)
 	}
 	if *host {
+		if *ip != "" {
+			return errors.New("--ip has no effect with --host: the device's address is --addr")
+		}
 		if *device == "" {
 			*device = hostdev.DefaultSocket(*name)
 		}
@@ -60,6 +63,8 @@ func runRun(args []string) error {
 		}
 		if started {
 			fmt.Fprintf(os.Stderr, "softefa run: started the host's device at %s (log %s.log; softefa device stop --socket %[1]s ends it)\n", *device, *device)
+		} else if *addr != "" {
+			warnOtherAddr(*device, *addr)
 		}
 		*addr = "" // the device's
 	}

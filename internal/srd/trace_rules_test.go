@@ -2441,23 +2441,26 @@ func TestTraceLosingStreamTimerSendsAtOnce(t *testing.T) {
 }
 
 // congestion.md "Loss detection" (timer): the PING goes on the path an ACK would take, a recently
-// proven one: here the one path of four whose packet was acknowledged lately, which is not path 0.
+// proven one: here the one path of four whose packet was acknowledged lately, which is neither
+// path 0 nor the path of the packet the timer waits for.
 func TestTracePingOnAProvenPath(t *testing.T) {
 	r := newTrace(t, 4, nil)
 	p := r.rttSample() // on path 0: proof that goes stale below
 	r.advance(100 * time.Millisecond)
 	p.pathRR, p.tx.burst = 2, 0 // the next data burst's path
 	r.post(1, efaio.OpSend, 100)
-	d := r.data()
-	if len(d) != 1 || d[0].h.Path != 2 {
-		t.Fatalf("WR 1 went as %v on path %d, want one packet on path 2", psns(d), d[0].h.Path)
+	if d := r.data(); len(d) != 1 || d[0].h.Path != 2 {
+		t.Fatalf("WR 1 went as %v, want one packet on path 2", d)
 	}
 	r.advance(time.Millisecond)
 	r.ack(2, nil, 2)
 	r.wantCompletion(1, efaio.StatusOK)
 	r.heldUp = true
+	p.pathRR, p.tx.burst = 3, 0 // WR 2 on path 3: the PING's path is not the data's
 	r.post(2, efaio.OpSend, 100)
-	r.data()
+	if d := r.data(); len(d) != 1 || d[0].h.Path != 3 {
+		t.Fatalf("WR 2 went as %v, want one packet on path 3", d)
+	}
 	r.awaitPing()
 	if len(r.pingPaths) != 1 || r.pingPaths[0] != 2 {
 		t.Fatalf("PINGs on paths %v, want one on path 2, the one proven", r.pingPaths)
@@ -2500,6 +2503,9 @@ func TestTracePingBackoffTimes(t *testing.T) {
 	r.post(1, efaio.OpSend, 100)
 	r.data()
 	sent, rto := r.f.Now(), p.tx.rto
+	if maxPings != 3 {
+		t.Fatalf("maxPings is %d: the times below are for 3", maxPings)
+	}
 	var at []time.Duration
 	for len(at) < maxPings {
 		r.awaitPing()
@@ -2507,11 +2513,19 @@ func TestTracePingBackoffTimes(t *testing.T) {
 	}
 	r.awaitData()
 	at = append(at, r.f.Now()-sent)
-	// awaitPing and awaitData step 100 µs at a time; the engine's check of the timer, at every
-	// step here, adds nothing.
-	for i, k := range []time.Duration{1, 3, 7, 15} {
-		if want := k * rto; at[i] < want || at[i] > want+100*time.Microsecond {
-			t.Fatalf("PINGs then data at %v after the packet (timeout %v): want %v×timeout each, to 100 µs", at, rto, []int{1, 3, 7, 15})
+	// awaitPing and awaitData step 100 µs at a time, from the packet's sending: each expiry is
+	// seen at the first step at or after it (the engine's check of the timer, at every step here,
+	// adds nothing), and the next timeout runs from the step that saw it.
+	step := 100 * time.Microsecond
+	ceil := func(d time.Duration) time.Duration { return (d + step - 1) / step * step }
+	var want []time.Duration
+	for i, last := 0, time.Duration(0); i < 4; i++ {
+		last = ceil(last + rto<<i)
+		want = append(want, last)
+	}
+	for i := range want {
+		if at[i] != want[i] {
+			t.Fatalf("PINGs then data at %v after the packet (timeout %v): want %v (1, 3, 7 and 15 timeouts, each seen at a 100 µs step)", at, rto, want)
 		}
 	}
 }
