@@ -151,7 +151,7 @@ if [ -n "$outside" ]; then
   log "files staged outside $prefix:"; echo "$outside" | head -20 >&2; exit 1
 fi
 # libtool archives and pkg-config files written while staging name the staging directory.
-grep -rlF "$stage" "$stage$prefix" --include='*.la' --include='*.pc' 2>/dev/null |
+{ grep -rlF "$stage" "$stage$prefix" --include='*.la' --include='*.pc' 2>/dev/null || true; } |
   xargs -r sed -i "s|$stage||g"
 
 mv "$stage$prefix" "$prefix"

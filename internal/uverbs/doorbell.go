@@ -17,14 +17,15 @@ import (
 // doorbell stores (x86-64: docs/cabi.md, "Doorbells"), the storing thread rings the engine itself
 // and the QP is taken off the watcher (File.TrapDoorbells); otherwise the watcher is what notices
 // a program that writes the rings itself rather than through the wrapped libibverbs entry points.
-// It scans the SQ and RQ doorbell of every QP it watches: every 50 µs until busyWindow after the
-// last change, backing off to 1 ms between scans after that, and blocks while it watches no QP.
-// Once the doorbells stop moving it pauses between scans, never spinning: on a small machine a
-// spinning watcher takes the CPU from the program's own busy polling (ib_send_lat -s 64 on 2
-// vCPUs: 70 µs typical without, 0.7 ms with). Pauses under a millisecond are nanosleeps on the
-// watcher's own thread, with a timer slack of 1 µs: Go's timers do not sleep less than about a
-// millisecond, which made every raw doorbell wait 1 to 2 ms (libfabric 2.6's efa-direct fi_pingpong, 64 bytes: 1.8–3.4 ms per
-// transfer before, 0.3–0.6 ms after, on a loaded 2-vCPU machine).
+// It scans the SQ and RQ doorbell of every QP it watches, at once again after a scan that found
+// one moved, else after a pause: 50 µs until busyWindow after the last change, backing off to
+// 1 ms after that; it blocks while it watches no QP. It never scans without pausing while the
+// doorbells are still: on a small machine a spinning watcher takes the CPU from the program's own
+// busy polling (ib_send_lat -s 64 on 2 vCPUs: 70 µs typical without, 0.7 ms with). Pauses under
+// a millisecond are nanosleeps on the watcher's own thread, with a timer slack of 1 µs: Go's
+// timers do not sleep less than about a millisecond, which made every raw doorbell wait 1 to 2
+// ms (libfabric 2.6's efa-direct fi_pingpong, 64 bytes: 1.8–3.4 ms per transfer before,
+// 0.3–0.6 ms after, on a loaded 2-vCPU machine).
 //
 // The watcher's goroutine owns seen values; mu guards the list, so that a QP's doorbell page is
 // never read after remove returns (the page is unmapped next).
