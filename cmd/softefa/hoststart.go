@@ -101,13 +101,19 @@ func startDevice(socket, name, addr string, paths int) (started bool, err error)
 
 // answers reports whether a host device answers at socket.
 func answers(socket string) bool {
+	_, ok := deviceInfo(socket)
+	return ok
+}
+
+// deviceInfo asks the host device at socket for its info; ok is false when none answers.
+func deviceInfo(socket string) (info hostdev.Info, ok bool) {
 	c, err := hostdev.Dial(socket)
 	if err != nil {
-		return false
+		return info, false
 	}
-	_, err = c.Info()
-	c.Close()
-	return err == nil
+	defer c.Close()
+	info, err = c.Info()
+	return info, err == nil
 }
 
 // lastLine returns the last non-empty line written to the file at path past offset from.
@@ -149,13 +155,8 @@ func closeInherited() {
 // warnOtherAddr warns when the device already answering at socket is not at addr, which
 // softefa run --host was given for a device it would start.
 func warnOtherAddr(socket, addr string) {
-	c, err := hostdev.Dial(socket)
-	if err != nil {
-		return
-	}
-	defer c.Close()
-	info, err := c.Info()
-	if err != nil {
+	info, ok := deviceInfo(socket)
+	if !ok {
 		return
 	}
 	if at := config.AddrFromGID(info.GID, 0); at.String() != addr {
