@@ -219,7 +219,8 @@ func Build(src, cache string, log io.Writer) (Libs, error) {
 	steps := []*exec.Cmd{
 		exec.Command(cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", filepath.Join(tmp, ShimLib),
 			filepath.Join(src, "cabi", "shim", "preload.c"), filepath.Join(src, "cabi", "shim", "dbtrap.c"),
-			filepath.Join(src, "cabi", "shim", "paths.c"), filepath.Join(src, "cabi", "shim", "hostdev.c"), "-ldl", "-lpthread"),
+			filepath.Join(src, "cabi", "shim", "paths.c"), filepath.Join(src, "cabi", "shim", "hostdev.c"),
+			filepath.Join(src, "cabi", "shim", "conf.c"), "-ldl", "-lpthread"),
 		exec.Command("go", "build", "-buildmode=c-shared", "-o", filepath.Join(tmp, EngineLib), "./cabi/libengine"),
 	}
 	for _, c := range steps {

@@ -21,6 +21,12 @@ import (
 // setupOrSkip builds the libraries (skipping without go or a C compiler) and prepares a device.
 func setupOrSkip(t *testing.T, tools ...string) *Setup {
 	t.Helper()
+	return setupWith(t, Options{}, tools...)
+}
+
+// setupWith is setupOrSkip with o for Prepare.
+func setupWith(t *testing.T, o Options, tools ...string) *Setup {
+	t.Helper()
 	for _, tool := range append([]string{"go", "cc"}, tools...) {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("%s not found: install Go, gcc and Debian 12's ibverbs-utils, libfabric-bin, python3-pyverbs (%v)", tool, err)
@@ -30,7 +36,7 @@ func setupOrSkip(t *testing.T, tools ...string) *Setup {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := Prepare(libs, Options{})
+	s, err := Prepare(libs, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -632,4 +638,41 @@ func TestSysfsDirect(t *testing.T) {
 	if want := "0xffff\n6\n7: unspecified\n"; out != want { // RDMA_NODE_UNSPECIFIED, as on EFA
 		t.Fatalf("got %q, want %q", out, want)
 	}
+}
+
+// TestKeyReachesTheEngine: the key softefa run writes into the program's file is the one its
+// engine seals with. ib_send_lat between two processes with the same key runs; with different
+// keys the server opens nothing the client sends, and the client's send fails after the transport
+// timeout with EFA's status 15 (unreachable: never answered), which ends it with an error.
+func TestKeyReachesTheEngine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs ib_send_lat between two processes")
+	}
+	keyA, keyB := bytes.Repeat([]byte{0xa1}, 32), bytes.Repeat([]byte{0xb2}, 32)
+	same := setupWith(t, Options{Settings: Conf{Key: keyA}}, "ib_send_lat")
+	runPair(t, pair{tool: "ib_send_lat", want: "t_typical", timeout: time.Minute, setup: same})
+
+	srvSetup := setupWith(t, Options{Settings: Conf{Key: keyA}}, "ib_send_lat")
+	cliSetup := setupWith(t, Options{Settings: Conf{Key: keyB}}, "ib_send_lat")
+	port := freeTCPPort(t)
+	args := []string{"-d", "efa_0", "-c", "SRD", "-x", "0", "-n", "200", "-p", fmt.Sprint(port)}
+	server := exec.Command("ib_send_lat", args...)
+	server.Env = srvSetup.Environ()
+	srvOut, srvDone := startServer(t, server)
+	defer func() {
+		server.Process.Kill()
+		<-srvDone
+	}()
+	if err := awaitListening(port, srvDone, 30*time.Second); err != nil {
+		t.Fatalf("server: %v\n%s", err, srvOut)
+	}
+	client := exec.Command("ib_send_lat", append(args, "127.0.0.1")...)
+	client.Env = cliSetup.Environ()
+	b, err := combinedOutputWithin(client, time.Minute)
+	if err == nil || !strings.Contains(string(b), "syndrom 0xf\n") {
+		t.Fatalf("with another key than the server's: %v, want a send failed with status 15\n%s", err, b)
+	}
+	out := string(b)
+	i := strings.Index(out, "Failed status")
+	t.Log(out[max(i, 0):strings.Index(out, "syndrom 0xf\n")] + "syndrom 0xf")
 }

@@ -3,59 +3,169 @@
 package cabi
 
 import (
+	"bytes"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 )
 
-// TestSettingsReadAndListed: every setting softefa run offers is read by the program's engine or
-// shim under its variable's name, and listed with its flag and variable in docs/settings.md, the
-// one table of settings.
-func TestSettingsReadAndListed(t *testing.T) {
-	var src strings.Builder
+// TestSettingsInTheFile: every setting softefa run offers goes into the program's file under its
+// flag's name and comes back from it, and docs/settings.md lists its flag and the file's every
+// key; every key the shim reads is one the file has.
+func TestSettingsInTheFile(t *testing.T) {
+	doc, err := os.ReadFile("../docs/settings.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := fullConf()
+	text, err := full.MarshalText()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(string(text)), "\n") {
+		key, _, _ := strings.Cut(line, "=")
+		keys[key] = true
+		if !strings.Contains(string(doc), "| `"+key+"` |") {
+			t.Errorf("docs/settings.md's table of the program's file does not list %s", key)
+		}
+	}
+	for _, s := range Settings {
+		if !keys[s.Flag] {
+			t.Errorf("--%s is not in the program's file", s.Flag)
+		}
+		var c Conf
+		v := "250us"
+		if s.Bool {
+			v = "true"
+		}
+		if err := c.Set(s.Flag, v); err != nil || reflect.DeepEqual(c, Conf{}) {
+			t.Errorf("--%s %s: %v, the file's fields unchanged", s.Flag, v, err)
+		}
+		if !strings.Contains(string(doc), "`--"+s.Flag+"`") {
+			t.Errorf("docs/settings.md does not list --%s", s.Flag)
+		}
+	}
 	files, _ := filepath.Glob("shim/*.c")
-	files = append(files, "libengine/main.go")
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		src.Write(b)
-	}
-	doc, err := os.ReadFile("../docs/settings.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range Settings {
-		if !strings.Contains(src.String(), `"`+s.Env+`"`) {
-			t.Errorf("%s (--%s) is read by neither the engine nor the shim", s.Env, s.Flag)
-		}
-		if !strings.Contains(string(doc), "`--"+s.Flag+"`") || !strings.Contains(string(doc), s.Env) {
-			t.Errorf("docs/settings.md does not list --%s (%s)", s.Flag, s.Env)
+		for _, m := range regexp.MustCompile(`softefa_conf\("([^"]*)"\)`).FindAllStringSubmatch(string(b), -1) {
+			if !keys[m[1]] {
+				t.Errorf("%s reads %q, which the program's file never has", f, m[1])
+			}
 		}
 	}
 }
 
-// plumbing are the variables by which softefa run (Prepare) tells the program's shim and engine
-// where things are, from its flags.
-var plumbing = []string{"SOFTEFA_ENGINE", "SOFTEFA_DEV_PATH", "SOFTEFA_DEV_RDEV", "SOFTEFA_NAME",
-	"SOFTEFA_PART_ID", "SOFTEFA_ADDR", "SOFTEFA_IP", "SOFTEFA_PATHS", "SOFTEFA_SYSFS_ROOT", "SOFTEFA_DEVICE"}
+// fullConf is a Conf with every field set.
+func fullConf() Conf {
+	return Conf{Engine: "/cache/libsoftefa.so", DevPath: "/dev/infiniband/uverbs_softefa0", DevMajor: 231,
+		DevMinor: 250, Name: "efa_3", PartID: 0xefa1, Device: "/run/softefa/efa_0.sock",
+		Addr: netip.MustParseAddrPort("[fd00::1]:4791"), SysfsRoot: "/tmp/softefa-sysfs-1",
+		IP: netip.MustParseAddr("10.0.0.2"), Paths: 8, RxSpin: 250 * time.Microsecond,
+		NoSparseCopies: true, NoOffload: true, Debug: true, Key: bytes.Repeat([]byte{0xa5}, 32)}
+}
 
-// TestEveryVariableListed: every SOFTEFA_ variable the shipped code names (Go outside tests,
-// the shim's C) is in docs/settings.md, and none but softefa run's settings, its plumbing to the
-// program's shim and engine, and the encryption key (never a flag: other users can read flags).
+func TestConfRoundTrip(t *testing.T) {
+	for _, c := range []Conf{{}, fullConf(), {DevPath: "/dev/x", Name: "a=b", RxSpin: time.Nanosecond}} {
+		text, err := c.MarshalText()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got Conf
+		if err := got.UnmarshalText(text); err != nil || !reflect.DeepEqual(got, c) {
+			t.Errorf("%q: read back %+v, %v; want %+v", text, got, err, c)
+		}
+	}
+	if _, err := (Conf{Name: "a\nengine=/tmp/evil.so"}).MarshalText(); err == nil {
+		t.Error("a name with a line break in it was written")
+	}
+}
+
+func TestConfBadLines(t *testing.T) {
+	for _, c := range []struct{ text, want string }{
+		{"name=efa_0\nnonsense\n", "line 2: want key=value"},
+		{"colour=blue\n", `line 1: "colour": no such key`},
+		{"paths=0\n", `line 1: paths="0": want 1 to 255`},
+		{"rx-spin=-1ms\n", "want a duration of 0 or more"},
+		{"debug=maybe\n", "want true or false"},
+		{"key=abcd\n", "want 64 hex digits"},
+		{"dev-rdev=231\n", "want MAJOR:MINOR"},
+		{"addr=127.0.0.1\n", `addr="127.0.0.1"`},
+		{"part-id=0x1efa1efa1\n", `part-id="0x1efa1efa1"`},
+	} {
+		var conf Conf
+		err := conf.UnmarshalText([]byte(c.text))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want an error with %q", c.text, err, c.want)
+		}
+	}
+}
+
+// TestConfDeviceConfig: the file's settings reach the engine's config.Device, and its receive
+// loop does not spin unless the file says for how long.
+func TestConfDeviceConfig(t *testing.T) {
+	c := fullConf()
+	cfg := c.DeviceConfig()
+	if cfg.Name != c.Name || cfg.VendorPartID != c.PartID || cfg.Paths != c.Paths || cfg.RxSpin != c.RxSpin ||
+		!cfg.NoSparseCopies || !cfg.NoOffload || !bytes.Equal(cfg.Key, c.Key) {
+		t.Errorf("DeviceConfig: %+v from %+v", cfg, c)
+	}
+	if cfg := (Conf{}).DeviceConfig(); cfg.RxSpin >= 0 {
+		t.Errorf("no rx-spin: RxSpin %v, want negative (never)", cfg.RxSpin)
+	}
+	for _, c := range []struct {
+		c    Conf
+		want netip.AddrPort
+	}{
+		{Conf{}, netip.AddrPort{}},
+		{Conf{Device: "/run/x.sock"}, netip.AddrPort{}},
+		{Conf{SysfsRoot: "/tmp/r"}, netip.MustParseAddrPort("127.0.0.1:0")},
+		{Conf{SysfsRoot: "/tmp/r", IP: netip.MustParseAddr("10.1.2.3")}, netip.MustParseAddrPort("10.1.2.3:0")},
+		{Conf{Addr: netip.MustParseAddrPort("10.1.2.3:4791")}, netip.MustParseAddrPort("10.1.2.3:4791")},
+	} {
+		if got := c.c.ListenAddr(); got != c.want {
+			t.Errorf("ListenAddr of %+v: %v, want %v", c.c, got, c.want)
+		}
+	}
+}
+
+// FuzzConf: any text is read without a panic, and what is read writes back to text that reads
+// the same.
+func FuzzConf(f *testing.F) {
+	text, _ := fullConf().MarshalText()
+	f.Add(text)
+	f.Add([]byte("name=efa_0\n\npaths=4"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var c Conf
+		if c.UnmarshalText(b) != nil {
+			return
+		}
+		again, err := c.MarshalText()
+		if err != nil {
+			return // a value with a NUL in it
+		}
+		var d Conf
+		if err := d.UnmarshalText(again); err != nil || !reflect.DeepEqual(c, d) {
+			t.Fatalf("%q read as %+v, written as %q, read back as %+v, %v", b, c, again, d, err)
+		}
+	})
+}
+
+// TestEveryVariableListed: the shipped code (Go outside tests, the shim's C) names two SOFTEFA_
+// variables, both in docs/settings.md: the program's file, which is how softefa run reaches the
+// programs it starts, and the encryption key (never a flag: other users can read flags).
 func TestEveryVariableListed(t *testing.T) {
-	allowed := map[string]bool{"SOFTEFA_KEY": true}
-	for _, v := range plumbing {
-		allowed[v] = true
-	}
-	for _, s := range Settings {
-		allowed[s.Env] = true
-	}
+	allowed := map[string]bool{ConfEnv: true, "SOFTEFA_KEY": true}
 	doc, err := os.ReadFile("../docs/settings.md")
 	if err != nil {
 		t.Fatal(err)
@@ -87,49 +197,13 @@ func TestEveryVariableListed(t *testing.T) {
 	}
 	for v, p := range seen {
 		if !allowed[v] {
-			t.Errorf("%s (%s) is neither a softefa run setting nor its plumbing: make it a config.Device field or a flag", v, p)
+			t.Errorf("%s (%s) is neither the program's file nor the key: make it a config.Device field, a flag, or a key of the program's file", v, p)
 		}
 		if !strings.Contains(string(doc), "`"+v+"`") {
 			t.Errorf("%s (%s) is not listed in docs/settings.md", v, p)
 		}
 	}
-	if len(seen) < len(allowed)-1 {
+	if len(seen) < len(allowed) {
 		t.Errorf("found %d variables, expected about %d: the walk missed files", len(seen), len(allowed))
-	}
-}
-
-func TestSettingValues(t *testing.T) {
-	rxSpin, noOffload := Settings[0], Settings[0]
-	for _, s := range Settings {
-		switch s.Flag {
-		case "rx-spin":
-			rxSpin = s
-		case "no-offload":
-			noOffload = s
-		}
-	}
-	for _, c := range []struct {
-		s       Setting
-		in, out string
-	}{
-		{rxSpin, "200us", "200µs"}, {rxSpin, "0", "0s"}, {rxSpin, "-1ms", ""}, {rxSpin, "soon", ""},
-		{noOffload, "true", "1"}, {noOffload, "false", "0"}, {noOffload, "yes", ""},
-	} {
-		got, err := c.s.EnvValue(c.in)
-		if got != c.out || (err != nil) != (c.out == "") {
-			t.Errorf("--%s %q: got %q, %v; want %q", c.s.Flag, c.in, got, err, c.out)
-		}
-	}
-	t.Setenv("SOFTEFA_RXSPIN", "250us")
-	if d, ok, err := EnvDuration("SOFTEFA_RXSPIN"); d != 250*time.Microsecond || !ok || err != nil {
-		t.Errorf("EnvDuration: %v %v %v", d, ok, err)
-	}
-	t.Setenv("SOFTEFA_RXSPIN", "-1s")
-	if _, _, err := EnvDuration("SOFTEFA_RXSPIN"); err == nil || !strings.Contains(err.Error(), "SOFTEFA_RXSPIN") {
-		t.Errorf("EnvDuration of -1s: %v, want an error naming the variable", err)
-	}
-	t.Setenv("SOFTEFA_NO_OFFLOAD", "maybe")
-	if _, err := EnvBool("SOFTEFA_NO_OFFLOAD"); err == nil {
-		t.Error("EnvBool of maybe: no error")
 	}
 }

@@ -27,20 +27,22 @@ type Options struct {
 	// 4.5 and libfabric 1.17 all take for EFA (perftest knows only 0xefa0 and 0xefa1, and
 	// 0xefa0 makes libfabric expect sub-CQs).
 	PartID uint32
-	// Settings are NAME=VALUE entries for the program's environment, one per Setting given
-	// (Settings: the Env name and EnvValue's value).
-	Settings []string
+	// Settings are the settings of softefa run's flags (Settings; Conf.Set sets them) and the
+	// encryption key: Prepare fills in the rest of the program's file.
+	Settings Conf
 	// Device, when set, is the socket of the host's device (softefa device): every process of
 	// the program uses that device, and none has one of its own. Addr, IP, Name, Paths and
 	// PartID are then the device's.
 	Device string
 }
 
-// Setup is a prepared environment: a sysfs tree in Dir and the variables to run a program with.
+// Setup is a prepared environment: a sysfs tree and the program's file (Conf, in ConfFile) in
+// Dir, and the variables to run a program with.
 type Setup struct {
 	Dir   string
 	Sysfs Sysfs
 	Addr  netip.AddrPort
+	Conf  Conf
 	Env   []string // additions to the environment
 }
 
@@ -55,7 +57,8 @@ const (
 // Prepare sets up a temporary directory and returns the environment that makes a program see a
 // softefa device through libs: with o.Addr, one sysfs tree for that address (fixed mode); without,
 // a root under which each process that looks up SYSFS_PATH gets a tree for a device of its own
-// (the shim asks the engine for it). The caller removes Dir when the program has finished.
+// (the shim asks the engine for it). The directory holds the program's file (Conf), which only
+// its user can read (it may hold the key). The caller removes Dir when the program has finished.
 func Prepare(libs Libs, o Options) (*Setup, error) {
 	if o.Name == "" {
 		o.Name = config.Default().Name
@@ -94,6 +97,26 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 			return nil, err
 		}
 	}
+	c := o.Settings
+	c.Engine, c.DevPath, c.DevMajor, c.DevMinor = libs.Engine, s.Sysfs.DevPath(), uverbsMajor, uverbsMinor
+	c.Name, c.PartID, c.Paths = o.Name, o.PartID, o.Paths
+	switch {
+	case o.Device != "":
+		c.Device = o.Device
+	case o.Addr.IsValid():
+		c.Addr = o.Addr
+	default:
+		c.SysfsRoot, c.IP = dir, o.IP
+	}
+	text, err := c.MarshalText()
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, ConfFile), text, 0o600)
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	s.Conf = c
 	preload := libs.Shim
 	if old := os.Getenv("LD_PRELOAD"); old != "" {
 		preload += ":" + old
@@ -101,27 +124,8 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 	s.Env = []string{
 		"LD_PRELOAD=" + preload,
 		"SYSFS_PATH=" + sysfs,
-		"SOFTEFA_ENGINE=" + libs.Engine,
-		"SOFTEFA_DEV_PATH=" + s.Sysfs.DevPath(),
-		fmt.Sprintf("SOFTEFA_DEV_RDEV=%d:%d", uverbsMajor, uverbsMinor),
-		"SOFTEFA_NAME=" + o.Name,
-		fmt.Sprintf("SOFTEFA_PART_ID=%#x", o.PartID),
+		ConfEnv + "=" + filepath.Join(dir, ConfFile),
 	}
-	switch {
-	case o.Device != "":
-		s.Env = append(s.Env, "SOFTEFA_DEVICE="+o.Device)
-	case o.Addr.IsValid():
-		s.Env = append(s.Env, "SOFTEFA_ADDR="+o.Addr.String())
-	default:
-		s.Env = append(s.Env, "SOFTEFA_SYSFS_ROOT="+dir)
-		if o.IP.IsValid() {
-			s.Env = append(s.Env, "SOFTEFA_IP="+o.IP.String())
-		}
-	}
-	if o.Paths > 0 {
-		s.Env = append(s.Env, fmt.Sprintf("SOFTEFA_PATHS=%d", o.Paths))
-	}
-	s.Env = append(s.Env, o.Settings...)
 	if _, ok := os.LookupEnv("FI_EFA_ENABLE_SHM_TRANSFER"); !ok {
 		// Two processes on one host would otherwise talk over libfabric's shm provider.
 		s.Env = append(s.Env, "FI_EFA_ENABLE_SHM_TRANSFER=0")

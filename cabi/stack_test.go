@@ -182,9 +182,9 @@ func TestStackTwoProcesses(t *testing.T) {
 // never calling libibverbs or libefa on its data path, as libfabric 2.x's efa provider does; every
 // payload is checked. Between two processes and between two QPs of one process (same-device
 // delivery: nothing but the doorbell's trap moves the engine). Every SQ doorbell store must have
-// trapped and been emulated, and no RQ doorbell store (SOFTEFA_DEBUG=1 makes each process report
-// its count at exit: a SEND per round, per QP; docs/cabi.md, "Doorbells"), and between two
-// processes most posts linger for their answer ("Lingering after a post").
+// trapped and been emulated, and no RQ doorbell store (softefa run --debug makes each process
+// report its count at exit: a SEND per round, per QP; docs/cabi.md, "Doorbells"), and between
+// two processes most posts linger for their answer ("Lingering after a post").
 
 func TestStackRawRing(t *testing.T) {
 	if testing.Short() {
@@ -196,20 +196,20 @@ func TestStackRawRing(t *testing.T) {
 	for _, c := range []struct {
 		name    string
 		args    []string
-		env     []string
+		debug   bool
 		reports int // processes reporting their traps
 		stores  int // the doorbell stores each process reports
 	}{
-		{"two processes", nil, []string{"SOFTEFA_DEBUG=1"}, 2, rounds},
-		{"one process", []string{"-l"}, []string{"SOFTEFA_DEBUG=1"}, 1, 2 * rounds},
+		{"two processes", nil, true, 2, rounds},
+		{"one process", []string{"-l"}, true, 1, 2 * rounds},
 		// A store to the read-only CQ buffer after a SEND: the program's own SIGSEGV handler
 		// gets it (the shim's, in front of it for the doorbell traps, hands it on).
-		{"two processes, CQ store", []string{"-w"}, nil, 0, 0},
+		{"two processes, CQ store", []string{"-w"}, false, 0, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := setupOrSkip(t)
+			s := setupWith(t, Options{Settings: Conf{Debug: c.debug}})
 			cmd := exec.Command(exe, append(c.args, "-n", fmt.Sprint(rounds))...)
-			cmd.Env = append(s.Environ(), c.env...)
+			cmd.Env = s.Environ()
 			b, err := combinedOutputWithin(cmd, 3*time.Minute)
 			out := string(b)
 			if err != nil || !strings.Contains(out, fmt.Sprintf("ok rounds=%d ", rounds)) {

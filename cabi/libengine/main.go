@@ -5,10 +5,10 @@
 // opens the emulated device node. It serves the node's fds: each open gets a memfd and a uverbs
 // File (package internal/uverbs) on the process's one engine device.
 //
-// The device is configured from the environment the launcher (softefa run) sets:
-// SOFTEFA_ADDR (the UDP endpoint, ip:port, whose GID the sysfs tree shows), SOFTEFA_NAME and
-// SOFTEFA_PATHS, SOFTEFA_PART_ID, and the settings softefa run's flags give (cabi.Settings;
-// docs/settings.md); SOFTEFA_KEY turns on encryption, as for the other tools.
+// The device is configured by the program's file that the launcher (softefa run) writes and
+// SOFTEFA_CONF names (cabi.Conf; docs/settings.md, "The program's file"): its name, part id,
+// paths, UDP endpoint (whose GID the sysfs tree shows) or the IP of a device of this process
+// alone, the settings softefa run's flags give, and the encryption key.
 package main
 
 /*
@@ -18,15 +18,11 @@ package main
 import "C"
 
 import (
-	"cmp"
 	"fmt"
 	"math"
-	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -50,6 +46,7 @@ type open struct {
 var state struct {
 	sync.Mutex
 	dev   *uverbs.Device
+	conf  cabi.Conf // the program's file, read when dev started
 	files map[int32]*open
 }
 
@@ -62,54 +59,12 @@ func device() (*uverbs.Device, error) {
 	if state.dev != nil {
 		return state.dev, nil
 	}
-	cfg := config.Device{Name: os.Getenv("SOFTEFA_NAME")}
-	if v := os.Getenv("SOFTEFA_PATHS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return nil, fmt.Errorf("SOFTEFA_PATHS=%q: %w", v, err)
-		}
-		cfg.Paths = n
-	}
-	// The receive loop does not spin unless told to: programs on this ABI busy-poll their CQs
-	// themselves, and a spinning engine thread takes the CPU they need (ib_send_lat -s 64 on 2
-	// vCPUs: 70 µs typical without, 0.7 ms with the default 200 µs).
-	cfg.RxSpin = -1
-	if v, ok, err := cabi.EnvDuration("SOFTEFA_RXSPIN"); err != nil {
-		return nil, err
-	} else if ok && v > 0 {
-		cfg.RxSpin = v
-	}
-	var err error
-	if cfg.NoSparseCopies, err = cabi.EnvBool("SOFTEFA_NO_SPARSE_COPIES"); err != nil {
+	c, _, err := cabi.ReadConf()
+	if err != nil {
 		return nil, err
 	}
-	if cfg.NoOffload, err = cabi.EnvBool("SOFTEFA_NO_OFFLOAD"); err != nil {
-		return nil, err
-	}
-	if v := os.Getenv("SOFTEFA_PART_ID"); v != "" {
-		n, err := strconv.ParseUint(v, 0, 32)
-		if err != nil {
-			return nil, fmt.Errorf("SOFTEFA_PART_ID=%q: %w", v, err)
-		}
-		cfg.VendorPartID = uint32(n)
-	}
-	if _, ok := os.LookupEnv("SOFTEFA_KEY"); ok {
-		k, err := config.KeyFromEnv("SOFTEFA_KEY")
-		if err != nil {
-			return nil, err
-		}
-		cfg.Key = k
-	}
-	addr := os.Getenv("SOFTEFA_ADDR")
-	if addr == "" && os.Getenv("SOFTEFA_SYSFS_ROOT") != "" {
-		// A device of this process alone: any free port on SOFTEFA_IP (default 127.0.0.1).
-		addr = net.JoinHostPort(cmp.Or(os.Getenv("SOFTEFA_IP"), "127.0.0.1"), "0")
-	}
-	if addr != "" {
-		ap, err := netip.ParseAddrPort(addr)
-		if err != nil {
-			return nil, fmt.Errorf("device address %q: %w", addr, err)
-		}
+	cfg := c.DeviceConfig()
+	if ap := c.ListenAddr(); ap.IsValid() {
 		cfg.Addr = ap
 		l, err := link.ListenUDPOptions(ap, max(cfg.Paths, config.Default().Paths), link.UDPOptions{NoOffload: cfg.NoOffload})
 		if err != nil {
@@ -125,6 +80,7 @@ func device() (*uverbs.Device, error) {
 		return nil, err
 	}
 	state.dev = uverbs.NewDevice(e)
+	state.conf = c
 	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
 		// This Go runtime serves the device alone, and a ping-pong's thread, lingering after its
 		// post, does most of the device's receiving: one processor for the rest, so that its
@@ -201,7 +157,7 @@ func softefa_sysfs(buf *C.char, n C.size_t) C.int {
 		return fail(err)
 	}
 	cfg := d.Engine().Config()
-	dir, err := cabi.WriteProcessSysfs(os.Getenv("SOFTEFA_SYSFS_ROOT"), cfg.Name, d.Engine().GID(),
+	dir, err := cabi.WriteProcessSysfs(state.conf.SysfsRoot, cfg.Name, d.Engine().GID(),
 		cfg.VendorPartID, cfg.LinkSpeedGbps)
 	if err != nil {
 		return fail(err)
@@ -287,11 +243,12 @@ func softefa_netlink(peer C.int, port C.uint32_t, buf unsafe.Pointer, n C.size_t
 	}
 	state.Lock()
 	d, err := device()
+	conf := state.conf
 	state.Unlock()
 	if err != nil {
 		return fail(err)
 	}
-	for _, msg := range d.Netlink(req, uint32(port), chardev()) {
+	for _, msg := range d.Netlink(req, uint32(port), chardev(conf)) {
 		if _, err := unix.Write(int(peer), msg); err != nil {
 			return -C.int(uverbs.Errno(err))
 		}
@@ -299,16 +256,10 @@ func softefa_netlink(peer C.int, port C.uint32_t, buf unsafe.Pointer, n C.size_t
 	return 0
 }
 
-// chardev describes the device node as the launcher named it (SOFTEFA_DEV_PATH,
-// SOFTEFA_DEV_RDEV): what RDMA netlink's GET_CHARDEV reports.
-func chardev() uverbs.Chardev {
-	c := uverbs.Chardev{Name: filepath.Base(os.Getenv("SOFTEFA_DEV_PATH"))}
-	if maj, min, ok := strings.Cut(os.Getenv("SOFTEFA_DEV_RDEV"), ":"); ok {
-		a, _ := strconv.ParseUint(maj, 10, 32)
-		b, _ := strconv.ParseUint(min, 10, 32)
-		c.Major, c.Minor = uint32(a), uint32(b)
-	}
-	return c
+// chardev describes the device node as the launcher named it (the program's file: dev-path,
+// dev-rdev): what RDMA netlink's GET_CHARDEV reports.
+func chardev(c cabi.Conf) uverbs.Chardev {
+	return uverbs.Chardev{Name: filepath.Base(c.DevPath), Major: c.DevMajor, Minor: c.DevMinor}
 }
 
 //export softefa_kick_qp
@@ -385,20 +336,18 @@ func softefa_poll_net() C.int {
 
 // softefa_exit is called as the process exits (the shim's atexit handler): the acknowledgements
 // a busy poll left owed go now, or the peers would time out sends that were delivered
-// (engine.Device.FlushAcks). With SOFTEFA_DEBUG=1 it reports how many posts lingered.
+// (engine.Device.FlushAcks). With debug in the program's file it reports how many posts lingered.
 //
 //export softefa_exit
 func softefa_exit() {
 	if e := polled.Load(); e != nil {
 		e.FlushAcks()
 	}
-	if debug, _ := cabi.EnvBool("SOFTEFA_DEBUG"); debug {
-		state.Lock()
-		d := state.dev
-		state.Unlock()
-		if d != nil {
-			fmt.Fprintf(os.Stderr, "softefa: debug: posts lingered: %d\n", d.Lingered())
-		}
+	state.Lock()
+	d, debug := state.dev, state.conf.Debug
+	state.Unlock()
+	if d != nil && debug {
+		fmt.Fprintf(os.Stderr, "softefa: debug: posts lingered: %d\n", d.Lingered())
 	}
 }
 

@@ -1,8 +1,9 @@
-// The host device's client (docs/architecture.md, "The host device" and its protocol): with
-// SOFTEFA_DEVICE set, the shim loads no engine into the program. The device node's operations go
-// to the host's device, a process of its own, over its socket; the device reaches the program's
-// memory and rings itself, and gives the program the fds its commands make. This file is the
-// engine's entry points for that case, in C: no Go runtime runs in the program.
+// The host device's client (docs/architecture.md, "The host device" and its protocol): when the
+// program's file (conf.c) names a device socket, the shim loads no engine into the program. The
+// device node's operations go to the host's device, a process of its own, over its socket; the
+// device reaches the program's memory and rings itself, and gives the program the fds its
+// commands make. This file is the engine's entry points for that case, in C: no Go runtime runs
+// in the program.
 
 #define _GNU_SOURCE
 #include <errno.h>
@@ -359,7 +360,7 @@ void softefa_hostdev_db_rung(int fd, uint32_t qp) { softefa_hostdev_kick_qp(fd, 
 // softefa_hostdev_netlink answers the RDMA netlink request in buf, sent by the program on its
 // socket with port id port, by writing the device's replies into peer.
 int softefa_hostdev_netlink(int peer, uint32_t port, const void *buf, size_t n) {
-	const char *path = getenv("SOFTEFA_DEV_PATH"), *rdev = getenv("SOFTEFA_DEV_RDEV");
+	const char *path = softefa_conf("dev-path"), *rdev = softefa_conf("dev-rdev");
 	const char *name = path && strrchr(path, '/') ? strrchr(path, '/') + 1 : "";
 	unsigned maj = 0, min = 0;
 	if (rdev)

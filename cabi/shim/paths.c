@@ -38,7 +38,7 @@
 #include "shim.h"
 
 // The mapped directories. The PCI address is the one cabi.Prepare gives the tree; the
-// /sys/dev/char entry is named after the node's numbers (SOFTEFA_DEV_RDEV).
+// /sys/dev/char entry is named after the node's numbers (the file's dev-rdev).
 static char dev_char[64], dev_char_name[32]; // /sys/dev/char/231:250, 231:250
 static const char *mapped[] = {
 	"/sys/class/infiniband",
@@ -102,7 +102,7 @@ REAL_FN(ssize_t, listxattr, const char *, char *, size_t)
 REAL_FN(ssize_t, llistxattr, const char *, char *, size_t)
 
 __attribute__((constructor)) static void paths_init(void) {
-	const char *r = getenv("SOFTEFA_DEV_RDEV");
+	const char *r = softefa_conf("dev-rdev");
 	unsigned maj, min;
 	if (r && sscanf(r, "%u:%u", &maj, &min) == 2) {
 		snprintf(dev_char, sizeof(dev_char), "/sys/dev/char/%u:%u", maj, min);
@@ -169,13 +169,13 @@ static const char *map_abs(const char *p, char *buf, size_t n, int make) {
 
 // in_tree is the path p names outside the tree when p is in the tree (the part after its root),
 // or NULL. The tree is this process's, or, with per-process devices, any tree under
-// SOFTEFA_SYSFS_ROOT: a working directory or fd inherited from a parent is in the parent's.
+// the file's sysfs-root: a working directory or fd inherited from a parent is in the parent's.
 static const char *in_tree(const char *p) {
 	size_t rl;
 	const char *root = tree_root(0, &rl);
 	if (root && strncmp(p, root, rl) == 0 && (p[rl] == 0 || p[rl] == '/'))
 		return p[rl] ? p + rl : "/";
-	const char *all = getenv("SOFTEFA_SYSFS_ROOT");
+	const char *all = softefa_conf("sysfs-root");
 	size_t al = all ? strlen(all) : 0;
 	if (!al || strncmp(p, all, al) != 0 || p[al] != '/')
 		return NULL;

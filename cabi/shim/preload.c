@@ -2,9 +2,9 @@
 // emulated for one software EFA device per process (see docs/cabi.md).
 //
 // It intercepts the open, stat, access, ioctl, write, close and socket calls that concern the device
-// node named by SOFTEFA_DEV_PATH (every call that names a path maps it first: paths.c) and
+// node the program's file names (conf.c; every call that names a path maps it first: paths.c) and
 // answers them itself or through the Go engine, a c-shared
-// library (SOFTEFA_ENGINE) that it loads on the first open of the node, so that programs which
+// library (the file's engine) that it loads on the first open of the node, so that programs which
 // never open the device (children such as ls) never start a Go runtime. Every other call goes
 // straight to libc after one bitmap test.
 //
@@ -115,8 +115,8 @@ static void atfork_child(void) {
 __attribute__((constructor)) static void shim_init(void) {
 	unsigned maj, min;
 	init_async_sigs();
-	const char *p = getenv("SOFTEFA_DEV_PATH");
-	const char *r = getenv("SOFTEFA_DEV_RDEV");
+	const char *p = softefa_conf("dev-path");
+	const char *r = softefa_conf("dev-rdev");
 	if (!p || !*p || !r || sscanf(r, "%u:%u", &maj, &min) != 2)
 		return;
 	dev_path = strdup(p);
@@ -264,12 +264,12 @@ static void at_exit(void) {
 // "The engine's timer slack").
 #define ENGINE_SLACK 1000000L
 
-// load_hostdev makes the host device's client (hostdev.c) the engine, when SOFTEFA_DEVICE names
-// the device's socket: no library is loaded.
+// load_hostdev makes the host device's client (hostdev.c) the engine, when the program's file
+// names the device's socket: no library is loaded.
 static int on_hostdev; // the engine is the host device's client: no Go runtime in the process
 
 static int load_hostdev(void) {
-	const char *dev = getenv("SOFTEFA_DEVICE");
+	const char *dev = softefa_conf("device");
 	if (!dev || !*dev)
 		return 0;
 	int r = softefa_hostdev_connect(dev);
@@ -303,7 +303,7 @@ static int load_hostdev(void) {
 static void load_engine(void) {
 	if (load_hostdev())
 		return;
-	const char *lib = getenv("SOFTEFA_ENGINE");
+	const char *lib = softefa_conf("engine");
 	if (!lib || !*lib) {
 		eng_err = ENODEV;
 		return;
@@ -370,9 +370,9 @@ static void counter_read(const char *path) {
 	if (forked_child || !path || !strstr(path, "/hw_counters/"))
 		return;
 	if (!engine_loaded) {
-		// On the host device (SOFTEFA_DEVICE) the counters are the device's, which any process
+		// On the host device (the file's device) the counters are the device's, which any process
 		// reads, whether it has opened the device or not.
-		const char *d = getenv("SOFTEFA_DEVICE");
+		const char *d = softefa_conf("device");
 		if (!d || !*d)
 			return;
 		pthread_once(&eng_once, load_engine);
@@ -611,7 +611,7 @@ int fcntl64(int fd, int cmd, ...) {
 	return (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) ? dup_done(fd, r) : r;
 }
 
-// Per-process devices. With SOFTEFA_SYSFS_ROOT set (softefa run without --addr), the first
+// Per-process devices. With sysfs-root in the program's file (softefa run without --addr), the first
 // lookup of SYSFS_PATH in a process — libibverbs and libfabric make it before they enumerate
 // devices — starts the process's own device on a free UDP port and answers the sysfs tree the
 // engine wrote for it under that root, with the device's own GID. So every process of a script
@@ -639,8 +639,7 @@ static void make_sysfs(void) {
 static char *sysfs_path_for(const char *name) {
 	if (!dev_path || forked_child || !name || strcmp(name, "SYSFS_PATH") != 0)
 		return NULL;
-	resolve_getenv();
-	char *root = REAL(getenv)("SOFTEFA_SYSFS_ROOT");
+	const char *root = softefa_conf("sysfs-root");
 	if (!root || !*root)
 		return NULL;
 	pthread_once(&sysfs_once, make_sysfs);
@@ -656,7 +655,7 @@ static char *sysfs_root(void) {
 	if (p)
 		return p;
 	resolve_getenv();
-	return REAL(getenv)("SOFTEFA_SYSFS_ROOT") ? NULL : REAL(getenv)("SYSFS_PATH");
+	return softefa_conf("sysfs-root") ? NULL : REAL(getenv)("SYSFS_PATH");
 }
 
 char *getenv(const char *name) {
@@ -1240,7 +1239,7 @@ const char *softefa_shim_dev_path(void) { return dev_path; }
 // brought up to date.
 const char *softefa_shim_sysfs(int make) {
 	resolve_getenv();
-	if (!REAL(getenv)("SOFTEFA_SYSFS_ROOT"))
+	if (!softefa_conf("sysfs-root"))
 		return REAL(getenv)("SYSFS_PATH"); // --addr: the launcher's tree
 	if (atomic_load(&sysfs_made))
 		return proc_sysfs;
@@ -1277,9 +1276,9 @@ void softefa_shim_db_trapped(int fd, uint32_t handle, int trapped) {
 int softefa_shim_debug(void) {
 	static int debug = -1;
 	if (debug < 0) {
-		resolve_getenv();
-		const char *e = REAL(getenv)("SOFTEFA_DEBUG");
-		debug = e && strcmp(e, "1") == 0;
+		const char *e = softefa_conf("debug"); // true as Go's strconv.ParseBool has it
+		debug = e && (!strcmp(e, "1") || !strcmp(e, "t") || !strcmp(e, "T") || !strcmp(e, "true") ||
+			      !strcmp(e, "TRUE") || !strcmp(e, "True"));
 	}
 	return debug;
 }

@@ -1,7 +1,7 @@
-// The preload shim's four parts: preload.c (the kernel surface, the ops wrappers), dbtrap.c (the
-// doorbell traps, docs/cabi.md "Doorbells"), paths.c (the device's paths, docs/cabi.md "Paths")
-// and hostdev.c (the host device's client, docs/architecture.md "The host device"), and what each
-// gives the others.
+// The preload shim's five parts: preload.c (the kernel surface, the ops wrappers), dbtrap.c (the
+// doorbell traps, docs/cabi.md "Doorbells"), paths.c (the device's paths, docs/cabi.md "Paths"),
+// hostdev.c (the host device's client, docs/architecture.md "The host device") and conf.c (the
+// program's file, docs/settings.md "The program's file"), and what each gives the others.
 #ifndef SOFTEFA_SHIM_H
 #define SOFTEFA_SHIM_H
 
@@ -15,9 +15,9 @@ HIDDEN int softefa_shim_forked(void);        // this is a child forked after the
 HIDDEN long softefa_shim_db_page(int fd, long long off); // the QP whose doorbell page off is, or -1
 HIDDEN void softefa_shim_db_trapped(int fd, uint32_t handle, int trapped);
 HIDDEN void softefa_shim_db_rung(int fd, uint32_t handle); // a trapped store to the QP's SQ doorbell: Kick
-HIDDEN int softefa_shim_debug(void);         // SOFTEFA_DEBUG=1: diagnostics on stderr
+HIDDEN int softefa_shim_debug(void);         // debug=1 in the program's file: diagnostics on stderr
 HIDDEN int softefa_shim_dev_fd(int fd);      // fd names the device node (this process's, or an orphan)
-HIDDEN const char *softefa_shim_dev_path(void); // the node's path (SOFTEFA_DEV_PATH); NULL: the shim is inert
+HIDDEN const char *softefa_shim_dev_path(void); // the node's path (dev-path); NULL: the shim is inert
 // The tree the paths map into (SYSFS_PATH), or NULL; with make, a process without a device makes it first.
 HIDDEN const char *softefa_shim_sysfs(int make);
 HIDDEN void softefa_shim_counter_read(const char *path); // path, in the tree, is being opened
@@ -44,6 +44,9 @@ HIDDEN void softefa_hostdev_db_trapped(int fd, uint32_t handle, int trapped);
 HIDDEN void softefa_hostdev_db_rung(int fd, uint32_t handle);
 HIDDEN void softefa_hostdev_exit(void);
 HIDDEN int softefa_hostdev_procs(int callers);
+
+// From conf.c: the value of key in the program's file, or NULL.
+HIDDEN const char *softefa_conf(const char *key);
 
 // From paths.c.
 // The path an *at call (dirfd, path) is to use: path mapped into the process's tree, in buf when

@@ -7,7 +7,9 @@ import ctypes, errno, fcntl, os, struct, sys
 
 import socket
 
-path = os.environ["SOFTEFA_DEV_PATH"]
+# The node's path, from the program's file softefa run writes (docs/settings.md).
+conf = dict(line.split("=", 1) for line in open(os.environ["SOFTEFA_CONF"]).read().splitlines() if line)
+path = conf["dev-path"]
 assert (os.stat(path).st_mode & 0o170000) == 0o020000, "stat: not a character device"
 nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 20)  # NETLINK_RDMA
 nl.bind((0, 0))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/softefa/softefa"
 	"github.com/softefa/softefa/cabi"
+	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/hostdev"
 )
 
@@ -40,7 +41,7 @@ func runRun(args []string) error {
 		"working directory or this executable, else the sources embedded in it)")
 	fs.StringVar(&where.LibDir, "libdir", "", "a directory of prebuilt "+cabi.ShimLib+" and "+cabi.EngineLib+" (nothing is built)")
 	fs.StringVar(&where.Cache, "cache", "", "where built libraries are cached (default: the user cache dir, softefa/cabi)")
-	var settings []string
+	var settings cabi.Conf
 	for _, st := range cabi.Settings {
 		fs.Var(&settingFlag{st, &settings}, st.Flag, st.Usage)
 	}
@@ -67,6 +68,13 @@ func runRun(args []string) error {
 			warnOtherAddr(*device, *addr)
 		}
 		*addr = "" // the device's
+	}
+	if _, ok := os.LookupEnv("SOFTEFA_KEY"); ok {
+		k, err := config.KeyFromEnv("SOFTEFA_KEY")
+		if err != nil {
+			return err
+		}
+		settings.Key = k // the engines read it from the program's file, which is the user's alone
 	}
 	o := cabi.Options{Name: *name, Paths: *paths, Settings: settings, Device: *device}
 	if *ip != "" {
@@ -124,22 +132,21 @@ func runRun(args []string) error {
 	return err
 }
 
-// settingFlag is a flag of softefa run for one of cabi.Settings: each use appends the variable
-// that carries it to the program's environment.
+// settingFlag is a flag of softefa run for one of cabi.Settings: its value goes into the program's
+// file under the flag's name.
 type settingFlag struct {
-	s   cabi.Setting
-	env *[]string
+	s    cabi.Setting
+	conf *cabi.Conf
 }
 
 func (f *settingFlag) String() string { return "" }
 
 func (f *settingFlag) Set(v string) error {
-	e, err := f.s.EnvValue(v)
-	if err != nil {
-		return err
+	err := f.conf.Set(f.s.Flag, v)
+	if why := errors.Unwrap(err); why != nil {
+		return why // the flag package names the flag and the value
 	}
-	*f.env = append(*f.env, f.s.Env+"="+e)
-	return nil
+	return err
 }
 
-func (f *settingFlag) IsBoolFlag() bool { return f.s.Kind == cabi.Bool }
+func (f *settingFlag) IsBoolFlag() bool { return f.s.Bool }
