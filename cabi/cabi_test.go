@@ -640,24 +640,22 @@ func TestSysfsDirect(t *testing.T) {
 	}
 }
 
-// TestKeyReachesTheEngine: the key softefa run writes into the program's file is the one its
-// engine seals with. ib_send_lat between two processes with the same key runs; with different
+// TestKeyReachesTheEngine: the key in a program's SOFTEFA_KEY is the one its engine seals with.
+// ib_send_lat between two processes with the same key runs; with different
 // keys the server opens nothing the client sends, and the client's send fails after the transport
 // timeout with EFA's status 15 (unreachable: never answered), which ends it with an error.
 func TestKeyReachesTheEngine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs ib_send_lat between two processes")
 	}
-	keyA, keyB := bytes.Repeat([]byte{0xa1}, 32), bytes.Repeat([]byte{0xb2}, 32)
-	same := setupWith(t, Options{Settings: Conf{Key: keyA}}, "ib_send_lat")
-	runPair(t, pair{tool: "ib_send_lat", want: "t_typical", timeout: time.Minute, setup: same})
+	keyA, keyB := "SOFTEFA_KEY="+strings.Repeat("a1", 32), "SOFTEFA_KEY="+strings.Repeat("b2", 32)
+	runPair(t, pair{tool: "ib_send_lat", env: []string{keyA}, want: "t_typical", timeout: time.Minute})
 
-	srvSetup := setupWith(t, Options{Settings: Conf{Key: keyA}}, "ib_send_lat")
-	cliSetup := setupWith(t, Options{Settings: Conf{Key: keyB}}, "ib_send_lat")
+	srvSetup, cliSetup := setupOrSkip(t, "ib_send_lat"), setupOrSkip(t, "ib_send_lat")
 	port := freeTCPPort(t)
 	args := []string{"-d", "efa_0", "-c", "SRD", "-x", "0", "-n", "200", "-p", fmt.Sprint(port)}
 	server := exec.Command("ib_send_lat", args...)
-	server.Env = srvSetup.Environ()
+	server.Env = append(srvSetup.Environ(), keyA)
 	srvOut, srvDone := startServer(t, server)
 	defer func() {
 		server.Process.Kill()
@@ -667,7 +665,7 @@ func TestKeyReachesTheEngine(t *testing.T) {
 		t.Fatalf("server: %v\n%s", err, srvOut)
 	}
 	client := exec.Command("ib_send_lat", append(args, "127.0.0.1")...)
-	client.Env = cliSetup.Environ()
+	client.Env = append(cliSetup.Environ(), keyB)
 	b, err := combinedOutputWithin(client, time.Minute)
 	if err == nil || !strings.Contains(string(b), "syndrom 0xf\n") {
 		t.Fatalf("with another key than the server's: %v, want a send failed with status 15\n%s", err, b)

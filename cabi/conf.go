@@ -4,7 +4,6 @@ package cabi
 
 import (
 	"bytes"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -26,7 +25,9 @@ const ConfFile = "program.conf"
 
 // Conf is what softefa run tells the program's shim and engine: where things are, which device
 // this is, and softefa run's device settings. Its file is text, one "key=value" line a field
-// (docs/settings.md, "The program's file"); fields left zero are not written.
+// (docs/settings.md, "The program's file"); fields left zero are not written, but dev-rdev goes
+// with dev-path. The encryption key is not in it: the engine reads SOFTEFA_KEY, as the other
+// tools do, and a key is never written to disk.
 type Conf struct {
 	Engine    string // engine: the engine library the shim loads
 	DevPath   string // dev-path: the device node's path; unset, the shim does nothing
@@ -44,8 +45,10 @@ type Conf struct {
 	NoSparseCopies bool          // no-sparse-copies
 	NoOffload      bool          // no-offload
 	Debug          bool          // debug
-	Key            []byte        // key: 64 hex digits (config.Device.Key); the file is the user's alone
 }
+
+// confLines is the most lines a program's file has: the shim keeps no more (cabi/shim/conf.c).
+const confLines = 64
 
 // Set sets the field key names from its text, as the file or a softefa run flag gives it.
 func (c *Conf) Set(key, value string) error {
@@ -93,11 +96,6 @@ func (c *Conf) Set(key, value string) error {
 		c.NoOffload, err = parseBit(value)
 	case "debug":
 		c.Debug, err = parseBit(value)
-	case "key":
-		c.Key, err = hex.DecodeString(value)
-		if err == nil && len(c.Key) != 32 {
-			err = errors.New("want 64 hex digits")
-		}
 	default:
 		return fmt.Errorf("%q: no such key", key)
 	}
@@ -161,17 +159,24 @@ func (c Conf) MarshalText() ([]byte, error) {
 	put("no-sparse-copies", bit(c.NoSparseCopies))
 	put("no-offload", bit(c.NoOffload))
 	put("debug", bit(c.Debug))
-	put("key", hex.EncodeToString(c.Key))
 	return b.Bytes(), nil
 }
 
-// UnmarshalText reads c from its file's text: every line "key=value" with a key Set knows, or
-// empty. The shim's reader (cabi/shim/conf.c) takes the same text.
+// UnmarshalText reads c from its file's text: every line "key=value" with a key Set knows and a
+// value it takes, or empty; no NUL, and at most 64 lines that are not empty. The shim's reader
+// (cabi/shim/conf.c) takes the same lines, and checks only the values it uses.
 func (c *Conf) UnmarshalText(b []byte) error {
 	*c = Conf{}
+	if bytes.IndexByte(b, 0) >= 0 {
+		return errors.New("a NUL in the program's file")
+	}
+	n := 0
 	for i, line := range strings.Split(string(b), "\n") {
 		if line == "" {
 			continue
+		}
+		if n++; n > confLines {
+			return fmt.Errorf("line %d: more than %d lines", i+1, confLines)
 		}
 		key, value, ok := strings.Cut(line, "=")
 		if !ok {
@@ -184,28 +189,35 @@ func (c *Conf) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// ReadConf reads the program's file that SOFTEFA_CONF names; ok is false when the variable is
-// unset (a process softefa run did not start, or started without a device).
-func ReadConf() (c Conf, ok bool, err error) {
+// ReadConf reads the program's file that SOFTEFA_CONF names, with its key (config.KeyFromEnv of
+// SOFTEFA_KEY, when set).
+func ReadConf() (Conf, []byte, error) {
 	path := os.Getenv(ConfEnv)
 	if path == "" {
-		return Conf{}, false, nil
+		return Conf{}, nil, fmt.Errorf("%s is not set: start the program with softefa run", ConfEnv)
 	}
+	var c Conf
 	b, err := os.ReadFile(path)
 	if err == nil {
 		err = c.UnmarshalText(b)
 	}
 	if err != nil {
-		return Conf{}, false, fmt.Errorf("%s=%s: %w", ConfEnv, path, err)
+		return Conf{}, nil, fmt.Errorf("%s=%s: %w", ConfEnv, path, err)
 	}
-	return c, true, nil
+	var key []byte
+	if _, ok := os.LookupEnv("SOFTEFA_KEY"); ok {
+		if key, err = config.KeyFromEnv("SOFTEFA_KEY"); err != nil {
+			return Conf{}, nil, err
+		}
+	}
+	return c, key, nil
 }
 
 // DeviceConfig is the engine's config.Device for a device of c's: its name, part id, paths and
 // settings (the address and link are the caller's to make, on ListenAddr).
 func (c Conf) DeviceConfig() config.Device {
 	cfg := config.Device{Name: c.Name, VendorPartID: c.PartID, Paths: c.Paths,
-		NoSparseCopies: c.NoSparseCopies, NoOffload: c.NoOffload, Key: c.Key}
+		NoSparseCopies: c.NoSparseCopies, NoOffload: c.NoOffload}
 	// The receive loop does not spin unless told to: programs on this ABI busy-poll their CQs
 	// themselves, and a spinning engine thread takes the CPU they need (ib_send_lat -s 64 on 2
 	// vCPUs: 70 µs typical without, 0.7 ms with the default 200 µs).

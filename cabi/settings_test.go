@@ -5,11 +5,14 @@ package cabi
 import (
 	"bytes"
 	"io/fs"
+	"maps"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +27,11 @@ func TestSettingsInTheFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	full := fullConf()
+	for v, i := reflect.ValueOf(full), 0; i < v.NumField(); i++ {
+		if v.Field(i).IsZero() {
+			t.Errorf("fullConf leaves %s unset", v.Type().Field(i).Name)
+		}
+	}
 	text, err := full.MarshalText()
 	if err != nil {
 		t.Fatal(err)
@@ -64,6 +72,90 @@ func TestSettingsInTheFile(t *testing.T) {
 			}
 		}
 	}
+	if got := shimKeys(t); !reflect.DeepEqual(got, keys) {
+		t.Errorf("the shim knows the keys %v; the file has %v", got, keys)
+	}
+}
+
+// shimKeys are the keys the shim's reader of the program's file knows (conf.c's known).
+func shimKeys(t *testing.T) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile("shim/conf.c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := regexp.MustCompile(`(?s)known\[\] = \{(.*?)\};`).FindSubmatch(b)
+	if list == nil {
+		t.Fatal("conf.c: no list of known keys")
+	}
+	keys := map[string]bool{}
+	for _, m := range regexp.MustCompile(`"([^"]+)"`).FindAllSubmatch(list[1], -1) {
+		keys[string(m[1])] = true
+	}
+	return keys
+}
+
+// TestShimReadsTheFileAsConfDoes runs the shim's reader (conf.c, in testdata/confread.c) on
+// files cabi.Conf takes and on files it refuses for their lines: the shim has the same value for
+// every key, or, for a file refused, none and a message.
+func TestShimReadsTheFileAsConfDoes(t *testing.T) {
+	if _, err := exec.LookPath("cc"); err != nil {
+		t.Skipf("cc not found: %v", err)
+	}
+	exe := filepath.Join(t.TempDir(), "confread")
+	if out, err := exec.Command("cc", "-O2", "-Wall", "-Werror", "-o", exe, "testdata/confread.c", "shim/conf.c",
+		"-lpthread").CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v\n%s", err, out)
+	}
+	full, _ := fullConf().MarshalText()
+	many := strings.Repeat("name=a\n", confLines)
+	for _, c := range []struct{ name, text string }{
+		{"written by Conf", string(full)},
+		{"empty", ""},
+		{"empty lines, a key twice, no last newline", "\nname=a\n\nname=b=c\ndebug=1"},
+		{"64 lines", many},
+		{"65 lines", many + "name=b\n"},
+		{"no =", "name=a\ndebug\n"},
+		{"unknown key", "name=a\ncolour=blue\n"},
+		{"empty key", "=a\n"},
+		{"NUL", "name=a\x00\ndebug=1\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), ConfFile)
+			if err := os.WriteFile(path, []byte(c.text), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var conf Conf
+			goErr := conf.UnmarshalText([]byte(c.text))
+			want := map[string]string{} // key: the value of its last line
+			if goErr == nil {
+				for _, line := range strings.Split(c.text, "\n") {
+					if k, v, ok := strings.Cut(line, "="); ok {
+						want[k] = v
+					}
+				}
+			}
+			var stdout, stderr bytes.Buffer
+			cmd := exec.Command(exe, slices.Sorted(maps.Keys(shimKeys(t)))...)
+			cmd.Env = append(os.Environ(), ConfEnv+"="+path)
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Run(); err != nil {
+				t.Fatalf("confread: %v\n%s", err, stderr.String())
+			}
+			got := map[string]string{}
+			for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+				if k, v, ok := strings.Cut(line, "="); ok {
+					got[k] = v
+				}
+			}
+			if !maps.Equal(got, want) {
+				t.Errorf("the shim has %v; cabi.Conf %v (%v)", got, want, goErr)
+			}
+			if (goErr != nil) != strings.Contains(stderr.String(), "softefa: "+ConfEnv+"=") {
+				t.Errorf("cabi.Conf: %v; the shim said %q", goErr, stderr.String())
+			}
+		})
+	}
 }
 
 // fullConf is a Conf with every field set.
@@ -72,7 +164,7 @@ func fullConf() Conf {
 		DevMinor: 250, Name: "efa_3", PartID: 0xefa1, Device: "/run/softefa/efa_0.sock",
 		Addr: netip.MustParseAddrPort("[fd00::1]:4791"), SysfsRoot: "/tmp/softefa-sysfs-1",
 		IP: netip.MustParseAddr("10.0.0.2"), Paths: 8, RxSpin: 250 * time.Microsecond,
-		NoSparseCopies: true, NoOffload: true, Debug: true, Key: bytes.Repeat([]byte{0xa5}, 32)}
+		NoSparseCopies: true, NoOffload: true, Debug: true}
 }
 
 func TestConfRoundTrip(t *testing.T) {
@@ -98,7 +190,8 @@ func TestConfBadLines(t *testing.T) {
 		{"paths=0\n", `line 1: paths="0": want 1 to 255`},
 		{"rx-spin=-1ms\n", "want a duration of 0 or more"},
 		{"debug=maybe\n", "want true or false"},
-		{"key=abcd\n", "want 64 hex digits"},
+		{"name=a\x00b\n", "a NUL"},
+		{strings.Repeat("\ndebug=1", confLines+1), "line 66: more than 64 lines"},
 		{"dev-rdev=231\n", "want MAJOR:MINOR"},
 		{"addr=127.0.0.1\n", `addr="127.0.0.1"`},
 		{"part-id=0x1efa1efa1\n", `part-id="0x1efa1efa1"`},
@@ -117,7 +210,7 @@ func TestConfDeviceConfig(t *testing.T) {
 	c := fullConf()
 	cfg := c.DeviceConfig()
 	if cfg.Name != c.Name || cfg.VendorPartID != c.PartID || cfg.Paths != c.Paths || cfg.RxSpin != c.RxSpin ||
-		!cfg.NoSparseCopies || !cfg.NoOffload || !bytes.Equal(cfg.Key, c.Key) {
+		!cfg.NoSparseCopies || !cfg.NoOffload {
 		t.Errorf("DeviceConfig: %+v from %+v", cfg, c)
 	}
 	if cfg := (Conf{}).DeviceConfig(); cfg.RxSpin >= 0 {

@@ -27,8 +27,8 @@ type Options struct {
 	// 4.5 and libfabric 1.17 all take for EFA (perftest knows only 0xefa0 and 0xefa1, and
 	// 0xefa0 makes libfabric expect sub-CQs).
 	PartID uint32
-	// Settings are the settings of softefa run's flags (Settings; Conf.Set sets them) and the
-	// encryption key: Prepare fills in the rest of the program's file.
+	// Settings are the settings of softefa run's flags (Settings; Conf.Set sets them): Prepare
+	// fills in the rest of the program's file.
 	Settings Conf
 	// Device, when set, is the socket of the host's device (softefa device): every process of
 	// the program uses that device, and none has one of its own. Addr, IP, Name, Paths and
@@ -42,7 +42,6 @@ type Setup struct {
 	Dir   string
 	Sysfs Sysfs
 	Addr  netip.AddrPort
-	Conf  Conf
 	Env   []string // additions to the environment
 }
 
@@ -58,7 +57,7 @@ const (
 // softefa device through libs: with o.Addr, one sysfs tree for that address (fixed mode); without,
 // a root under which each process that looks up SYSFS_PATH gets a tree for a device of its own
 // (the shim asks the engine for it). The directory holds the program's file (Conf), which only
-// its user can read (it may hold the key). The caller removes Dir when the program has finished.
+// its user can read. The caller removes Dir when the program has finished.
 func Prepare(libs Libs, o Options) (*Setup, error) {
 	if o.Name == "" {
 		o.Name = config.Default().Name
@@ -78,10 +77,17 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 		}
 		o.Name, o.PartID, o.Addr = info.Name, info.PartID, config.AddrFromGID(info.GID, 0)
 	}
+	if o.Paths < 0 || o.Paths > 255 {
+		return nil, fmt.Errorf("cabi: %d paths: want 1 to 255 (0: the default)", o.Paths)
+	}
 	if o.Addr.IsValid() && o.Addr.Port() == 0 {
 		return nil, fmt.Errorf("cabi: %v: the device's address needs a port (it is part of the GID)", o.Addr)
 	}
 	dir, err := os.MkdirTemp("", "softefa-sysfs-")
+	if err == nil {
+		// Absolute: the program may change its working directory before its engine starts.
+		dir, err = filepath.Abs(dir)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -110,13 +116,16 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 	}
 	text, err := c.MarshalText()
 	if err == nil {
-		err = os.WriteFile(filepath.Join(dir, ConfFile), text, 0o600)
+		err = new(Conf).UnmarshalText(text) // what the engine would refuse, refused now
+	}
+	if err == nil {
+		// Read-only, so that no process of the program rewrites it for those started later.
+		err = os.WriteFile(filepath.Join(dir, ConfFile), text, 0o400)
 	}
 	if err != nil {
 		os.RemoveAll(dir)
-		return nil, err
+		return nil, fmt.Errorf("cabi: the program's file: %w", err)
 	}
-	s.Conf = c
 	preload := libs.Shim
 	if old := os.Getenv("LD_PRELOAD"); old != "" {
 		preload += ":" + old

@@ -8,7 +8,8 @@
 // The device is configured by the program's file that the launcher (softefa run) writes and
 // SOFTEFA_CONF names (cabi.Conf; docs/settings.md, "The program's file"): its name, part id,
 // paths, UDP endpoint (whose GID the sysfs tree shows) or the IP of a device of this process
-// alone, the settings softefa run's flags give, and the encryption key.
+// alone, and the settings softefa run's flags give; SOFTEFA_KEY turns on encryption, as for the
+// other tools.
 package main
 
 /*
@@ -54,16 +55,20 @@ var state struct {
 // the state lock.
 var polled atomic.Pointer[engine.Device]
 
+// debugAtExit: the program's file asks for diagnostics (debug), which softefa_exit prints.
+var debugAtExit atomic.Bool
+
 // device starts the engine on first use. Called with state locked.
 func device() (*uverbs.Device, error) {
 	if state.dev != nil {
 		return state.dev, nil
 	}
-	c, _, err := cabi.ReadConf()
+	c, key, err := cabi.ReadConf()
 	if err != nil {
 		return nil, err
 	}
 	cfg := c.DeviceConfig()
+	cfg.Key = key
 	if ap := c.ListenAddr(); ap.IsValid() {
 		cfg.Addr = ap
 		l, err := link.ListenUDPOptions(ap, max(cfg.Paths, config.Default().Paths), link.UDPOptions{NoOffload: cfg.NoOffload})
@@ -81,6 +86,7 @@ func device() (*uverbs.Device, error) {
 	}
 	state.dev = uverbs.NewDevice(e)
 	state.conf = c
+	debugAtExit.Store(c.Debug)
 	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
 		// This Go runtime serves the device alone, and a ping-pong's thread, lingering after its
 		// post, does most of the device's receiving: one processor for the rest, so that its
@@ -343,10 +349,10 @@ func softefa_exit() {
 	if e := polled.Load(); e != nil {
 		e.FlushAcks()
 	}
-	state.Lock()
-	d, debug := state.dev, state.conf.Debug
-	state.Unlock()
-	if d != nil && debug {
+	if debugAtExit.Load() {
+		state.Lock()
+		d := state.dev
+		state.Unlock()
 		fmt.Fprintf(os.Stderr, "softefa: debug: posts lingered: %d\n", d.Lingered())
 	}
 }

@@ -1,12 +1,15 @@
 // The program's file: what softefa run tells the shim and the engine (where the device node and
 // the engine library are, which device this is, its settings), one "key=value" line a field, in
 // the file SOFTEFA_CONF names (docs/settings.md, "The program's file"; cabi.Conf writes it). It
-// is read once, before the shim's other constructors run, with the kernel's calls rather than
-// libc's interposed ones; after that softefa_conf is a lookup in memory, safe anywhere (a signal
-// handler included).
+// is read once, at the first lookup (the shim's constructors make one, but another library's
+// constructor may call an interposed function before them), with the kernel's calls rather than
+// libc's interposed ones. The lines are taken as cabi.Conf takes them, but only the values the
+// shim uses are looked at: the engine checks them all.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -15,16 +18,23 @@
 #include "shim.h"
 
 #define CONF_MAX 16384 // bytes: the file is a few hundred
-#define CONF_KEYS 32
+#define CONF_LINES 64  // as cabi.Conf (confLines)
 
 extern char **environ;
 
-static char text[CONF_MAX + 1];
-static const char *keys[CONF_KEYS], *values[CONF_KEYS];
-static int nkeys;
+// The keys cabi.Conf knows: a file with another is refused, as the engine refuses it.
+static const char *const known[] = {
+	"engine", "dev-path", "dev-rdev", "name", "part-id", "device", "addr", "sysfs-root",
+	"ip", "paths", "rx-spin", "no-sparse-copies", "no-offload", "debug",
+};
 
-// conf_path is SOFTEFA_CONF's value, looked up in environ itself: the shim's getenv is not yet
-// ready.
+static char text[CONF_MAX + 1];
+static const char *keys[CONF_LINES], *values[CONF_LINES];
+static int nkeys;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static _Atomic int loaded; // keys and values are final
+
+// conf_path is SOFTEFA_CONF's value, looked up in environ itself (not through the shim's getenv).
 static const char *conf_path(void) {
 	static const char name[] = "SOFTEFA_CONF=";
 	for (char **e = environ; e && *e; e++)
@@ -57,21 +67,34 @@ static long conf_read(const char *path) {
 	return n;
 }
 
-// conf_parse splits text (n bytes) into its lines' keys and values; 0, or the number of the
-// first line that is not "key=value".
-static int conf_parse(long n) {
+static int is_known(const char *key) {
+	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+		if (strcmp(key, known[i]) == 0)
+			return 1;
+	return 0;
+}
+
+// conf_parse splits text (n bytes) into its lines' keys and values; NULL, or why the file is
+// refused, with the line's number in *line.
+static const char *conf_parse(long n, int *line) {
+	if (memchr(text, 0, (size_t)n))
+		return "a NUL in the program's file";
 	text[n] = 0;
-	int line = 0;
+	*line = 0;
 	for (char *p = text; *p;) {
 		char *end = strchr(p, '\n');
 		if (end)
 			*end = 0;
-		line++;
+		++*line;
 		if (*p) {
 			char *eq = strchr(p, '=');
-			if (!eq || eq == p || nkeys == CONF_KEYS)
-				return line;
+			if (!eq)
+				return "want key=value";
+			if (nkeys == CONF_LINES)
+				return "more than 64 lines";
 			*eq = 0;
+			if (!is_known(p))
+				return "no such key";
 			keys[nkeys] = p;
 			values[nkeys++] = eq + 1;
 		}
@@ -79,27 +102,34 @@ static int conf_parse(long n) {
 			break;
 		p = end + 1;
 	}
-	return 0;
+	return NULL;
 }
 
-__attribute__((constructor(101))) static void conf_init(void) {
+static void conf_load(void) {
 	const char *path = conf_path();
-	if (!path || !*path)
-		return;
-	long n = conf_read(path);
-	int bad = n < 0 ? 0 : conf_parse(n);
-	if (n < 0 || bad) {
-		// Without it the shim does nothing, and the program finds no softefa device.
-		nkeys = 0;
-		if (n < 0)
-			fprintf(stderr, "softefa: SOFTEFA_CONF=%s: %s\n", path, strerror((int)-n));
-		else
-			fprintf(stderr, "softefa: SOFTEFA_CONF=%s: line %d: want key=value\n", path, bad);
+	if (path && *path) {
+		long n = conf_read(path);
+		int line = 0;
+		const char *bad = n < 0 ? strerror((int)-n) : conf_parse(n, &line);
+		if (bad) {
+			// Without it the shim does nothing, and the program finds no softefa device.
+			nkeys = 0;
+			if (line)
+				fprintf(stderr, "softefa: SOFTEFA_CONF=%s: line %d: %s\n", path, line, bad);
+			else
+				fprintf(stderr, "softefa: SOFTEFA_CONF=%s: %s\n", path, bad);
+		}
 	}
+	atomic_store(&loaded, 1);
 }
 
+// softefa_conf is the value of key in the program's file (its last line with key), or NULL. Once
+// the file is read (the shim's constructors see to that), a lookup takes no lock: signal
+// handlers may make it.
 const char *softefa_conf(const char *key) {
-	for (int i = nkeys - 1; i >= 0; i--) // a key given twice: the last line, as cabi.Conf reads it
+	if (!atomic_load(&loaded))
+		pthread_once(&once, conf_load);
+	for (int i = nkeys - 1; i >= 0; i--)
 		if (strcmp(keys[i], key) == 0)
 			return values[i];
 	return NULL;

@@ -70,11 +70,10 @@ func runRun(args []string) error {
 		*addr = "" // the device's
 	}
 	if _, ok := os.LookupEnv("SOFTEFA_KEY"); ok {
-		k, err := config.KeyFromEnv("SOFTEFA_KEY")
-		if err != nil {
-			return err
+		// The program's engines read it (the program inherits it): a bad one fails here, once.
+		if _, err := config.KeyFromEnv("SOFTEFA_KEY"); err != nil {
+			return fmt.Errorf("SOFTEFA_KEY: %w", err)
 		}
-		settings.Key = k // the engines read it from the program's file, which is the user's alone
 	}
 	o := cabi.Options{Name: *name, Paths: *paths, Settings: settings, Device: *device}
 	if *ip != "" {
