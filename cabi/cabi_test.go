@@ -74,6 +74,24 @@ func TestIbvDevinfo(t *testing.T) {
 	}
 }
 
+// TestFileReadPastTheWrappers: the shim reads the program's file through libc, not through its
+// own wrappers, which look things up in the file: in a temporary directory under one named
+// hw_counters (whose files the wrappers take for counter reads, and ask the file about), a
+// program runs, rather than waiting on the file's first reading for ever.
+func TestFileReadPastTheWrappers(t *testing.T) {
+	t.Setenv("TMPDIR", filepath.Join(t.TempDir(), "hw_counters"))
+	if err := os.Mkdir(os.Getenv("TMPDIR"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s := setupOrSkip(t, "ibv_devinfo")
+	if !strings.Contains(s.Dir, "/hw_counters/") {
+		t.Fatalf("the program's directory %s is not under hw_counters", s.Dir)
+	}
+	if out := run(t, s, "", time.Minute, "ibv_devinfo"); !strings.Contains(out, "hca_id:\tefa_0") {
+		t.Errorf("ibv_devinfo:\n%s", out)
+	}
+}
+
 // TestFixedAddr gives the program one device at a chosen address: its GID shows it.
 func TestFixedAddr(t *testing.T) {
 	for _, tool := range []string{"go", "cc", "ibv_devinfo"} {

@@ -47,8 +47,11 @@ type Conf struct {
 	Debug          bool          // debug
 }
 
-// confLines is the most lines a program's file has: the shim keeps no more (cabi/shim/conf.c).
-const confLines = 64
+// confLines and confBytes bound a program's file: the shim keeps no more (cabi/shim/conf.c).
+const (
+	confLines = 64
+	confBytes = 16383
+)
 
 // Set sets the field key names from its text, as the file or a softefa run flag gives it.
 func (c *Conf) Set(key, value string) error {
@@ -163,10 +166,14 @@ func (c Conf) MarshalText() ([]byte, error) {
 }
 
 // UnmarshalText reads c from its file's text: every line "key=value" with a key Set knows and a
-// value it takes, or empty; no NUL, and at most 64 lines that are not empty. The shim's reader
-// (cabi/shim/conf.c) takes the same lines, and checks only the values it uses.
+// value it takes, or empty; no NUL, at most 64 lines that are not empty, and at most 16,383
+// bytes. The shim's reader (cabi/shim/conf.c) takes the same lines, and checks only the values
+// it uses. An empty value is no value: the field stays zero (or the value is refused).
 func (c *Conf) UnmarshalText(b []byte) error {
 	*c = Conf{}
+	if len(b) > confBytes {
+		return fmt.Errorf("more than %d bytes", confBytes)
+	}
 	if bytes.IndexByte(b, 0) >= 0 {
 		return errors.New("a NUL in the program's file")
 	}
@@ -207,7 +214,7 @@ func ReadConf() (Conf, []byte, error) {
 	var key []byte
 	if _, ok := os.LookupEnv("SOFTEFA_KEY"); ok {
 		if key, err = config.KeyFromEnv("SOFTEFA_KEY"); err != nil {
-			return Conf{}, nil, err
+			return Conf{}, nil, fmt.Errorf("SOFTEFA_KEY: %w", err)
 		}
 	}
 	return c, key, nil

@@ -119,6 +119,10 @@ func TestShimReadsTheFileAsConfDoes(t *testing.T) {
 		{"unknown key", "name=a\ncolour=blue\n"},
 		{"empty key", "=a\n"},
 		{"NUL", "name=a\x00\ndebug=1\n"},
+		{"CR", "name=a\r\nengine=/x\r\n"},
+		{"empty values", "name=\nsysfs-root=\nengine=/x\nengine=\n"},
+		{"16,383 bytes", "name=" + strings.Repeat("n", confBytes-5)},
+		{"16,384 bytes", "name=" + strings.Repeat("n", confBytes-4)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), ConfFile)
@@ -127,13 +131,14 @@ func TestShimReadsTheFileAsConfDoes(t *testing.T) {
 			}
 			var conf Conf
 			goErr := conf.UnmarshalText([]byte(c.text))
-			want := map[string]string{} // key: the value of its last line
+			want := map[string]string{} // key: the value of its last line, unless empty
 			if goErr == nil {
 				for _, line := range strings.Split(c.text, "\n") {
 					if k, v, ok := strings.Cut(line, "="); ok {
 						want[k] = v
 					}
 				}
+				maps.DeleteFunc(want, func(_, v string) bool { return v == "" })
 			}
 			var stdout, stderr bytes.Buffer
 			cmd := exec.Command(exe, slices.Sorted(maps.Keys(shimKeys(t)))...)

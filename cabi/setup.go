@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 
 	"github.com/softefa/softefa/config"
@@ -83,12 +84,25 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 	if o.Addr.IsValid() && o.Addr.Port() == 0 {
 		return nil, fmt.Errorf("cabi: %v: the device's address needs a port (it is part of the GID)", o.Addr)
 	}
-	dir, err := os.MkdirTemp("", "softefa-sysfs-")
-	if err == nil {
-		// Absolute: the program may change its working directory before its engine starts.
-		dir, err = filepath.Abs(dir)
+	// Every path the program is given is absolute: it may change its working directory before
+	// its shim loads the engine or reaches the host device.
+	for _, p := range []*string{&libs.Shim, &libs.Engine, &o.Device} {
+		if *p == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return nil, err
+		}
+		*p = abs
 	}
+	tmp, err := os.MkdirTemp("", "softefa-sysfs-")
 	if err != nil {
+		return nil, err
+	}
+	dir, err := filepath.Abs(tmp)
+	if err != nil {
+		os.RemoveAll(tmp)
 		return nil, err
 	}
 	s := &Setup{Dir: dir, Addr: o.Addr, Sysfs: Sysfs{
@@ -115,11 +129,15 @@ func Prepare(libs Libs, o Options) (*Setup, error) {
 		c.SysfsRoot, c.IP = dir, o.IP
 	}
 	text, err := c.MarshalText()
+	var back Conf
 	if err == nil {
-		err = new(Conf).UnmarshalText(text) // what the engine would refuse, refused now
+		err = back.UnmarshalText(text) // what the engine would refuse, refused now
+	}
+	if err == nil && !reflect.DeepEqual(back, c) {
+		err = fmt.Errorf("%+v is read back as %+v", c, back)
 	}
 	if err == nil {
-		// Read-only, so that no process of the program rewrites it for those started later.
+		// Read-only: no process of the program rewrites it by accident for those started later.
 		err = os.WriteFile(filepath.Join(dir, ConfFile), text, 0o400)
 	}
 	if err != nil {

@@ -1,11 +1,12 @@
 // The program's file: what softefa run tells the shim and the engine (where the device node and
 // the engine library are, which device this is, its settings), one "key=value" line a field, in
 // the file SOFTEFA_CONF names (docs/settings.md, "The program's file"; cabi.Conf writes it). It
-// is read once, at the first lookup (the shim's constructors make one, but another library's
-// constructor may call an interposed function before them), with the kernel's calls rather than
-// libc's interposed ones. The lines are taken as cabi.Conf takes them, but only the values the
-// shim uses are looked at: the engine checks them all.
+// is read once, at the first lookup (the shim's constructors make it), through libc's syscall
+// itself, not the shim's wrappers (preload.c), which look things up here. The lines are taken as
+// cabi.Conf takes them, but only the values the shim uses are looked at: the engine checks them
+// all. An empty value is no value, as cabi.Conf has it.
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -17,7 +18,7 @@
 
 #include "shim.h"
 
-#define CONF_MAX 16384 // bytes: the file is a few hundred
+#define CONF_MAX 16384 // bytes, less one, at most (as cabi.Conf): the file is a few hundred
 #define CONF_LINES 64  // as cabi.Conf (confLines)
 
 extern char **environ;
@@ -32,7 +33,9 @@ static char text[CONF_MAX + 1];
 static const char *keys[CONF_LINES], *values[CONF_LINES];
 static int nkeys;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static _Atomic int loaded; // keys and values are final
+static _Atomic int loaded;    // keys and values are final
+static __thread int in_load;  // this thread is reading the file: a lookup finds nothing
+static long (*sys)(long, ...); // libc's syscall
 
 // conf_path is SOFTEFA_CONF's value, looked up in environ itself (not through the shim's getenv).
 static const char *conf_path(void) {
@@ -45,12 +48,15 @@ static const char *conf_path(void) {
 
 // conf_read fills text with the file at path; the length, or -errno.
 static long conf_read(const char *path) {
-	int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+	sys = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
+	if (!sys)
+		return -ENOSYS;
+	int fd = (int)sys(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return -errno;
 	long n = 0;
 	while (n < CONF_MAX) {
-		long r = syscall(SYS_read, fd, text + n, CONF_MAX - n);
+		long r = sys(SYS_read, fd, text + n, CONF_MAX - n);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0) {
@@ -63,7 +69,7 @@ static long conf_read(const char *path) {
 	}
 	if (n == CONF_MAX)
 		n = -EFBIG;
-	syscall(SYS_close, fd);
+	sys(SYS_close, fd);
 	return n;
 }
 
@@ -106,6 +112,8 @@ static const char *conf_parse(long n, int *line) {
 }
 
 static void conf_load(void) {
+	in_load = 1;
+	nkeys = 0;
 	const char *path = conf_path();
 	if (path && *path) {
 		long n = conf_read(path);
@@ -120,17 +128,21 @@ static void conf_load(void) {
 				fprintf(stderr, "softefa: SOFTEFA_CONF=%s: %s\n", path, bad);
 		}
 	}
+	in_load = 0;
 	atomic_store(&loaded, 1);
 }
 
-// softefa_conf is the value of key in the program's file (its last line with key), or NULL. Once
-// the file is read (the shim's constructors see to that), a lookup takes no lock: signal
-// handlers may make it.
+// softefa_conf is the value of key in the program's file (its last line with key), or NULL, also
+// for an empty value. Once the file is read (the shim's constructors see to that), a lookup takes
+// no lock: signal handlers may make it.
 const char *softefa_conf(const char *key) {
-	if (!atomic_load(&loaded))
+	if (!atomic_load(&loaded)) {
+		if (in_load)
+			return NULL; // from a wrapper that the reading itself went through
 		pthread_once(&once, conf_load);
+	}
 	for (int i = nkeys - 1; i >= 0; i--)
 		if (strcmp(keys[i], key) == 0)
-			return values[i];
+			return *values[i] ? values[i] : NULL;
 	return NULL;
 }
