@@ -2,8 +2,6 @@ package link
 
 import (
 	"encoding/binary"
-	"errors"
-	"net"
 	"net/netip"
 	"unsafe"
 
@@ -19,8 +17,8 @@ const (
 )
 
 // batch is the scratch space of one sendmmsg or recvmmsg call: message headers, one iovec and one
-// socket address per datagram, the call's arguments and results, and the function handed to
-// syscall.RawConn, made once so that a call allocates nothing.
+// socket address per datagram, and the call's arguments and results, made once so that a call
+// allocates nothing.
 type batch struct {
 	hdrs  []unix.Mmsghdr
 	iovs  []unix.Iovec // one per datagram; a GSO entry points at a run of them
@@ -29,12 +27,7 @@ type batch struct {
 
 	n    int   // datagrams in the call
 	done int   // datagrams sent or received
-	wait bool  // receive: wait for readability when nothing is queued
 	err  error // the call's error
-	send func(fd uintptr) bool
-	recv func(fd uintptr) bool
-	// recvOnce is recv for RawConn.Control, which does not take a result.
-	recvOnce func(fd uintptr)
 }
 
 func (b *batch) init() {
@@ -51,15 +44,12 @@ func (b *batch) init() {
 		h.Iovlen = 1
 		h.Name = (*byte)(unsafe.Pointer(&b.names[i]))
 	}
-	b.send = b.sendmmsg
-	b.recv = b.recvmmsg
-	b.recvOnce = func(fd uintptr) { b.recvmmsg(fd) }
 }
 
 // sendmmsg sends b.hdrs[b.done:b.n]; it returns false to wait for writability.
-func (b *batch) sendmmsg(fd uintptr) bool {
+func (b *batch) sendmmsg(fd int) bool {
 	for b.done < b.n {
-		r, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[b.done])),
+		r, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(fd), uintptr(unsafe.Pointer(&b.hdrs[b.done])),
 			uintptr(b.n-b.done), unix.MSG_DONTWAIT, 0, 0)
 		switch {
 		case errno == unix.EAGAIN:
@@ -77,13 +67,13 @@ func (b *batch) sendmmsg(fd uintptr) bool {
 	return true
 }
 
-// recvmmsg receives into b.hdrs[:b.n]; it returns false to wait for readability.
-func (b *batch) recvmmsg(fd uintptr) bool {
-	r, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.hdrs[0])), uintptr(b.n),
+// recvmmsg receives into b.hdrs[:b.n]; it returns false when nothing is queued.
+func (b *batch) recvmmsg(fd int) bool {
+	r, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&b.hdrs[0])), uintptr(b.n),
 		unix.MSG_DONTWAIT, 0, 0)
 	switch errno {
 	case unix.EAGAIN:
-		return !b.wait
+		return false
 	case 0:
 		b.done = int(r)
 	default:
@@ -122,8 +112,10 @@ func (u *UDP) sendPath(b *batch, path int, pkts []Packet) error {
 			iv += k
 		}
 		b.n, b.done, b.err = h, 0, nil
-		if err := u.raws[path].Write(b.send); err != nil {
-			return err
+		for !b.sendmmsg(u.socks[path].fd) {
+			if err := u.wait(path, unix.POLLOUT); err != nil {
+				return err
+			}
 		}
 		if b.err != nil {
 			if u.gso.Load() && (b.err == unix.EIO || b.err == unix.EINVAL) {
@@ -139,35 +131,27 @@ func (u *UDP) sendPath(b *batch, path int, pkts []Packet) error {
 
 func (u *UDP) receive(pkts []Packet) (int, error) { return u.rx.recv(u, pkts, true) }
 
-// WaitReadable waits in the Go network poller until socket 0 holds datagrams, reading none
-// (link.ReadWaiter). The poller forgets a readiness it saw before the wait begins, so the socket
-// is asked first (poll(2), no waiting): a datagram that came just before would otherwise wait for
-// the next one.
+// WaitReadable waits in poll(2) until socket 0 holds datagrams, reading none (link.ReadWaiter).
 func (u *UDP) WaitReadable() error {
-	err := u.raws[0].Read(func(fd uintptr) bool {
-		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(p, 0)
-		return err != nil && err != unix.EINTR || n > 0
-	})
-	if err != nil && (u.closed.Load() || errors.Is(err, net.ErrClosed)) {
+	if !u.hold() {
 		return ErrClosed
 	}
-	return err
+	defer u.release()
+	return u.wait(0, unix.POLLIN)
 }
 
 // TryReceive reads what socket 0 has queued without waiting.
 func (u *UDP) TryReceive(pkts []Packet) (int, error) {
-	n, err := u.rx.recv(u, pkts, false)
-	if err != nil && u.closed.Load() {
+	if !u.hold() {
 		return 0, ErrClosed
 	}
-	return n, err
+	defer u.release()
+	return u.rx.recv(u, pkts, false)
 }
 
 // NewPoller returns a receiver of its own on socket 0 that never waits, for a goroutine that
-// busy-polls beside the one in Receive: each has its own buffers, and the poller does not queue
-// behind a Receive parked in the network poller.
-func (u *UDP) NewPoller() Poller { return &udpPoller{u: u, rx: rxState{busy: true}} }
+// busy-polls beside the one in Receive: each has its own buffers.
+func (u *UDP) NewPoller() Poller { return &udpPoller{u: u} }
 
 type udpPoller struct {
 	u  *UDP
@@ -175,18 +159,18 @@ type udpPoller struct {
 }
 
 func (p *udpPoller) TryReceive(pkts []Packet) (int, error) {
-	n, err := p.rx.recv(p.u, pkts, false)
-	if err != nil && p.u.closed.Load() {
+	if !p.u.hold() {
 		return 0, ErrClosed
 	}
-	return n, err
+	defer p.u.release()
+	return p.rx.recv(p.u, pkts, false)
 }
 
 // rxState is one receiver's scratch: its recvmmsg batch and, with GRO, the runs received and not
 // yet handed out.
 type rxState struct {
 	b      batch
-	busy   bool          // read through RawConn.Control: never waits, never holds the read lock
+	w      *rxWait       // how Receive's state waits (initWait); pollers never wait
 	groBuf []byte        // GRO's run buffers
 	pend   []superpacket // runs received; pend[pendAt:] not yet handed out
 	pendAt int
@@ -218,16 +202,15 @@ func (r *rxState) recv(u *UDP, pkts []Packet, wait bool) (int, error) {
 	return b.done, nil
 }
 
+// recvmmsg receives up to n datagrams from socket 0, waiting for one if wait is set. The caller
+// holds the sockets (hold).
 func (r *rxState) recvmmsg(u *UDP, n int, wait bool) error {
 	b := &r.b
-	b.n, b.done, b.err, b.wait = n, 0, nil, wait
-	if r.busy {
-		// Control, not Read: Read would wait for the read lock a parked Receive holds.
-		if err := u.raws[0].Control(b.recvOnce); err != nil {
+	b.n, b.done, b.err = n, 0, nil
+	for !b.recvmmsg(u.socks[0].fd) && wait {
+		if err := u.wait(0, unix.POLLIN); err != nil {
 			return err
 		}
-	} else if err := u.raws[0].Read(b.recv); err != nil {
-		return err
 	}
 	return b.err
 }

@@ -20,7 +20,7 @@ func (u *UDP) enableOffload() {}
 func (u *UDP) sendPath(_ *batch, path int, pkts []Packet) error {
 	for i := range pkts {
 		p := &pkts[i]
-		if _, err := u.conns[path].WriteToUDPAddrPort(p.Buf[:p.N], p.Addr); err != nil && !transient(err) {
+		if _, err := u.socks[path].c.WriteToUDPAddrPort(p.Buf[:p.N], p.Addr); err != nil && !transient(err) {
 			return err
 		}
 	}
@@ -28,7 +28,7 @@ func (u *UDP) sendPath(_ *batch, path int, pkts []Packet) error {
 }
 
 func (u *UDP) receive(pkts []Packet) (int, error) {
-	n, addr, err := u.conns[0].ReadFromUDPAddrPort(pkts[0].Buf)
+	n, addr, err := u.socks[0].c.ReadFromUDPAddrPort(pkts[0].Buf)
 	if err != nil {
 		return 0, err
 	}
@@ -38,10 +38,10 @@ func (u *UDP) receive(pkts []Packet) (int, error) {
 
 // TryReceive reads one queued datagram without waiting.
 func (u *UDP) TryReceive(pkts []Packet) (int, error) {
-	if err := u.conns[0].SetReadDeadline(time.Now()); err != nil {
+	if err := u.socks[0].c.SetReadDeadline(time.Now()); err != nil {
 		return 0, err
 	}
-	defer u.conns[0].SetReadDeadline(time.Time{})
+	defer u.socks[0].c.SetReadDeadline(time.Time{})
 	n, err := u.receive(pkts)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		return 0, nil

@@ -27,9 +27,7 @@ var cmsgGROSpace = unix.CmsgSpace(4)
 // enableOffload turns GRO on for socket 0 and GSO on for sends.
 func (u *UDP) enableOffload() {
 	u.gso.Store(true)
-	_ = u.raws[0].Control(func(fd uintptr) {
-		u.gro = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_GRO, 1) == nil
-	})
+	u.gro = unix.SetsockoptInt(u.socks[0].fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil
 }
 
 // putSegCmsg writes a UDP_SEGMENT control message for segments of size bytes into c.

@@ -3,8 +3,8 @@ package link
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"syscall"
 )
@@ -15,14 +15,18 @@ import (
 // ECMP routers hash.
 //
 // On Linux, Send and Receive move batches with sendmmsg and recvmmsg, with UDP GSO and GRO
-// where the kernel has them; elsewhere one datagram per system call. Receive and TryReceive
-// must be called from one goroutine at a time; each poller from NewPoller by one goroutine at a
-// time, beside them; Send may be called from several.
+// where the kernel has them, on sockets kept out of Go's network poller (sock_linux.go); elsewhere
+// one datagram per system call. Receive and TryReceive must be called from one goroutine at a
+// time; each poller from NewPoller by one goroutine at a time, beside them; Send may be called
+// from several.
 type UDP struct {
-	conns  []*net.UDPConn
-	raws   []syscall.RawConn
+	socks  []socket
 	local  netip.AddrPort
 	closed atomic.Bool
+	// inUse is held shared by every call that uses a socket, and by Close alone: Close waits
+	// for the calls in flight before it lets the descriptors go.
+	inUse sync.RWMutex
+	wake  wakeup // what Close signals to end the calls waiting on sockets
 
 	rx  rxState // Receive's and TryReceive's scratch, owned by the receiving goroutine
 	gro bool    // the kernel coalesces received runs (socket 0)
@@ -58,33 +62,30 @@ func ListenUDPOptions(addr netip.AddrPort, paths int, o UDPOptions) (*UDP, error
 		return nil, fmt.Errorf("link: %d paths; 1 to 255", paths)
 	}
 	u := &UDP{txs: make(chan *batch, 8)}
+	var err error
+	if u.wake, err = newWakeup(); err != nil {
+		return nil, fmt.Errorf("link: %w", err)
+	}
 	for i := range paths {
 		a := addr
 		if i > 0 {
 			a = netip.AddrPortFrom(addr.Addr(), 0)
 		}
-		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(a))
+		s, err := openSocket(a, DefaultSocketBuffer)
 		if err != nil {
 			u.Close()
 			return nil, fmt.Errorf("link: %w", err)
 		}
-		_ = c.SetReadBuffer(DefaultSocketBuffer)
-		_ = c.SetWriteBuffer(DefaultSocketBuffer)
-		raw, err := c.SyscallConn()
-		if err != nil {
-			c.Close()
-			u.Close()
-			return nil, fmt.Errorf("link: %w", err)
-		}
-		forceBuffers(raw, DefaultSocketBuffer)
-		u.conns = append(u.conns, c)
-		u.raws = append(u.raws, raw)
+		u.socks = append(u.socks, s)
+	}
+	if err := u.initWait(); err != nil {
+		u.Close()
+		return nil, fmt.Errorf("link: %w", err)
 	}
 	if !o.NoOffload {
 		u.enableOffload()
 	}
-	u.local = u.conns[0].LocalAddr().(*net.UDPAddr).AddrPort()
-	u.local = netip.AddrPortFrom(u.local.Addr().Unmap(), u.local.Port())
+	u.local = netip.AddrPortFrom(addr.Addr().Unmap(), u.socks[0].port())
 	return u, nil
 }
 
@@ -93,30 +94,50 @@ func (u *UDP) LocalAddr() netip.AddrPort { return u.local }
 
 // PathPorts returns each socket's port, path 0's (LocalAddr's) first.
 func (u *UDP) PathPorts() []uint16 {
-	ports := make([]uint16, len(u.conns))
-	for i, c := range u.conns {
-		ports[i] = uint16(c.LocalAddr().(*net.UDPAddr).Port)
+	ports := make([]uint16, len(u.socks))
+	for i, s := range u.socks {
+		ports[i] = s.port()
 	}
 	return ports
 }
 
 // Paths is the number of sockets.
-func (u *UDP) Paths() int { return len(u.conns) }
+func (u *UDP) Paths() int { return len(u.socks) }
 
-// Close closes every socket; a blocked Receive returns ErrClosed.
+// Close closes every socket; a blocked Receive, WaitReadable or Send returns ErrClosed.
 func (u *UDP) Close() error {
-	u.closed.Store(true)
-	for _, c := range u.conns {
-		c.Close()
+	if u.closed.Swap(true) {
+		return nil
 	}
+	u.interrupt()
+	u.inUse.Lock() // the calls in flight have seen the signal and returned
+	defer u.inUse.Unlock()
+	for _, s := range u.socks {
+		s.close()
+	}
+	u.closeWait()
+	u.wake.close()
 	return nil
 }
 
+// hold keeps the sockets open for a call, or reports false after Close; release ends it.
+func (u *UDP) hold() bool {
+	u.inUse.RLock()
+	if u.closed.Load() {
+		u.inUse.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (u *UDP) release() { u.inUse.RUnlock() }
+
 // Send transmits pkts, batched per path.
 func (u *UDP) Send(pkts []Packet) error {
-	if u.closed.Load() {
+	if !u.hold() {
 		return ErrClosed
 	}
+	defer u.release()
 	var b *batch
 	select {
 	case b = <-u.txs:
@@ -135,7 +156,7 @@ func (u *UDP) Send(pkts []Packet) error {
 		for end < len(pkts) && pkts[end].Path == path {
 			end++
 		}
-		if path < 0 || path >= len(u.conns) {
+		if path < 0 || path >= len(u.socks) {
 			path = 0
 		}
 		if err := u.sendPath(b, path, pkts[start:end]); err != nil {
@@ -151,8 +172,12 @@ func (u *UDP) Send(pkts []Packet) error {
 
 // Receive reads datagrams from socket 0.
 func (u *UDP) Receive(pkts []Packet) (int, error) {
+	if !u.hold() {
+		return 0, ErrClosed
+	}
+	defer u.release()
 	n, err := u.receive(pkts)
-	if err != nil && (u.closed.Load() || errors.Is(err, net.ErrClosed)) {
+	if err != nil && u.closed.Load() {
 		return 0, ErrClosed
 	}
 	return n, err

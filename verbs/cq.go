@@ -257,6 +257,9 @@ func (ch *CompChannel) GetCQEvent(ctx context.Context) (*CQ, error) {
 			return cq, nil
 		}
 		ch.mu.Unlock()
+		// The caller sleeps until an event: it stops busy-polling, so the device's receive loop
+		// takes the socket over now rather than at the end of its park.
+		ch.ctx.e.EndBusy()
 		select {
 		case <-ch.sig:
 		case <-ctx.Done():

@@ -316,7 +316,10 @@ func TestSuccessSurvivesResponderReset(t *testing.T) {
 		wantWC(t, b.one(), 1, verbs.WCSuccess, verbs.WCRecv)
 		f.Filter(func(from, _ netip.AddrPort, d []byte) bool { return from != simB || !carriesResp(d) })
 		a.send(2, b, 0, 64) // no receive: RNR, and the RESP that says so is lost
-		synctest.Wait()     // b has had it before the receive below is posted
+		// b has had it before the receive below is posted: b's receive loop may be parked beside
+		// the poll b.one() made (up to engine's busyPark, a millisecond of virtual time).
+		time.Sleep(2 * time.Millisecond)
+		synctest.Wait()
 		b.recv(3, 0, 64)
 		a.send(3, b, 0, 64) // delivered and acknowledged; the ACK's horizon lies past the lost RESP
 		wantWC(t, b.one(), 3, verbs.WCSuccess, verbs.WCRecv)

@@ -153,6 +153,7 @@ func (d *Device) DestroyCQ(cq *CQ) error {
 // Entries the consumer has not polled when it arms (the doorbell's consumer count is behind the
 // entries written) raise the event at once: the arm doorbell carries the consumer count for this.
 func (d *Device) ArmCQ(cq *CQ) {
+	d.EndBusy() // the consumer is about to sleep: the receive loop takes over the socket
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	cq.checkArm()

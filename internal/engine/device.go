@@ -104,8 +104,12 @@ type Device struct {
 	drv *driver // config.Device.Driven: the state Drive reuses; nil otherwise
 
 	busyMu sync.Mutex   // held by a goroutine in PollNetwork
-	busyAt atomic.Int64 // time.Now().UnixNano() of an application goroutine's last busy poll (markBusy)
+	busyAt atomic.Int64 // monoNow() of an application goroutine's last busy poll (markBusy)
 	busyRx *busyPoll    // nil: the device cannot be busy-polled
+	// rxResume (one slot) ends the receive loop's park beside a busy poller (endBusy).
+	rxResume chan struct{}
+	rxParked atomic.Bool // the receive loop parks (for the tests)
+	noPark   atomic.Bool // NeverPark
 
 	kick     chan struct{} // one slot: wakes the engine loop
 	evNotify chan struct{} // one slot: an async event was queued
@@ -140,6 +144,7 @@ func NewDevice(cfg config.Device) (*Device, error) {
 		kick:     make(chan struct{}, 1),
 		txqs:     make(chan *srd.Queue, 8),
 		evNotify: make(chan struct{}, 1),
+		rxResume: make(chan struct{}, 1),
 		done:     make(chan struct{}),
 	}
 	if len(cfg.Key) > 0 {

@@ -339,6 +339,7 @@ func (d *Device) AwaitRecv(q *QP, seen uint64, budget time.Duration) {
 	d.sendOwedAcks()
 	alone := q.outN.Load() <= 1
 	d.pollWhile(func() bool { return q.counts.RecvWRs.Load() == seen || alone && q.outN.Load() > 0 }, budget, lazy)
+	d.EndBusy() // the thread goes back to the program, which may not poll the device again soon
 	if q.counts.RecvWRs.Load() != seen {
 		q.answered.Store(max(int64(d.clock()), 1))
 	} else {
@@ -429,9 +430,46 @@ func (d *Device) PollNetwork() bool {
 // markBusy notes that an application's goroutine busy-polls the device now (rxOrdered).
 func (d *Device) markBusy() {
 	if d.busyRx != nil {
-		d.busyAt.Store(time.Now().UnixNano())
+		d.busyAt.Store(monoNow())
 	}
 }
+
+// busyNow reports whether an application's goroutine busy-polled the device within busyQuiet.
+func (d *Device) busyNow() bool { return monoNow()-d.busyAt.Load() < int64(busyQuiet) }
+
+// monoStart and monoNow are a monotonic clock for busyAt, which a step of the wall clock must
+// not move.
+var monoStart = time.Now()
+
+func monoNow() int64 { return int64(time.Since(monoStart)) }
+
+// NeverPark keeps the receive loop waiting on the socket beside a busy poller instead of parking
+// (rxOrdered): for a device whose applications can sleep where the device does not see it, as C
+// programs do in ibv_get_cq_event (uverbs.NewDevice). Call it before the device is used.
+func (d *Device) NeverPark() { d.noPark.Store(true) }
+
+// EndBusy notes that the application stops polling (it arms a CQ, or sleeps until a completion
+// event, or a linger ends): the receive loop waits on the socket again at once instead of at the
+// end of its park (rxOrdered).
+func (d *Device) EndBusy() {
+	if d.busyRx == nil {
+		return
+	}
+	d.busyAt.Store(0)
+	select {
+	case d.rxResume <- struct{}{}:
+	default:
+	}
+}
+
+// parkedRx reports whether the receive loop parks beside a busy poller.
+func (d *Device) parkedRx() bool { return d.rxParked.Load() }
+
+// busyPark is how long, in nanoseconds, the receive loop parks beside a busy poller before it
+// reads the socket once and looks again: a millisecond (a variable for the tests).
+var busyPark atomic.Int64
+
+func init() { busyPark.Store(int64(time.Millisecond)) }
 
 // pollNetwork is PollNetwork; lazy leaves the batch's ACKs owed (for up to AckDelay, so that the
 // application's answer can carry them), otherwise they go at once, as the receive loop's do.
@@ -476,7 +514,15 @@ func (d *Device) readInput(in *srd.Inbox, lazy bool) (bool, error) {
 // it waits for datagrams, then reads and handles them as a busy poller does, holding busyMu from
 // the read until it holds the device lock (readInput). It waits only after a read that found
 // nothing: a read may leave datagrams in the poller's own buffers (the rest of a GRO run), which
-// no wait on the socket would see. Reading beside the busy pollers, each into buffers of its
+// no wait on the socket would see.
+//
+// While an application's goroutine busy-polls the device, with more than one Go processor, the
+// loop does not wait on the socket but parks (busyPark at a time, then one read), as NAPI's busy
+// polling keeps a NIC's interrupts off: the poller reads every datagram itself, and a loop woken
+// for each would take a thread from the busy poller's core, or its peer's, for nothing
+// (docs/architecture.md, "Threads and locks"; with one processor no thread waits to be woken).
+// The application's arm of a CQ, its sleep on a completion channel, or a linger's end ends the
+// park (EndBusy); NeverPark turns it off. Reading beside the busy pollers, each into buffers of its
 // own (GRO hands a run out over several reads), the receive loop could hand the transport an
 // earlier batch after a poller had handed it a later one, whose ACK then told the sender that
 // later packets came before earlier ones had: losses that were not (a bandwidth run between
@@ -486,9 +532,25 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 	var last time.Time               // when the last datagram came
 	more := false                    // the last read got datagrams: read again before waiting
 	_, spins := d.link.(link.Poller) // as rxLoop: a link that is no Poller is never spun on
+	park := time.NewTimer(time.Hour)
+	park.Stop()
 	for {
-		spin := spins && d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin &&
-			time.Now().UnixNano()-d.busyAt.Load() > int64(busyQuiet)
+		busy := d.busyNow()
+		spin := spins && d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin && !busy
+		if !spin && !more && busy && spinnable() && !d.noPark.Load() {
+			park.Reset(time.Duration(busyPark.Load()))
+			d.rxParked.Store(true)
+			select {
+			case <-d.rxResume:
+			case <-park.C:
+			case <-d.done:
+				return
+			}
+			d.rxParked.Store(false)
+			park.Stop()
+			more = true // one read before the socket is waited on: the poller may have stopped
+			continue
+		}
 		if !spin && !more {
 			if err := w.WaitReadable(); err != nil {
 				if d.stopping(err) {

@@ -146,13 +146,45 @@ func TestReceiveLoopLeavesTheOnlyProcessor(t *testing.T) {
 }
 
 // While a goroutine busy-polls the device (PollNetwork: it reads the socket itself whenever its
-// CQ is empty), the receive loop does not spin after traffic but waits for the socket: two
-// threads spinning for one device took the cores of two processes on two cores. (With the rule
-// taken out, the loop read 58-612 times more, finding nothing. Without a poller it spins, but
-// stops when its yields take long, which a test cannot rule out: no control case.)
+// CQ is empty), the receive loop neither spins after traffic nor waits on the socket, but parks:
+// two threads spinning for one device took the cores of two processes on two cores. (With the
+// rule taken out, the loop read 58-612 times more, finding nothing. Without a poller it spins, but
+// stops when its yields take long, which a test cannot rule out: no control case.) Here the park
+// lasts an hour, and the test's own polls take the SEND.
 func TestReceiveLoopWaitsWhileBusyPolled(t *testing.T) {
 	if n := emptyReadsAfterTraffic(t, true); n > 1 {
 		t.Errorf("the receive loop read %d times more after traffic, finding nothing; want it waiting", n)
+	}
+}
+
+// An arm of a CQ ends the receive loop's park beside a busy poller (EndBusy): the application is
+// about to sleep, and a SEND that comes next is taken by the loop, with no poll, although the park
+// would last an hour.
+func TestReceiveLoopResumesOnArm(t *testing.T) {
+	defer busyPark.Store(busyPark.Swap(int64(time.Hour)))
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // (with one processor the loop never parks)
+	f := memlink.New(1)
+	an := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
+	bn := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
+	a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
+	b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1})
+	b.d.busyAt.Store(monoNow() + int64(time.Hour)) // a poller that never stops, until the arm
+	// A stray datagram wakes a loop that was already waiting on the socket: it then parks.
+	stray := f.Listen(netip.MustParseAddrPort("10.0.0.3:4791"), 1)
+	if err := stray.Send([]link.Packet{{Buf: []byte("stray"), N: 5, Addr: bn.LocalAddr()}}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !b.d.parkedRx(); runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatal("the receive loop does not park beside a busy poller")
+		}
+	}
+	b.d.ArmCQ(b.q.recvCQ)
+	sendOne(t, a, b)
+	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.written.Load() < 1; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatal("the SEND was not taken: the receive loop still parks after the arm")
+		}
 	}
 }
 
@@ -166,11 +198,32 @@ func emptyReadsAfterTraffic(t *testing.T, polled bool) int64 {
 	bn := &emptyReads{Node: f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)}
 	a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
 	b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1, RxSpin: time.Hour})
+	future := monoNow() + int64(time.Hour)
 	if polled {
 		// A poller that never stops (the loop compares with the clock: a poll "in the future"
-		// stays recent for the whole test, whatever the scheduler does).
-		b.d.busyAt.Store(time.Now().Add(time.Hour).UnixNano())
+		// stays recent for the whole test, whatever the scheduler does), and a park of an hour.
+		defer busyPark.Store(busyPark.Swap(int64(time.Hour)))
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+		b.d.busyAt.Store(future)
 	}
+	sendOne(t, a, b)
+	for b.q.recvCQ.written.Load() < 1 {
+		if polled {
+			b.d.PollNetwork() // the poller takes the SEND
+			b.d.busyAt.Store(future)
+		}
+		runtime.Gosched()
+	}
+	before := bn.n.Load()
+	for range 2000 {
+		runtime.Gosched()
+	}
+	return bn.n.Load() - before
+}
+
+// sendOne has a's QP send one 1-byte SEND to b's, into a receive posted for it.
+func sendOne(t *testing.T, a, b *accessRig) {
+	t.Helper()
 	ah, err := a.d.CreateAH(a.pd, b.d.GID())
 	if err != nil {
 		t.Fatal(err)
@@ -184,12 +237,4 @@ func emptyReadsAfterTraffic(t *testing.T, polled bool) int64 {
 	b.d.Ring(b.q)
 	atomic.StoreUint32(a.q.sq.db, 1)
 	a.d.Ring(a.q)
-	for b.q.recvCQ.written.Load() < 1 {
-		runtime.Gosched()
-	}
-	before := bn.n.Load()
-	for range 2000 {
-		runtime.Gosched()
-	}
-	return bn.n.Load() - before
 }

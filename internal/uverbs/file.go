@@ -80,8 +80,11 @@ type Device struct {
 // millisecond or two), and the peer's linger, waiting meanwhile, runs out in turn.
 const Linger = time.Millisecond
 
-// NewDevice wraps e. Close stops the async-event forwarder (the engine is the caller's).
+// NewDevice wraps e. Close stops the async-event forwarder (the engine is the caller's). e's
+// receive loop never parks beside a busy poll (engine.Device.NeverPark): a C program sleeps in
+// ibv_get_cq_event, where the device does not see it stop polling.
 func NewDevice(e *engine.Device) *Device {
+	e.NeverPark()
 	d := &Device{e: e, cfg: e.Config(), guid: GUID(e.GID()), files: make(map[*File]struct{}), linger: Linger}
 	ctx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel

@@ -1,7 +1,0 @@
-//go:build !linux
-
-package link
-
-import "syscall"
-
-func forceBuffers(syscall.RawConn, int) {}
