@@ -257,12 +257,16 @@ func (ch *CompChannel) GetCQEvent(ctx context.Context) (*CQ, error) {
 			return cq, nil
 		}
 		ch.mu.Unlock()
-		// The caller sleeps until an event: it stops busy-polling, so the device's receive loop
-		// takes the socket over now rather than at the end of its park.
-		ch.ctx.e.EndBusy()
+		// The caller sleeps until an event: the device's receive loop, which alone can bring
+		// it, takes the socket over now rather than at the end of a park, and does not park
+		// while the caller sleeps (engine.Device.BeginSleep).
+		e := ch.ctx.e
+		e.BeginSleep()
 		select {
 		case <-ch.sig:
+			e.EndSleep()
 		case <-ctx.Done():
+			e.EndSleep()
 			return nil, ctx.Err()
 		}
 	}

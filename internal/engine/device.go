@@ -108,8 +108,9 @@ type Device struct {
 	busyRx *busyPoll    // nil: the device cannot be busy-polled
 	// rxResume (one slot) ends the receive loop's park beside a busy poller (endBusy).
 	rxResume chan struct{}
-	rxParked atomic.Bool // the receive loop parks (for the tests)
-	noPark   atomic.Bool // NeverPark
+	rxWaits  atomic.Int32 // what the receive loop waits for: rxRunning, rxParked, rxOnSocket (for the tests)
+	noPark   atomic.Bool  // NeverPark
+	sleepers atomic.Int32 // application goroutines between BeginSleep and EndSleep
 
 	kick     chan struct{} // one slot: wakes the engine loop
 	evNotify chan struct{} // one slot: an async event was queued

@@ -339,7 +339,6 @@ func (d *Device) AwaitRecv(q *QP, seen uint64, budget time.Duration) {
 	d.sendOwedAcks()
 	alone := q.outN.Load() <= 1
 	d.pollWhile(func() bool { return q.counts.RecvWRs.Load() == seen || alone && q.outN.Load() > 0 }, budget, lazy)
-	d.EndBusy() // the thread goes back to the program, which may not poll the device again soon
 	if q.counts.RecvWRs.Load() != seen {
 		q.answered.Store(max(int64(d.clock()), 1))
 	} else {
@@ -434,11 +433,16 @@ func (d *Device) markBusy() {
 	}
 }
 
-// busyNow reports whether an application's goroutine busy-polled the device within busyQuiet.
-func (d *Device) busyNow() bool { return monoNow()-d.busyAt.Load() < int64(busyQuiet) }
+// busyNow reports whether an application's goroutine busy-polled the device within busyQuiet
+// (0: never, or not since EndBusy).
+func (d *Device) busyNow() bool {
+	at := d.busyAt.Load()
+	return at != 0 && monoNow()-at < int64(busyQuiet)
+}
 
 // monoStart and monoNow are a monotonic clock for busyAt, which a step of the wall clock must
-// not move.
+// not move. (In a synctest bubble time has no monotonic reading, and monoNow is far below 0:
+// busyAt's 0 still means never.)
 var monoStart = time.Now()
 
 func monoNow() int64 { return int64(time.Since(monoStart)) }
@@ -448,9 +452,20 @@ func monoNow() int64 { return int64(time.Since(monoStart)) }
 // programs do in ibv_get_cq_event (uverbs.NewDevice). Call it before the device is used.
 func (d *Device) NeverPark() { d.noPark.Store(true) }
 
+// BeginSleep and EndSleep bracket an application goroutine's sleep until a completion event
+// (verbs' CompChannel.GetCQEvent): while one sleeps, the receive loop does not park, whatever
+// other goroutines poll, since the sleeper's completion comes only from the loop.
+func (d *Device) BeginSleep() {
+	d.sleepers.Add(1)
+	d.EndBusy()
+}
+
+// EndSleep ends what BeginSleep began.
+func (d *Device) EndSleep() { d.sleepers.Add(-1) }
+
 // EndBusy notes that the application stops polling (it arms a CQ, or sleeps until a completion
-// event, or a linger ends): the receive loop waits on the socket again at once instead of at the
-// end of its park (rxOrdered).
+// event): the receive loop waits on the socket again at once instead of at the end of its park
+// (rxOrdered).
 func (d *Device) EndBusy() {
 	if d.busyRx == nil {
 		return
@@ -463,7 +478,14 @@ func (d *Device) EndBusy() {
 }
 
 // parkedRx reports whether the receive loop parks beside a busy poller.
-func (d *Device) parkedRx() bool { return d.rxParked.Load() }
+func (d *Device) parkedRx() bool { return d.rxWaits.Load() == rxParked }
+
+// What the receive loop waits for (Device.rxWaits).
+const (
+	rxRunning = iota
+	rxParked
+	rxOnSocket
+)
 
 // busyPark is how long, in nanoseconds, the receive loop parks beside a busy poller before it
 // reads the socket once and looks again: a millisecond (a variable for the tests).
@@ -521,8 +543,8 @@ func (d *Device) readInput(in *srd.Inbox, lazy bool) (bool, error) {
 // polling keeps a NIC's interrupts off: the poller reads every datagram itself, and a loop woken
 // for each would take a thread from the busy poller's core, or its peer's, for nothing
 // (docs/architecture.md, "Threads and locks"; with one processor no thread waits to be woken).
-// The application's arm of a CQ, its sleep on a completion channel, or a linger's end ends the
-// park (EndBusy); NeverPark turns it off. Reading beside the busy pollers, each into buffers of its
+// The application's arm of a CQ or its sleep on a completion channel ends the park, and no park
+// begins while a goroutine sleeps there (EndBusy, BeginSleep); NeverPark turns it off. Reading beside the busy pollers, each into buffers of its
 // own (GRO hands a run out over several reads), the receive loop could hand the transport an
 // earlier batch after a poller had handed it a later one, whose ACK then told the sender that
 // later packets came before earlier ones had: losses that were not (a bandwidth run between
@@ -537,22 +559,25 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 	for {
 		busy := d.busyNow()
 		spin := spins && d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin && !busy
-		if !spin && !more && busy && spinnable() && !d.noPark.Load() {
+		if !spin && !more && busy && spinnable() && !d.noPark.Load() && d.sleepers.Load() == 0 {
 			park.Reset(time.Duration(busyPark.Load()))
-			d.rxParked.Store(true)
+			d.rxWaits.Store(rxParked)
 			select {
 			case <-d.rxResume:
 			case <-park.C:
 			case <-d.done:
 				return
 			}
-			d.rxParked.Store(false)
+			d.rxWaits.Store(rxRunning)
 			park.Stop()
 			more = true // one read before the socket is waited on: the poller may have stopped
 			continue
 		}
 		if !spin && !more {
-			if err := w.WaitReadable(); err != nil {
+			d.rxWaits.Store(rxOnSocket)
+			err := w.WaitReadable()
+			d.rxWaits.Store(rxRunning)
+			if err != nil {
 				if d.stopping(err) {
 					return
 				}

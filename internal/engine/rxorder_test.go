@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/softefa/softefa/config"
@@ -221,20 +222,65 @@ func emptyReadsAfterTraffic(t *testing.T, polled bool) int64 {
 	return bn.n.Load() - before
 }
 
+// A device whose application never polled does not park, in a synctest bubble too (where time
+// has no monotonic reading, so "never" must not read as "a moment ago"): a SEND is taken as soon
+// as it comes, with no poll.
+func TestReceiveLoopUnpolledTakesAtOnce(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // (with one processor the loop never parks)
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(1)
+		an := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
+		bn := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
+		a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
+		b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1})
+		sendOne(t, a, b)
+		synctest.Wait()
+		if b.q.recvCQ.written.Load() < 1 || b.d.parkedRx() {
+			t.Fatalf("the SEND was not taken (receive loop parked: %v) with no poller", b.d.parkedRx())
+		}
+	})
+}
+
+// While a goroutine sleeps until a completion event (BeginSleep), the receive loop does not park,
+// though another goroutine busy-polls the device: the sleeper's completion can come only from
+// the loop, here with a park of an hour.
+func TestReceiveLoopDoesNotParkBesideASleeper(t *testing.T) {
+	defer busyPark.Store(busyPark.Swap(int64(time.Hour)))
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	f := memlink.New(1)
+	an := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
+	bn := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
+	a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
+	b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1})
+	b.d.BeginSleep()
+	defer b.d.EndSleep()
+	b.d.busyAt.Store(monoNow() + int64(time.Hour)) // another goroutine polls, and never stops
+	sendOne(t, a, b)                               // it wakes the loop, which then waits again: on the socket, not parked
+	for b.q.recvCQ.written.Load() < 1 || b.d.rxWaits.Load() == rxRunning {
+		runtime.Gosched()
+	}
+	if b.d.parkedRx() {
+		t.Fatal("the receive loop parked beside a sleeper")
+	}
+}
+
 // sendOne has a's QP send one 1-byte SEND to b's, into a receive posted for it.
-func sendOne(t *testing.T, a, b *accessRig) {
+func sendOne(t *testing.T, a, b *accessRig) { sendNth(t, a, b, 0) }
+
+// sendNth is sendOne for the i-th SEND of a test (ring slot i, before either ring wraps).
+func sendNth(t *testing.T, a, b *accessRig, i int) {
 	t.Helper()
 	ah, err := a.d.CreateAH(a.pd, b.d.GID())
 	if err != nil {
 		t.Fatal(err)
 	}
-	efaio.RxDesc(b.q.rq.ring[:efaio.RxDescSize]).Encode(&efaio.RxDescFields{
-		Addr: b.a.iova, ReqID: 0, Length: 64, LKey: b.a.lkey, First: true, Last: true})
-	a.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 0, Length: 1, AHN: ah.ahn, QKey: 9,
+	efaio.RxDesc(b.q.rq.ring[i*efaio.RxDescSize:][:efaio.RxDescSize]).Encode(&efaio.RxDescFields{
+		Addr: b.a.iova, ReqID: uint16(i), Length: 64, LKey: b.a.lkey, First: true, Last: true})
+	a.q.sq.slot(uint16(i)).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: uint16(i), Length: 1, AHN: ah.ahn, QKey: 9,
 		DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase,
 		SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: 64, LKey: a.a.lkey, Addr: a.a.iova}}})
-	atomic.StoreUint32(b.q.rq.db, 1)
+	atomic.StoreUint32(b.q.rq.db, uint32(i+1))
 	b.d.Ring(b.q)
-	atomic.StoreUint32(a.q.sq.db, 1)
+	atomic.StoreUint32(a.q.sq.db, uint32(i+1))
 	a.d.Ring(a.q)
 }
