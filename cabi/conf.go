@@ -211,11 +211,9 @@ func ReadConf() (Conf, []byte, error) {
 	if err != nil {
 		return Conf{}, nil, fmt.Errorf("%s=%s: %w", ConfEnv, path, err)
 	}
-	var key []byte
-	if _, ok := os.LookupEnv("SOFTEFA_KEY"); ok {
-		if key, err = config.KeyFromEnv("SOFTEFA_KEY"); err != nil {
-			return Conf{}, nil, fmt.Errorf("SOFTEFA_KEY: %w", err)
-		}
+	key, err := config.KeyFromEnvIfSet()
+	if err != nil {
+		return Conf{}, nil, err
 	}
 	return c, key, nil
 }

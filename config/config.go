@@ -346,6 +346,23 @@ func KeyFromFile(path string) ([]byte, error) {
 	return parseKey(b)
 }
 
+// KeyEnv is the environment variable that holds a device's key for softefa's commands and the
+// programs softefa run starts (a key is never a flag's value, which other users can read).
+const KeyEnv = "SOFTEFA_KEY"
+
+// KeyFromEnvIfSet is KeyFromEnv(KeyEnv) when the variable is set, and no key (nil) when it is
+// not; an error names the variable.
+func KeyFromEnvIfSet() ([]byte, error) {
+	if _, ok := os.LookupEnv(KeyEnv); !ok {
+		return nil, nil
+	}
+	k, err := KeyFromEnv(KeyEnv)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", KeyEnv, err)
+	}
+	return k, nil
+}
+
 // KeyFromEnv reads a key of 64 hex digits from the environment variable name.
 func KeyFromEnv(name string) ([]byte, error) {
 	v, ok := os.LookupEnv(name)

@@ -113,7 +113,7 @@ func (u *UDP) sendPath(b *batch, path int, pkts []Packet) error {
 		}
 		b.n, b.done, b.err = h, 0, nil
 		for !b.sendmmsg(u.socks[path].fd) {
-			if err := u.wait(path, unix.POLLOUT); err != nil {
+			if err := u.waitWritable(path); err != nil {
 				return err
 			}
 		}
@@ -131,13 +131,14 @@ func (u *UDP) sendPath(b *batch, path int, pkts []Packet) error {
 
 func (u *UDP) receive(pkts []Packet) (int, error) { return u.rx.recv(u, pkts, true) }
 
-// WaitReadable waits in poll(2) until socket 0 holds datagrams, reading none (link.ReadWaiter).
+// WaitReadable waits in Go's network poller, through the link's own epoll instance (rxWait),
+// until socket 0 holds datagrams, reading none (link.ReadWaiter).
 func (u *UDP) WaitReadable() error {
 	if !u.hold() {
 		return ErrClosed
 	}
 	defer u.release()
-	return u.wait(0, unix.POLLIN)
+	return u.waitReadable()
 }
 
 // TryReceive reads what socket 0 has queued without waiting.
@@ -208,7 +209,7 @@ func (r *rxState) recvmmsg(u *UDP, n int, wait bool) error {
 	b := &r.b
 	b.n, b.done, b.err = n, 0, nil
 	for !b.recvmmsg(u.socks[0].fd) && wait {
-		if err := u.wait(0, unix.POLLIN); err != nil {
+		if err := u.waitReadable(); err != nil {
 			return err
 		}
 	}

@@ -161,17 +161,20 @@ func (w *rxWait) wait(sock int) error {
 	return w.raw.Read(w.take)
 }
 
-// wait blocks until socket i is ready for events (unix.POLLIN or POLLOUT), or may be, or the link
-// is closed (ErrClosed). The caller holds the sockets (hold).
-func (u *UDP) wait(i int, events int16) error {
-	if i == 0 && events == unix.POLLIN {
-		err := u.rx.w.wait(u.socks[0].fd)
-		if u.closed.Load() {
-			return ErrClosed
-		}
-		return err
+// waitReadable waits until socket 0 may hold datagrams (rxWait), or the link is closed
+// (ErrClosed). The caller holds the sockets (hold).
+func (u *UDP) waitReadable() error {
+	err := u.rx.w.wait(u.socks[0].fd)
+	if u.closed.Load() {
+		return ErrClosed
 	}
-	fds := [2]unix.PollFd{{Fd: int32(u.socks[i].fd), Events: events}, {Fd: int32(u.wake), Events: unix.POLLIN}}
+	return err
+}
+
+// waitWritable waits in poll(2) until socket i may take a datagram, or the link is closed
+// (ErrClosed). The caller holds the sockets (hold).
+func (u *UDP) waitWritable(i int) error {
+	fds := [2]unix.PollFd{{Fd: int32(u.socks[i].fd), Events: unix.POLLOUT}, {Fd: int32(u.wake), Events: unix.POLLIN}}
 	for {
 		_, err := unix.Poll(fds[:], -1)
 		switch {

@@ -43,10 +43,8 @@ func runDevice(args []string) error {
 		*socket = hostdev.DefaultSocket(*name)
 	}
 	cfg := config.Device{Name: *name, Addr: ap, Paths: *paths, VendorPartID: uint32(*partID)}
-	if _, ok := os.LookupEnv("SOFTEFA_KEY"); ok {
-		if cfg.Key, err = config.KeyFromEnv("SOFTEFA_KEY"); err != nil {
-			return err
-		}
+	if cfg.Key, err = config.KeyFromEnvIfSet(); err != nil {
+		return err
 	}
 	l, err := link.ListenUDP(ap, max(cfg.Paths, config.Default().Paths))
 	if err != nil {

@@ -195,8 +195,8 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 			return nil, fmt.Errorf("--key-file: %w", err)
 		}
 		o.key = k
-	} else if _, ok := os.LookupEnv("SOFTEFA_KEY"); ok {
-		k, err := config.KeyFromEnv("SOFTEFA_KEY")
+	} else {
+		k, err := config.KeyFromEnvIfSet()
 		if err != nil {
 			return nil, err
 		}

@@ -69,11 +69,9 @@ func runRun(args []string) error {
 		}
 		*addr = "" // the device's
 	}
-	if _, ok := os.LookupEnv("SOFTEFA_KEY"); ok {
-		// The program's engines read it (the program inherits it): a bad one fails here, once.
-		if _, err := config.KeyFromEnv("SOFTEFA_KEY"); err != nil {
-			return fmt.Errorf("SOFTEFA_KEY: %w", err)
-		}
+	// The program's engines read the key (the program inherits it): a bad one fails here, once.
+	if _, err := config.KeyFromEnvIfSet(); err != nil {
+		return err
 	}
 	o := cabi.Options{Name: *name, Paths: *paths, Settings: settings, Device: *device}
 	if *ip != "" {

@@ -106,7 +106,7 @@ type Device struct {
 	busyMu sync.Mutex   // held by a goroutine in PollNetwork
 	busyAt atomic.Int64 // monoNow() of an application goroutine's last busy poll (markBusy)
 	busyRx *busyPoll    // nil: the device cannot be busy-polled
-	// rxResume (one slot) ends the receive loop's park beside a busy poller (endBusy).
+	// rxResume (one slot) ends the receive loop's park beside a busy poller (EndBusy).
 	rxResume chan struct{}
 	rxWaits  atomic.Int32 // what the receive loop waits for: rxRunning, rxParked, rxOnSocket (for the tests)
 	noPark   atomic.Bool  // NeverPark

@@ -477,6 +477,13 @@ func (d *Device) EndBusy() {
 	}
 }
 
+// mayPark reports whether the receive loop may park beside a busy poller: with more than one Go
+// processor (with one, no thread waits to be woken), not for a device that never parks
+// (NeverPark), and not while a goroutine sleeps until a completion event (BeginSleep).
+func (d *Device) mayPark() bool {
+	return spinnable() && !d.noPark.Load() && d.sleepers.Load() == 0
+}
+
 // parkedRx reports whether the receive loop parks beside a busy poller.
 func (d *Device) parkedRx() bool { return d.rxWaits.Load() == rxParked }
 
@@ -536,19 +543,18 @@ func (d *Device) readInput(in *srd.Inbox, lazy bool) (bool, error) {
 // it waits for datagrams, then reads and handles them as a busy poller does, holding busyMu from
 // the read until it holds the device lock (readInput). It waits only after a read that found
 // nothing: a read may leave datagrams in the poller's own buffers (the rest of a GRO run), which
-// no wait on the socket would see.
-//
-// While an application's goroutine busy-polls the device, with more than one Go processor, the
-// loop does not wait on the socket but parks (busyPark at a time, then one read), as NAPI's busy
-// polling keeps a NIC's interrupts off: the poller reads every datagram itself, and a loop woken
-// for each would take a thread from the busy poller's core, or its peer's, for nothing
-// (docs/architecture.md, "Threads and locks"; with one processor no thread waits to be woken).
-// The application's arm of a CQ or its sleep on a completion channel ends the park, and no park
-// begins while a goroutine sleeps there (EndBusy, BeginSleep); NeverPark turns it off. Reading beside the busy pollers, each into buffers of its
+// no wait on the socket would see. Reading beside the busy pollers, each into buffers of its
 // own (GRO hands a run out over several reads), the receive loop could hand the transport an
 // earlier batch after a poller had handed it a later one, whose ACK then told the sender that
 // later packets came before earlier ones had: losses that were not (a bandwidth run between
 // two processes: 62 and 136 batches out of order).
+//
+// While an application's goroutine busy-polls the device, the loop does not wait on the socket
+// but parks (busyPark at a time, then one read; mayPark), as NAPI's busy polling keeps a NIC's
+// interrupts off: the poller reads every datagram itself, and a loop woken for each would take a
+// thread from the busy poller's core, or its peer's, for nothing (docs/architecture.md, "Threads
+// and locks"). The application's arm of a CQ or its sleep on a completion channel ends the park
+// (EndBusy).
 func (d *Device) rxOrdered(w link.ReadWaiter) {
 	in := d.srd.NewInbox()
 	var last time.Time               // when the last datagram came
@@ -559,7 +565,7 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 	for {
 		busy := d.busyNow()
 		spin := spins && d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin && !busy
-		if !spin && !more && busy && spinnable() && !d.noPark.Load() && d.sleepers.Load() == 0 {
+		if !spin && !more && busy && d.mayPark() {
 			park.Reset(time.Duration(busyPark.Load()))
 			d.rxWaits.Store(rxParked)
 			select {
