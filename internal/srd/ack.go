@@ -2,6 +2,7 @@ package srd
 
 import (
 	"cmp"
+	"math"
 	"math/bits"
 	"time"
 
@@ -172,6 +173,10 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 		s.retx = append(s.retx, psn)
 		s.countFate(true)
 		lost++
+		e.gap = 0
+		if e.at+reo < ps.ackedAt {
+			e.gap = uint32(min(ps.ackedAt-e.at, math.MaxUint32))
+		}
 		if revealed {
 			t.pathLoss(p, int(e.path), now)
 		} else {
@@ -265,6 +270,7 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 		// Counted lost, but the packet (not a copy sent again) arrived: the loss was reordering.
 		s.reoSteps = min(s.reoSteps+1, 64)
 		s.reoClean = 0
+		s.sawReorder(time.Duration(e.gap))
 		t.counts.SpuriousRetrans.Add(1)
 		s.lossRate = max(s.lossRate-1.0/lossGain, 0) // take the loss back
 		if e.counted {
@@ -293,6 +299,9 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 	}
 	if e.retx == 0 && !tally.byAnswer {
 		tally.rtt = now - e.at // a copy left with the packet: its arrival times the round trip as well
+	}
+	if ps := &p.paths[e.path]; e.retx == 0 && !e.copied && !tally.byAnswer && e.at < ps.ackedAt {
+		s.sawReorder(ps.ackedAt - e.at) // a later packet on its path was acknowledged first
 	}
 	if !e.copied && !tally.byAnswer { // either copy of a copied packet may be the one that arrived: credit no path
 		// A copy sent again counts as arrived if its acknowledgement came a round trip after

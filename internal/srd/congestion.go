@@ -62,7 +62,7 @@ func (s *txStream) congestion(newly, lost int) {
 	}
 	if lost > 0 && !s.recovering {
 		if s.reoClean++; s.reoClean >= 16 {
-			s.reoSteps, s.reoClean = 1, 0
+			s.reoSteps, s.reoClean, s.reoSeen = 1, 0, 0
 		}
 		s.cut(lost)
 		return

@@ -8,12 +8,26 @@ import (
 )
 
 // reorderWindow is how much later than a packet another may be sent and still be acknowledged
-// first without the packet counting as lost: a quarter of the least RTT seen, times reoSteps,
-// which grows each time a loss proves spurious (the packet was acknowledged after all) and falls
-// back after 16 loss episodes without one; never above the smoothed RTT.
+// first without the packet counting as lost. It is the more of two allowances, both of which fall
+// back after 16 loss episodes without a spurious loss:
+//   - a quarter of the least RTT seen, times reoSteps, which grows each time a loss proves
+//     spurious (the packet was acknowledged after all), up to the smoothed RTT plus four
+//     deviations (RFC 8985 stops at the smoothed RTT; under jitter, the RTT samples of
+//     cumulative acknowledgements come from the packets that arrived early, and run low);
+//   - the widest reordering acknowledgements have shown within a path (reoSeen), up to the
+//     retransmission timeout, which finds a loss by then anyway. A path whose delay varies by
+//     0–200 µs reorders by up to 200 µs, whatever the mean.
 func (s *txStream) reorderWindow() time.Duration {
 	base := max(s.minRTT/4, minReorder)
-	return min(base*time.Duration(s.reoSteps), max(s.srtt, minReorder))
+	return max(min(base*time.Duration(s.reoSteps), s.srtt+4*s.rttvar), min(s.reoSeen, s.rto), minReorder)
+}
+
+// sawReorder notes that a packet sent once arrived after one sent later on its own path, by up to
+// gap (the later one's send time less its own): the window covers it from now on, with an eighth
+// to spare. This lets a path with jitter stop counting losses before the first one proves
+// spurious, not after.
+func (s *txStream) sawReorder(gap time.Duration) {
+	s.reoSeen = max(s.reoSeen, gap+gap/8)
 }
 
 // sparseFlight is the most packets in flight at which a new packet also goes as a copy on a

@@ -57,8 +57,12 @@ type Msg struct {
 
 // sentPkt is a PSN's slot in the stream: which segment of which message it carries.
 type sentPkt struct {
-	msg   *Msg
-	seg   uint32
+	msg *Msg
+	seg uint32
+	// gap is, for a packet counted lost because one sent after it on its path was acknowledged,
+	// how much later that one was sent, in nanoseconds (saturated): the reordering it shows
+	// if the packet arrives after all (sawReorder). 0 for a loss found otherwise.
+	gap   uint32
 	at    time.Duration
 	path  uint8
 	retx  uint8
@@ -98,6 +102,7 @@ type txStream struct {
 	nextMsg    uint32
 	reoSteps   int           // the reordering allowance, in steps of a quarter of minRTT (reorderWindow)
 	reoClean   int           // loss episodes since the last loss that proved spurious
+	reoSeen    time.Duration // the widest reordering within a path acknowledgements showed (sawReorder)
 	lossAt     time.Duration // when a packet was last counted lost (by acknowledgements or the timer)
 	lossRate   float64       // moving average of packets' fates, 1 lost, 0 acknowledged (lossGain)
 	sentAt     time.Duration // when a DATA frame last went to the peer (flushAcks)

@@ -434,6 +434,82 @@ func TestTraceSpuriousLossWidensAllowance(t *testing.T) {
 	}
 }
 
+// congestion.md "Loss detection": a loss that proves spurious shows how far its path reorders
+// (the send time of the packet whose acknowledgement counted it lost, less its own), and the
+// allowance covers that much from then on, not one step more. Here PSN 0 is overtaken by PSN 1,
+// sent 400 µs after it on the same path, and arrives after all; then PSNs 2 and 3, 400 µs apart,
+// arrive in the same reversed order, and nothing counts lost or goes again.
+func TestTraceSpuriousLossWidensAllowanceToItsGap(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.hear()
+	pair := func(first wire.PSN) traceFrame {
+		r.post(uint16(first), efaio.OpSend, 100)
+		r.advance(400 * time.Microsecond)
+		r.post(uint16(first+1), efaio.OpSend, 100)
+		r.advance(100 * time.Microsecond) // (the acknowledgements' RTT)
+		d := r.data()
+		if len(d) != 2 || d[0].h.Path != d[1].h.Path {
+			t.Fatalf("PSNs %v went on paths %v: want two on one path", psns(d), paths(d))
+		}
+		return d[0]
+	}
+	d := pair(0)
+	r.ack(0, []wire.PSN{1}, d.h.Path) // PSN 0 counted lost, and sent again
+	if again := r.data(); len(again) != 1 || again[0].f.Data.PSN != 0 {
+		t.Fatalf("after PSN 1 was acknowledged first: sent %v, want PSN 0 again", psns(again))
+	}
+	r.ack(2, nil, d.h.Path) // the original arrived: the loss was reordering
+	if n := r.counts.SpuriousRetrans.Load(); n != 1 {
+		t.Fatalf("%d losses counted spurious, want 1", n)
+	}
+	d = pair(2)
+	r.ack(2, []wire.PSN{3}, d.h.Path)
+	if again := r.data(); len(again) != 0 {
+		t.Fatalf("the same reordering again: PSNs %v sent again, want none", psns(again))
+	}
+	r.ack(4, nil, d.h.Path)
+	if n := r.counts.RetransPkts.Load(); n != 1 {
+		t.Fatalf("%d packets sent again, want 1 (the first reordering's)", n)
+	}
+}
+
+// congestion.md "Loss detection": a packet acknowledged after one sent later on its path, within
+// the allowance, shows reordering before any loss is counted, and the allowance grows to cover
+// it with an eighth to spare. Here a spurious loss sets the allowance to 450 µs (a 400 µs gap);
+// a 440 µs reordering then counts nothing lost and widens it to 495 µs, so that a 480 µs one
+// counts nothing lost either.
+func TestTraceSeenReorderingWidensAllowance(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.hear()
+	pair := func(first wire.PSN, gap time.Duration) uint8 {
+		r.post(uint16(first), efaio.OpSend, 100)
+		r.advance(gap)
+		r.post(uint16(first+1), efaio.OpSend, 100)
+		r.advance(100 * time.Microsecond) // (the acknowledgements' RTT)
+		d := r.data()
+		if len(d) != 2 || d[0].h.Path != d[1].h.Path || d[0].f.Data.PSN != first {
+			t.Fatalf("PSNs %v went on paths %v: want %d and %d on one path", psns(d), paths(d), first, first+1)
+		}
+		return d[0].h.Path
+	}
+	path := pair(0, 400*time.Microsecond)
+	r.ack(0, []wire.PSN{1}, path)
+	r.data()
+	r.ack(2, nil, path)
+	for i, gap := range []time.Duration{440 * time.Microsecond, 480 * time.Microsecond} {
+		first := wire.PSN(2 + 2*i)
+		path = pair(first, gap)
+		r.ack(first, []wire.PSN{first + 1}, path)
+		if again := r.data(); len(again) != 0 {
+			t.Fatalf("a reordering of %v: PSNs %v sent again, want none", gap, psns(again))
+		}
+		r.ack(first+2, nil, path)
+	}
+	if n := r.counts.RetransPkts.Load(); n != 1 {
+		t.Fatalf("%d packets sent again, want 1 (the first reordering's)", n)
+	}
+}
+
 // congestion.md "Undo": when every packet a loss episode counted lost is acknowledged as the
 // original after all, nothing was lost: the window cut is undone. Here PSNs 0–2 are counted lost
 // (PSN 3 overtook them), sent again, and then acknowledged at once, before a copy sent again could
