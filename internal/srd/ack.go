@@ -174,8 +174,8 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 		s.countFate(true)
 		lost++
 		e.gap = 0
-		if e.at+reo < ps.ackedAt {
-			e.gap = uint32(min(ps.ackedAt-e.at, math.MaxUint32))
+		if e.at+reo < ps.onceAt {
+			e.gap = uint32(min(ps.onceAt-e.at, math.MaxUint32))
 		}
 		if revealed {
 			t.pathLoss(p, int(e.path), now)
@@ -300,8 +300,14 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 	if e.retx == 0 && !tally.byAnswer {
 		tally.rtt = now - e.at // a copy left with the packet: its arrival times the round trip as well
 	}
-	if ps := &p.paths[e.path]; e.retx == 0 && !e.copied && !tally.byAnswer && e.at < ps.ackedAt {
-		s.sawReorder(ps.ackedAt - e.at) // a later packet on its path was acknowledged first
+	if ps := &p.paths[e.path]; e.retx == 0 && !e.copied && !tally.byAnswer {
+		// Packets sent once leave in PSN order, and an acknowledgement is taken in PSN order:
+		// one sent earlier on the path taken after one sent later arrived after it. (A packet
+		// sent again leaves out of PSN order, and which copy arrived is unknown: no measure.)
+		if e.at < ps.onceAt {
+			s.sawReorder(ps.onceAt - e.at)
+		}
+		ps.onceAt = max(ps.onceAt, e.at)
 	}
 	if !e.copied && !tally.byAnswer { // either copy of a copied packet may be the one that arrived: credit no path
 		// A copy sent again counts as arrived if its acknowledgement came a round trip after

@@ -240,7 +240,7 @@ func (t *Transport) onChallenge(p *peer, cookie uint64, port uint16, taken bool)
 			if e.acked || e.lost || e.msg == nil || int(e.path) >= len(p.echo) || !p.echo[e.path].resend {
 				continue
 			}
-			e.lost = true
+			e.lost, e.gap = true, 0
 			s.inflight--
 			s.retx = append(s.retx, psn)
 		}

@@ -14,18 +14,19 @@ import (
 //     spurious (the packet was acknowledged after all), up to the smoothed RTT plus four
 //     deviations (RFC 8985 stops at the smoothed RTT; under jitter, the RTT samples of
 //     cumulative acknowledgements come from the packets that arrived early, and run low);
-//   - the widest reordering acknowledgements have shown within a path (reoSeen), up to the
-//     retransmission timeout, which finds a loss by then anyway. A path whose delay varies by
-//     0–200 µs reorders by up to 200 µs, whatever the mean.
+//   - the widest reordering acknowledgements have shown within a path (reoSeen), up to half the
+//     retransmission timeout, so that acknowledgements still find a loss before the timer does.
+//     A path whose delay varies by 0–200 µs reorders by up to 200 µs, whatever the mean.
 func (s *txStream) reorderWindow() time.Duration {
 	base := max(s.minRTT/4, minReorder)
-	return max(min(base*time.Duration(s.reoSteps), s.srtt+4*s.rttvar), min(s.reoSeen, s.rto), minReorder)
+	return max(min(base*time.Duration(s.reoSteps), s.srtt+4*s.rttvar), min(s.reoSeen, s.rto/2), minReorder)
 }
 
-// sawReorder notes that a packet sent once arrived after one sent later on its own path, by up to
-// gap (the later one's send time less its own): the window covers it from now on, with an eighth
-// to spare. This lets a path with jitter stop counting losses before the first one proves
-// spurious, not after.
+// sawReorder notes that a packet arrived after one sent gap later on its own path: the window
+// covers that much from then on, with an eighth to spare. Reordering is measured only between
+// packets sent once (pathState.onceAt): from a packet counted lost that then proves spurious
+// (the gap that counted it lost, sentPkt.gap), and from one acknowledged after a later one,
+// within the allowance, before anything counts lost.
 func (s *txStream) sawReorder(gap time.Duration) {
 	s.reoSeen = max(s.reoSeen, gap+gap/8)
 }
@@ -251,7 +252,7 @@ func (t *Transport) resendLowest(p *peer, now time.Duration, twice bool) {
 	noLoss := s.srtt == 0 || e.copied
 	if !e.lost {
 		e.suspect = e.path + 1
-		e.lost, e.counted = true, !noLoss
+		e.lost, e.counted, e.gap = true, !noLoss, 0
 		s.inflight--
 	}
 	t.sendAgain(p, psn, e, t.sendTime())

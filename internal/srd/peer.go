@@ -45,6 +45,7 @@ type peer struct {
 type pathState struct {
 	srtt      time.Duration
 	ackedAt   time.Duration // send time of the latest packet on this path acknowledged
+	onceAt    time.Duration // the same, of packets sent once: what reordering is measured against (sawReorder)
 	failedAt  time.Duration // when it was marked failed
 	probeAt   time.Duration // when to probe a failed or unproven path next
 	sent      uint64

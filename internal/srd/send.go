@@ -59,9 +59,10 @@ type Msg struct {
 type sentPkt struct {
 	msg *Msg
 	seg uint32
-	// gap is, for a packet counted lost because one sent after it on its path was acknowledged,
-	// how much later that one was sent, in nanoseconds (saturated): the reordering it shows
-	// if the packet arrives after all (sawReorder). 0 for a loss found otherwise.
+	// gap is, for a packet counted lost because one sent once after it on its path was
+	// acknowledged (pathState.onceAt), how much later that one was sent, in nanoseconds
+	// (saturated): the reordering it shows if the packet arrives after all (sawReorder). 0 for
+	// a loss found otherwise.
 	gap   uint32
 	at    time.Duration
 	path  uint8

@@ -510,6 +510,44 @@ func TestTraceSeenReorderingWidensAllowance(t *testing.T) {
 	}
 }
 
+// congestion.md "Loss detection": reordering is measured between packets sent once. A packet
+// sent again leaves out of PSN order, and an acknowledgement is taken in PSN order: here PSN 0,
+// counted lost, goes again on path 1 after PSN 16 went there, and one acknowledgement covers
+// both. Nothing was reordered, and the allowance stays as it was. (Measured against the
+// retransmission's send time, PSN 16 looked 100 µs late; under 1% loss such false measures held
+// the allowance near the retransmission timeout.)
+func TestTraceRetransmissionIsNoReordering(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.hear()
+	tx := func() *txStream { return &r.tr.peers[config.GIDFromAddr(tracePeer)].tx }
+	r.post(0, efaio.OpSend, 100)
+	r.advance(100 * time.Microsecond)
+	for i := 1; i < 16; i++ {
+		r.post(uint16(i), efaio.OpSend, 100)
+	}
+	r.advance(100 * time.Microsecond)
+	r.post(16, efaio.OpSend, 100) // the next burst: on path 1
+	d := r.data()
+	if len(d) != 17 || d[0].h.Path != 0 || d[16].h.Path != 1 {
+		t.Fatalf("PSNs %v went on paths %v: want 0-15 on path 0, 16 on path 1", psns(d), paths(d))
+	}
+	r.advance(100 * time.Microsecond)
+	var sack []wire.PSN
+	for i := 1; i < 16; i++ {
+		sack = append(sack, wire.PSN(i))
+	}
+	r.ack(0, sack, 0) // PSN 0 counted lost
+	if again := r.data(); len(again) != 1 || again[0].f.Data.PSN != 0 || again[0].h.Path != 1 {
+		t.Fatalf("sent %v on paths %v, want PSN 0 again on path 1", psns(again), paths(again))
+	}
+	before := tx().reorderWindow()
+	r.advance(200 * time.Microsecond)
+	r.ack(17, nil, 1)
+	if seen, after := tx().reoSeen, tx().reorderWindow(); seen != 0 || after != before {
+		t.Fatalf("reordering seen %v, allowance %v (was %v): want none seen, the allowance as it was", seen, after, before)
+	}
+}
+
 // congestion.md "Undo": when every packet a loss episode counted lost is acknowledged as the
 // original after all, nothing was lost: the window cut is undone. Here PSNs 0–2 are counted lost
 // (PSN 3 overtook them), sent again, and then acknowledged at once, before a copy sent again could
