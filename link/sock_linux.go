@@ -80,20 +80,14 @@ func (s socket) port() uint16 { return s.local }
 
 func (s socket) close() { unix.Close(s.fd) }
 
-// wakeup is an eventfd that Close makes readable for good: every wait on a socket watches it.
-type wakeup int
-
-func newWakeup() (wakeup, error) {
-	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	return wakeup(fd), err
-}
-
-func (w wakeup) close() { unix.Close(int(w)) }
-
-// interrupt ends the calls waiting on the sockets, for Close, which then waits for them.
+// interrupt ends the calls waiting on the sockets, for Close, which then waits for them. Shutting
+// a socket down wakes whatever polls it, and it polls as hung up from then on, even an
+// unconnected UDP socket (whose shutdown fails with ENOTCONN, but takes effect): so no wait
+// needs a descriptor of its own beside the socket for Close to signal.
 func (u *UDP) interrupt() {
-	one := [8]byte{1}
-	_, _ = unix.Write(int(u.wake), one[:])
+	for _, s := range u.socks {
+		_ = unix.Shutdown(s.fd, unix.SHUT_RDWR)
+	}
 	if u.rx.w != nil {
 		// A deadline, not Close: the waiting call still holds ep and may use it once more;
 		// Close (closeWait) lets it go after them.
@@ -172,9 +166,10 @@ func (u *UDP) waitReadable() error {
 }
 
 // waitWritable waits in poll(2) until socket i may take a datagram, or the link is closed
-// (ErrClosed). The caller holds the sockets (hold).
+// (ErrClosed: interrupt shuts the socket down, which ends the poll). The caller holds the
+// sockets (hold).
 func (u *UDP) waitWritable(i int) error {
-	fds := [2]unix.PollFd{{Fd: int32(u.socks[i].fd), Events: unix.POLLOUT}, {Fd: int32(u.wake), Events: unix.POLLIN}}
+	fds := [1]unix.PollFd{{Fd: int32(u.socks[i].fd), Events: unix.POLLOUT}}
 	for {
 		_, err := unix.Poll(fds[:], -1)
 		switch {

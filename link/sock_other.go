@@ -25,12 +25,6 @@ func (s socket) port() uint16 { return uint16(s.c.LocalAddr().(*net.UDPAddr).Por
 // close closes the socket, which ends a read waiting on it; again, it does nothing.
 func (s socket) close() { s.c.Close() }
 
-// wakeup is not needed where a socket's close ends the calls waiting on it.
-type wakeup struct{}
-
-func newWakeup() (wakeup, error) { return wakeup{}, nil }
-func (wakeup) close()            {}
-
 func (u *UDP) initWait() error { return nil }
 func (u *UDP) closeWait()      {}
 

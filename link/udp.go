@@ -26,7 +26,6 @@ type UDP struct {
 	// inUse is held shared by every call that uses a socket, and by Close alone: Close waits
 	// for the calls in flight before it lets the descriptors go.
 	inUse sync.RWMutex
-	wake  wakeup // what Close signals to end the calls waiting on sockets
 
 	rx  rxState // Receive's and TryReceive's scratch, owned by the receiving goroutine
 	gro bool    // the kernel coalesces received runs (socket 0)
@@ -62,10 +61,6 @@ func ListenUDPOptions(addr netip.AddrPort, paths int, o UDPOptions) (*UDP, error
 		return nil, fmt.Errorf("link: %d paths; 1 to 255", paths)
 	}
 	u := &UDP{txs: make(chan *batch, 8)}
-	var err error
-	if u.wake, err = newWakeup(); err != nil {
-		return nil, fmt.Errorf("link: %w", err)
-	}
 	for i := range paths {
 		a := addr
 		if i > 0 {
@@ -116,7 +111,6 @@ func (u *UDP) Close() error {
 		s.close()
 	}
 	u.closeWait()
-	u.wake.close()
 	return nil
 }
 
