@@ -131,7 +131,7 @@ func (u *UDP) sendPath(b *batch, path int, pkts []Packet) error {
 
 func (u *UDP) receive(pkts []Packet) (int, error) { return u.rx.recv(u, pkts, true) }
 
-// WaitReadable waits in Go's network poller, through the link's own epoll instance (rxWait),
+// WaitReadable waits in Go's network poller, through the process's epoll instance (rxWait),
 // until socket 0 holds datagrams, reading none (link.ReadWaiter).
 func (u *UDP) WaitReadable() error {
 	if !u.hold() {

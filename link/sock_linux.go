@@ -5,8 +5,8 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"sync"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -15,10 +15,10 @@ import (
 // poller. A socket in the poller has its every readiness edge (a datagram come, send room freed)
 // wake a thread parked in epoll_wait whenever Go has an idle processor and a timer pending, even
 // with no goroutine waiting on the socket: while an application busy-polls a device, a thread
-// woken per datagram beside the busy poller. So a receive waits in the poller on an epoll
-// instance of the link's own (rxWait), in which socket 0 is armed for one event just before each
-// wait, and nothing else; a send that finds no room waits in poll(2) with the link's wakeup
-// beside the socket, which Close signals.
+// woken per datagram beside the busy poller. So a receive waits on the process's one epoll
+// instance, in the poller (waitHub), in which socket 0 is armed for one event just before each
+// wait, and nothing else; a send that finds no room waits in poll(2) on the socket, which Close
+// ends by shutting the socket down (interrupt).
 type socket struct {
 	fd    int
 	local uint16 // the port bound
@@ -89,76 +89,152 @@ func (u *UDP) interrupt() {
 		_ = unix.Shutdown(s.fd, unix.SHUT_RDWR)
 	}
 	if u.rx.w != nil {
-		// A deadline, not Close: the waiting call still holds ep and may use it once more;
-		// Close (closeWait) lets it go after them.
-		_ = u.rx.w.file.SetReadDeadline(time.Unix(1, 0))
+		close(u.rx.w.closed)
 	}
 }
 
-// closeWait lets Receive's way of waiting go, once no call uses it.
+// closeWait takes socket 0 out of the process's epoll instance, once no call uses it.
 func (u *UDP) closeWait() {
 	if u.rx.w != nil {
-		u.rx.w.file.Close()
+		hub.remove(u.rx.w)
 	}
 }
 
-// rxWait is how a receive waits for socket 0: an epoll instance holding socket 0 alone, with
-// EPOLLONESHOT, in Go's network poller. Arming it (EPOLL_CTL_MOD) before a wait lets one
-// readiness of the socket through, at once if datagrams are queued; between waits, datagrams
-// wake nothing.
+// rxWait is how a receive waits for socket 0: the socket is registered in the process's one
+// epoll instance (waitHub) with EPOLLONESHOT, and arming it (EPOLL_CTL_MOD) before a wait lets
+// one readiness of the socket through, at once if datagrams are queued; between waits,
+// datagrams wake nothing. The hub's goroutine hands the event to the waiter on ready.
 type rxWait struct {
-	ep     int      // the epoll instance
-	file   *os.File // ep in Go's network poller
-	raw    syscall.RawConn
-	events [1]unix.EpollEvent
-	take   func(fd uintptr) bool // takes the event, if it came: RawConn.Read's function, made once
+	sock   int
+	ready  chan struct{} // a token per event (1 buffered)
+	closed chan struct{} // closed by interrupt
 }
 
-func newRxWait(sock int) (*rxWait, error) {
-	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err != nil {
-		return nil, err
-	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT, Fd: int32(sock)}
-	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, sock, &ev); err != nil {
-		unix.Close(ep)
-		return nil, err
-	}
-	if err := unix.SetNonblock(ep, true); err != nil {
-		unix.Close(ep)
-		return nil, err
-	}
-	w := &rxWait{ep: ep, file: os.NewFile(uintptr(ep), "softefa-rx-epoll")}
-	if w.raw, err = w.file.SyscallConn(); err != nil {
-		w.file.Close()
-		return nil, err
-	}
-	w.take = func(uintptr) bool {
-		n, err := unix.EpollWait(w.ep, w.events[:], 0)
+// waitHub is the process's epoll instance for every link's socket 0, in Go's network poller, and
+// the goroutine that takes its events: one descriptor for all the links of a process, not one
+// each (a process of the many-peers bench holds 10,000 one-path devices).
+type waitHub struct {
+	once    sync.Once
+	err     error
+	ep      int
+	file    *os.File // ep in the poller; kept, or its finalizer would close ep
+	raw     syscall.RawConn
+	mu      sync.Mutex
+	waiters map[int32]*rxWait // by socket descriptor
+}
+
+var hub waitHub
+
+// start makes the epoll instance and starts the goroutine that hands its events out, once.
+func (h *waitHub) start() error {
+	h.once.Do(func() {
+		ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+		if err == nil {
+			err = unix.SetNonblock(ep, true)
+		}
+		if err != nil {
+			if ep >= 0 {
+				unix.Close(ep)
+			}
+			h.err = err
+			return
+		}
+		file := os.NewFile(uintptr(ep), "softefa-rx-epoll")
+		if h.raw, h.err = file.SyscallConn(); h.err != nil {
+			file.Close()
+			return
+		}
+		h.ep, h.file, h.waiters = ep, file, make(map[int32]*rxWait)
+		go h.run()
+	})
+	return h.err
+}
+
+// run waits in Go's network poller for the epoll instance's events and hands each to its
+// socket's waiter, for the process's life.
+func (h *waitHub) run() {
+	var events [64]unix.EpollEvent
+	var n int
+	take := func(uintptr) bool {
+		var err error
+		n, err = unix.EpollWait(h.ep, events[:], 0)
+		if err != nil {
+			n = 0
+		}
 		return n > 0 || err != nil && err != unix.EINTR
 	}
+	for {
+		if err := h.raw.Read(take); err != nil {
+			return
+		}
+		h.mu.Lock()
+		for _, ev := range events[:n] {
+			// A socket closed meanwhile is gone from the map; one whose descriptor a new
+			// link took gets a wake-up it may not need, which a wait allows.
+			if w := h.waiters[ev.Fd]; w != nil {
+				select {
+				case w.ready <- struct{}{}:
+				default:
+				}
+			}
+		}
+		h.mu.Unlock()
+	}
+}
+
+// add registers sock, disarmed until its first wait.
+func (h *waitHub) add(sock int) (*rxWait, error) {
+	if err := h.start(); err != nil {
+		return nil, err
+	}
+	w := &rxWait{sock: sock, ready: make(chan struct{}, 1), closed: make(chan struct{})}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ev := unix.EpollEvent{Events: unix.EPOLLONESHOT, Fd: int32(sock)}
+	if err := unix.EpollCtl(h.ep, unix.EPOLL_CTL_ADD, sock, &ev); err != nil {
+		return nil, err
+	}
+	h.waiters[int32(sock)] = w
 	return w, nil
 }
 
-// initWait makes Receive's and WaitReadable's way of waiting for socket 0.
+// remove takes w's socket out, before the socket is closed.
+func (h *waitHub) remove(w *rxWait) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_ = unix.EpollCtl(h.ep, unix.EPOLL_CTL_DEL, w.sock, nil)
+	if h.waiters[int32(w.sock)] == w {
+		delete(h.waiters, int32(w.sock))
+	}
+}
+
+// initWait registers socket 0 for Receive's and WaitReadable's waits.
 func (u *UDP) initWait() (err error) {
-	u.rx.w, err = newRxWait(u.socks[0].fd)
+	u.rx.w, err = hub.add(u.socks[0].fd)
 	return err
 }
 
-// wait arms socket 0 for one readiness and waits in Go's network poller until it comes.
-func (w *rxWait) wait(sock int) error {
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT, Fd: int32(sock)}
-	if err := unix.EpollCtl(w.ep, unix.EPOLL_CTL_MOD, sock, &ev); err != nil {
+// wait arms the socket for one readiness and waits until the hub hands it over, or interrupt.
+func (w *rxWait) wait() error {
+	select {
+	case <-w.ready: // an event of an earlier arm that came after its wait ended
+	default:
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT, Fd: int32(w.sock)}
+	if err := unix.EpollCtl(hub.ep, unix.EPOLL_CTL_MOD, w.sock, &ev); err != nil {
 		return err
 	}
-	return w.raw.Read(w.take)
+	select {
+	case <-w.ready:
+	case <-w.closed:
+	}
+	return nil
 }
 
 // waitReadable waits until socket 0 may hold datagrams (rxWait), or the link is closed
 // (ErrClosed). The caller holds the sockets (hold).
 func (u *UDP) waitReadable() error {
-	err := u.rx.w.wait(u.socks[0].fd)
+	err := u.rx.w.wait()
 	if u.closed.Load() {
 		return ErrClosed
 	}

@@ -107,10 +107,10 @@ func (u *UDP) Close() error {
 	u.interrupt()
 	u.inUse.Lock() // the calls in flight have seen the signal and returned
 	defer u.inUse.Unlock()
+	u.closeWait() // (before the sockets close: a new socket may take a descriptor's number at once)
 	for _, s := range u.socks {
 		s.close()
 	}
-	u.closeWait()
 	return nil
 }
 
