@@ -59,7 +59,7 @@ type ReadWaiter interface {
 	// WaitReadable returns when socket 0 may hold datagrams (at once if it may already), or
 	// with ErrClosed once the link is closed. It does not see datagrams a poller has read and
 	// not handed out yet (with GRO, the rest of a run): a reader reads until a read finds
-	// nothing before it waits.
+	// nothing before it waits. One goroutine waits at a time: the receive goroutine.
 	WaitReadable() error
 }
 

@@ -1,6 +1,7 @@
 package link
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -16,9 +17,9 @@ import (
 // wake a thread parked in epoll_wait whenever Go has an idle processor and a timer pending, even
 // with no goroutine waiting on the socket: while an application busy-polls a device, a thread
 // woken per datagram beside the busy poller. So a receive waits on the process's one epoll
-// instance, in the poller (waitHub), in which socket 0 is armed for one event just before each
-// wait, and nothing else; a send that finds no room waits in poll(2) on the socket, which Close
-// ends by shutting the socket down (interrupt).
+// instance, in the poller (waitHub), which holds every link's socket 0, each armed for one event
+// just before its link's wait; a send that finds no room waits in poll(2) on the socket, which
+// Close ends by shutting the socket down (interrupt).
 type socket struct {
 	fd    int
 	local uint16 // the port bound
@@ -103,71 +104,91 @@ func (u *UDP) closeWait() {
 // rxWait is how a receive waits for socket 0: the socket is registered in the process's one
 // epoll instance (waitHub) with EPOLLONESHOT, and arming it (EPOLL_CTL_MOD) before a wait lets
 // one readiness of the socket through, at once if datagrams are queued; between waits,
-// datagrams wake nothing. The hub's goroutine hands the event to the waiter on ready.
+// datagrams wake nothing. The hub's goroutine hands the event to the waiter on ready. One
+// goroutine waits on a link at a time (the link's receiver: UDP's contract).
 type rxWait struct {
 	sock   int
 	ready  chan struct{} // a token per event (1 buffered)
 	closed chan struct{} // closed by interrupt
+	dead   chan struct{} // the hub's: closed if its goroutine stops (waitHub.err)
 }
 
 // waitHub is the process's epoll instance for every link's socket 0, in Go's network poller, and
 // the goroutine that takes its events: one descriptor for all the links of a process, not one
 // each (a process of the many-peers bench holds 10,000 one-path devices).
 type waitHub struct {
-	once    sync.Once
-	err     error
-	ep      int
-	file    *os.File // ep in the poller; kept, or its finalizer would close ep
-	raw     syscall.RawConn
 	mu      sync.Mutex
+	ep      int
+	file    *os.File // ep in the poller (nil until made); kept, or its finalizer would close ep
+	raw     syscall.RawConn
 	waiters map[int32]*rxWait // by socket descriptor
+	dead    chan struct{}     // closed when run stops, with err: every wait then fails with it
+	err     error
 }
 
 var hub waitHub
 
-// start makes the epoll instance and starts the goroutine that hands its events out, once.
+// start makes the epoll instance and starts the goroutine that hands its events out, unless they
+// are made. A failure to make them is the caller's (the next link tries again); a failure of the
+// goroutine's, later, every link's. h.mu is held.
 func (h *waitHub) start() error {
-	h.once.Do(func() {
-		ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-		if err == nil {
-			err = unix.SetNonblock(ep, true)
-		}
-		if err != nil {
-			if ep >= 0 {
-				unix.Close(ep)
-			}
-			h.err = err
-			return
-		}
-		file := os.NewFile(uintptr(ep), "softefa-rx-epoll")
-		if h.raw, h.err = file.SyscallConn(); h.err != nil {
-			file.Close()
-			return
-		}
-		h.ep, h.file, h.waiters = ep, file, make(map[int32]*rxWait)
-		go h.run()
-	})
-	return h.err
+	switch {
+	case h.err != nil:
+		return h.err
+	case h.file != nil:
+		return nil
+	}
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return err
+	}
+	if err := unix.SetNonblock(ep, true); err != nil {
+		unix.Close(ep)
+		return err
+	}
+	file := os.NewFile(uintptr(ep), "softefa-rx-epoll")
+	raw, err := file.SyscallConn()
+	if err != nil {
+		file.Close()
+		return err
+	}
+	h.ep, h.file, h.raw = ep, file, raw
+	h.waiters, h.dead = make(map[int32]*rxWait), make(chan struct{})
+	go h.run()
+	return nil
 }
 
 // run waits in Go's network poller for the epoll instance's events and hands each to its
-// socket's waiter, for the process's life.
+// socket's waiter, for the process's life. Should the instance fail (it is never closed), run
+// stops, and every wait, now and later, fails with the error rather than waiting for good.
 func (h *waitHub) run() {
 	var events [64]unix.EpollEvent
 	var n int
+	var failed error
 	take := func(uintptr) bool {
-		var err error
-		n, err = unix.EpollWait(h.ep, events[:], 0)
-		if err != nil {
-			n = 0
+		for {
+			n, failed = unix.EpollWait(h.ep, events[:], 0)
+			switch failed {
+			case unix.EINTR:
+				continue
+			case nil:
+				return n > 0 // (nothing after all: wait for the next readiness)
+			}
+			return true
 		}
-		return n > 0 || err != nil && err != unix.EINTR
 	}
 	for {
-		if err := h.raw.Read(take); err != nil {
-			return
+		err := h.raw.Read(take)
+		if err == nil {
+			err = failed
 		}
 		h.mu.Lock()
+		if err != nil {
+			h.err = fmt.Errorf("link: the epoll instance receives wait through failed: %w", err)
+			close(h.dead)
+			h.mu.Unlock()
+			return
+		}
 		for _, ev := range events[:n] {
 			// A socket closed meanwhile is gone from the map; one whose descriptor a new
 			// link took gets a wake-up it may not need, which a wait allows.
@@ -182,14 +203,15 @@ func (h *waitHub) run() {
 	}
 }
 
-// add registers sock, disarmed until its first wait.
+// add registers sock, armed for nothing but errors and hang-ups (which epoll always reports:
+// Close's shutdown may so bring a wake-up no wait needs) until its first wait.
 func (h *waitHub) add(sock int) (*rxWait, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if err := h.start(); err != nil {
 		return nil, err
 	}
-	w := &rxWait{sock: sock, ready: make(chan struct{}, 1), closed: make(chan struct{})}
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	w := &rxWait{sock: sock, ready: make(chan struct{}, 1), closed: make(chan struct{}), dead: h.dead}
 	ev := unix.EpollEvent{Events: unix.EPOLLONESHOT, Fd: int32(sock)}
 	if err := unix.EpollCtl(h.ep, unix.EPOLL_CTL_ADD, sock, &ev); err != nil {
 		return nil, err
@@ -227,6 +249,8 @@ func (w *rxWait) wait() error {
 	select {
 	case <-w.ready:
 	case <-w.closed:
+	case <-w.dead:
+		return hub.err
 	}
 	return nil
 }

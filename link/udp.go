@@ -16,9 +16,9 @@ import (
 //
 // On Linux, Send and Receive move batches with sendmmsg and recvmmsg, with UDP GSO and GRO
 // where the kernel has them, on sockets kept out of Go's network poller (sock_linux.go); elsewhere
-// one datagram per system call. Receive and TryReceive must be called from one goroutine at a
-// time; each poller from NewPoller by one goroutine at a time, beside them; Send may be called
-// from several.
+// one datagram per system call. Receive, TryReceive and WaitReadable must be called from one
+// goroutine at a time (the link's receiver); each poller from NewPoller by one goroutine at a
+// time, beside them; Send may be called from several.
 type UDP struct {
 	socks  []socket
 	local  netip.AddrPort

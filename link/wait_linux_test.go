@@ -1,6 +1,7 @@
 package link
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"testing"
@@ -107,7 +108,8 @@ func TestUDPDescriptors(t *testing.T) {
 }
 
 // Close ends a wait in poll(2) on a socket (as a send that finds the socket's buffer full waits:
-// waitWritable) by shutting the socket down: it returns once the waiting call has let go.
+// waitWritable) by shutting the socket down, which the poll sees as a hang-up (POLLHUP): Close
+// returns once the waiting call has let go.
 func TestCloseEndsAPoll(t *testing.T) {
 	_, b := udpPair(t)
 	if !b.hold() {
@@ -116,8 +118,11 @@ func TestCloseEndsAPoll(t *testing.T) {
 	polled := make(chan error, 1)
 	go func() {
 		defer b.release()
-		fds := []unix.PollFd{{Fd: int32(b.socks[0].fd), Events: unix.POLLIN}} // nothing comes
+		fds := []unix.PollFd{{Fd: int32(b.socks[0].fd)}} // no event asked for: only a hang-up or an error ends it
 		_, err := unix.Poll(fds, -1)
+		if err == nil && fds[0].Revents&unix.POLLHUP == 0 {
+			err = fmt.Errorf("poll ended with events %#x, want POLLHUP", fds[0].Revents)
+		}
 		polled <- err
 	}()
 	closed := make(chan struct{})
@@ -130,4 +135,33 @@ func TestCloseEndsAPoll(t *testing.T) {
 	if err := <-polled; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A process that could not make the epoll instance once (out of descriptors) makes it for the
+// next link: the failure is that link's, not the process's for good.
+func TestWaitHubStartsAfterAFailure(t *testing.T) {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	_, b := udpPair(t)
+	defer b.Close()
+	var h waitHub
+	low := lim
+	low.Cur = 3 // below the descriptors open: no new one
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	_, err := h.add(b.socks[0].fd)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	if err == nil {
+		t.Fatal("the epoll instance was made with no descriptor to spare")
+	}
+	w, err := h.add(b.socks[0].fd)
+	if err != nil || w == nil {
+		t.Fatalf("after the limit was back: %v", err)
+	}
+	h.remove(w)
 }
