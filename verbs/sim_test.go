@@ -251,7 +251,7 @@ func simExchange(t *testing.T, seed uint64, imp memlink.Impairment) [32]byte {
 // 200us` does): with every path alike, and with base delays of 10, 70, 130 and 190 µs. Nothing
 // is lost, so every packet sent again is needless: at most 1 in 1,000 datagrams, over 4 seeds
 // each. With the reordering allowance capped at the smoothed RTT (which the early arrivals' samples
-// hold down), they had 7.9 and 1.2 in 1,000 sent again.
+// hold down), 7.9 and 1.2 packets in 1,000 datagrams were sent again.
 func TestSimJitterLosesNothing(t *testing.T) {
 	alike := make([]memlink.Impairment, 4)
 	apart := make([]memlink.Impairment, 4)

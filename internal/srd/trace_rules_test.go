@@ -510,6 +510,42 @@ func TestTraceSeenReorderingWidensAllowance(t *testing.T) {
 	}
 }
 
+// congestion.md "Loss detection": the reordering seen widens the allowance only up to half the
+// retransmission timeout (2 ms here, the least), so that acknowledgements still find a loss
+// before the timer would. Here a 3 ms reordering proves spurious: the allowance is 1 ms, and a
+// packet overtaken by one sent 1.5 ms after it counts lost and goes again at once.
+func TestTraceSeenReorderingStopsAtHalfTheTimer(t *testing.T) {
+	r := newTrace(t, 2, nil)
+	r.hear()
+	tx := func() *txStream { return &r.tr.peers[config.GIDFromAddr(tracePeer)].tx }
+	pair := func(first wire.PSN, gap time.Duration) uint8 {
+		r.post(uint16(first), efaio.OpSend, 100)
+		r.advance(gap)
+		r.post(uint16(first+1), efaio.OpSend, 100)
+		r.advance(100 * time.Microsecond) // (the acknowledgements' RTT)
+		d := r.data()
+		if len(d) != 2 || d[0].h.Path != d[1].h.Path || d[0].f.Data.PSN != first {
+			t.Fatalf("PSNs %v went on paths %v: want %d and %d on one path", psns(d), paths(d), first, first+1)
+		}
+		return d[0].h.Path
+	}
+	path := pair(0, 3*time.Millisecond)
+	r.ack(0, []wire.PSN{1}, path)
+	r.data()
+	r.ack(2, nil, path)
+	if r.counts.SpuriousRetrans.Load() != 1 {
+		t.Fatalf("%d losses counted spurious, want 1", r.counts.SpuriousRetrans.Load())
+	}
+	if got, want := tx().reorderWindow(), tx().rto/2; tx().reoSeen < 3*time.Millisecond || got != want {
+		t.Fatalf("allowance %v with %v of reordering seen, want half the timeout, %v", got, tx().reoSeen, want)
+	}
+	path = pair(2, 1500*time.Microsecond)
+	r.ack(2, []wire.PSN{3}, path)
+	if again := r.data(); len(again) != 1 || again[0].f.Data.PSN != 2 {
+		t.Fatalf("overtaken by 1.5 ms: PSNs %v sent again, want PSN 2", psns(again))
+	}
+}
+
 // congestion.md "Loss detection": reordering is measured between packets sent once. A packet
 // sent again leaves out of PSN order, and an acknowledgement is taken in PSN order: here PSN 0,
 // counted lost, goes again on path 1 after PSN 16 went there, and one acknowledgement covers
