@@ -391,7 +391,8 @@ func (c *Context) Counters() Counters {
 }
 
 // PathStat is one path's scoreboard towards one peer device: smoothed RTT, packets sent and
-// counted lost, whether it is marked failed, and the peer stream's congestion window.
+// counted lost (Lost stops at 2^32-1), whether it is marked failed, and the peer stream's
+// congestion window.
 type PathStat struct {
 	Peer   GID
 	Path   int

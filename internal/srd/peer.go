@@ -3,6 +3,7 @@ package srd
 import (
 	"encoding/binary"
 	"io"
+	"math"
 	"net/netip"
 	"time"
 
@@ -43,13 +44,16 @@ type peer struct {
 
 // pathState is the scoreboard of one of our paths towards a peer.
 type pathState struct {
-	srtt      time.Duration
-	ackedAt   time.Duration // send time of the latest packet on this path acknowledged
-	onceAt    time.Duration // the same, of packets sent once: what reordering is measured against (sawReorder)
-	failedAt  time.Duration // when it was marked failed
-	probeAt   time.Duration // when to probe a failed or unproven path next
-	sent      uint64
-	lost      uint64
+	srtt     time.Duration
+	ackedAt  time.Duration // send time of the latest packet on this path acknowledged
+	onceAt   time.Duration // the same, of packets sent once: what reordering is measured against (sawReorder)
+	failedAt time.Duration // when it was marked failed
+	probeAt  time.Duration // when to probe a failed or unproven path next
+	sent     uint64
+	// lost counts the packets counted lost on the path, up to 2^32-1 (it stops there): a
+	// uint32, so that the struct stays at 72 bytes, and a peer's four paths in their size
+	// class (an idle peer's context is held to 1 KiB: TestOneQPManyPeers).
+	lost      uint32
 	losses    int32 // consecutive packets lost on this path
 	nonce     uint32
 	failed    bool
@@ -215,7 +219,9 @@ func (t *Transport) carriesAck(p *peer, path int) bool {
 func (t *Transport) pathLoss(p *peer, i int, now time.Duration) {
 	ps := &p.paths[i]
 	ps.losses++
-	ps.lost++
+	if ps.lost != math.MaxUint32 {
+		ps.lost++
+	}
 	if ps.failed || ps.losses < pathFailLoss {
 		return
 	}
@@ -237,7 +243,7 @@ type PathStat struct {
 	Path   int
 	SRTT   time.Duration
 	Sent   uint64
-	Lost   uint64
+	Lost   uint64 // stops at 2^32-1 (pathState.lost)
 	Failed bool
 	Cwnd   float64 // the peer's stream's window, in packets
 }
@@ -247,7 +253,7 @@ func (t *Transport) PathStats() []PathStat {
 	var out []PathStat
 	for _, p := range t.peerList {
 		for i, ps := range p.paths {
-			out = append(out, PathStat{Peer: p.gid, Path: i, SRTT: ps.srtt, Sent: ps.sent, Lost: ps.lost,
+			out = append(out, PathStat{Peer: p.gid, Path: i, SRTT: ps.srtt, Sent: ps.sent, Lost: uint64(ps.lost),
 				Failed: ps.failed, Cwnd: p.tx.cwnd})
 		}
 	}
