@@ -300,16 +300,14 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 	if e.retx == 0 && !tally.byAnswer {
 		tally.rtt = now - e.at // a copy left with the packet: its arrival times the round trip as well
 	}
-	if ps := &p.paths[e.path]; e.retx == 0 && !e.copied && !tally.byAnswer {
+	if !e.copied && !tally.byAnswer { // either copy of a copied packet may be the one that arrived: credit no path
 		// Packets sent once leave in PSN order, and an acknowledgement is taken in PSN order:
-		// one sent earlier on the path taken after one sent later arrived after it. (A packet
-		// sent again leaves out of PSN order, and which copy arrived is unknown: no measure.)
-		if e.at < ps.onceAt {
+		// one sent earlier on the path taken after one sent later arrived after it (creditPath
+		// moves onceAt). A packet sent again leaves out of PSN order, and which copy arrived is
+		// unknown: no measure.
+		if ps := &p.paths[e.path]; e.retx == 0 && e.at < ps.onceAt {
 			s.sawReorder(ps.onceAt - e.at)
 		}
-		ps.onceAt = max(ps.onceAt, e.at)
-	}
-	if !e.copied && !tally.byAnswer { // either copy of a copied packet may be the one that arrived: credit no path
 		// A copy sent again counts as arrived if its acknowledgement came a round trip after
 		// it went (creditPath), unless the retransmission timer fired and this acknowledgement
 		// shows it spurious: then the receiver is reading a backlog, and the original came.
@@ -360,7 +358,8 @@ func (s *txStream) acksEarly(a *wire.Ack) bool {
 }
 
 // creditPath records on the path that carried e that it was acknowledged: the path is healthy
-// again, and (if e went once) an RTT sample and the send time of its latest acknowledged packet.
+// again, and (if e went once) an RTT sample and the send time of its latest acknowledged packet,
+// of those sent once too (onceAt, which reordering is measured against: ackSlot).
 // A packet that went more than once gives no RTT sample (which copy arrived is unknown, Karn's
 // rule), but when its acknowledgement came at least minRTT after its latest copy went, that copy
 // is taken to have arrived (RACK's rule, RFC 8985): its send time counts as acknowledged, so
@@ -386,4 +385,5 @@ func creditPath(ps *pathState, e *sentPkt, now, minRTT time.Duration) {
 		ps.srtt = (7*ps.srtt + rtt) / 8
 	}
 	ps.ackedAt = max(ps.ackedAt, e.at)
+	ps.onceAt = max(ps.onceAt, e.at)
 }

@@ -442,32 +442,21 @@ func TestTraceSpuriousLossWidensAllowance(t *testing.T) {
 func TestTraceSpuriousLossWidensAllowanceToItsGap(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	r.hear()
-	pair := func(first wire.PSN) traceFrame {
-		r.post(uint16(first), efaio.OpSend, 100)
-		r.advance(400 * time.Microsecond)
-		r.post(uint16(first+1), efaio.OpSend, 100)
-		r.advance(100 * time.Microsecond) // (the acknowledgements' RTT)
-		d := r.data()
-		if len(d) != 2 || d[0].h.Path != d[1].h.Path {
-			t.Fatalf("PSNs %v went on paths %v: want two on one path", psns(d), paths(d))
-		}
-		return d[0]
-	}
-	d := pair(0)
-	r.ack(0, []wire.PSN{1}, d.h.Path) // PSN 0 counted lost, and sent again
+	path := r.sendPair(0, 400*time.Microsecond)
+	r.ack(0, []wire.PSN{1}, path) // PSN 0 counted lost, and sent again
 	if again := r.data(); len(again) != 1 || again[0].f.Data.PSN != 0 {
 		t.Fatalf("after PSN 1 was acknowledged first: sent %v, want PSN 0 again", psns(again))
 	}
-	r.ack(2, nil, d.h.Path) // the original arrived: the loss was reordering
+	r.ack(2, nil, path) // the original arrived: the loss was reordering
 	if n := r.counts.SpuriousRetrans.Load(); n != 1 {
 		t.Fatalf("%d losses counted spurious, want 1", n)
 	}
-	d = pair(2)
-	r.ack(2, []wire.PSN{3}, d.h.Path)
+	path = r.sendPair(2, 400*time.Microsecond)
+	r.ack(2, []wire.PSN{3}, path)
 	if again := r.data(); len(again) != 0 {
 		t.Fatalf("the same reordering again: PSNs %v sent again, want none", psns(again))
 	}
-	r.ack(4, nil, d.h.Path)
+	r.ack(4, nil, path)
 	if n := r.counts.RetransPkts.Load(); n != 1 {
 		t.Fatalf("%d packets sent again, want 1 (the first reordering's)", n)
 	}
@@ -481,24 +470,13 @@ func TestTraceSpuriousLossWidensAllowanceToItsGap(t *testing.T) {
 func TestTraceSeenReorderingWidensAllowance(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	r.hear()
-	pair := func(first wire.PSN, gap time.Duration) uint8 {
-		r.post(uint16(first), efaio.OpSend, 100)
-		r.advance(gap)
-		r.post(uint16(first+1), efaio.OpSend, 100)
-		r.advance(100 * time.Microsecond) // (the acknowledgements' RTT)
-		d := r.data()
-		if len(d) != 2 || d[0].h.Path != d[1].h.Path || d[0].f.Data.PSN != first {
-			t.Fatalf("PSNs %v went on paths %v: want %d and %d on one path", psns(d), paths(d), first, first+1)
-		}
-		return d[0].h.Path
-	}
-	path := pair(0, 400*time.Microsecond)
+	path := r.sendPair(0, 400*time.Microsecond)
 	r.ack(0, []wire.PSN{1}, path)
 	r.data()
 	r.ack(2, nil, path)
 	for i, gap := range []time.Duration{440 * time.Microsecond, 480 * time.Microsecond} {
 		first := wire.PSN(2 + 2*i)
-		path = pair(first, gap)
+		path = r.sendPair(first, gap)
 		r.ack(first, []wire.PSN{first + 1}, path)
 		if again := r.data(); len(again) != 0 {
 			t.Fatalf("a reordering of %v: PSNs %v sent again, want none", gap, psns(again))
@@ -518,18 +496,7 @@ func TestTraceSeenReorderingStopsAtHalfTheTimer(t *testing.T) {
 	r := newTrace(t, 2, nil)
 	r.hear()
 	tx := func() *txStream { return &r.tr.peers[config.GIDFromAddr(tracePeer)].tx }
-	pair := func(first wire.PSN, gap time.Duration) uint8 {
-		r.post(uint16(first), efaio.OpSend, 100)
-		r.advance(gap)
-		r.post(uint16(first+1), efaio.OpSend, 100)
-		r.advance(100 * time.Microsecond) // (the acknowledgements' RTT)
-		d := r.data()
-		if len(d) != 2 || d[0].h.Path != d[1].h.Path || d[0].f.Data.PSN != first {
-			t.Fatalf("PSNs %v went on paths %v: want %d and %d on one path", psns(d), paths(d), first, first+1)
-		}
-		return d[0].h.Path
-	}
-	path := pair(0, 3*time.Millisecond)
+	path := r.sendPair(0, 3*time.Millisecond)
 	r.ack(0, []wire.PSN{1}, path)
 	r.data()
 	r.ack(2, nil, path)
@@ -539,7 +506,7 @@ func TestTraceSeenReorderingStopsAtHalfTheTimer(t *testing.T) {
 	if got, want := tx().reorderWindow(), tx().rto/2; tx().reoSeen < 3*time.Millisecond || got != want {
 		t.Fatalf("allowance %v with %v of reordering seen, want half the timeout, %v", got, tx().reoSeen, want)
 	}
-	path = pair(2, 1500*time.Microsecond)
+	path = r.sendPair(2, 1500*time.Microsecond)
 	r.ack(2, []wire.PSN{3}, path)
 	if again := r.data(); len(again) != 1 || again[0].f.Data.PSN != 2 {
 		t.Fatalf("overtaken by 1.5 ms: PSNs %v sent again, want PSN 2", psns(again))

@@ -231,6 +231,22 @@ func (r *trace) sends(n int) []traceFrame {
 	return r.data()
 }
 
+// sendPair posts two SENDs of 100 bytes (WR ids first and first+1) gap apart, lets 100 µs pass
+// (the acknowledgements' RTT) and returns the path both went on: packets one after the other on
+// one path, as the reordering rules need them.
+func (r *trace) sendPair(first wire.PSN, gap time.Duration) uint8 {
+	r.t.Helper()
+	r.post(uint16(first), efaio.OpSend, 100)
+	r.advance(gap)
+	r.post(uint16(first+1), efaio.OpSend, 100)
+	r.advance(100 * time.Microsecond)
+	d := r.data()
+	if len(d) != 2 || d[0].h.Path != d[1].h.Path || d[0].f.Data.PSN != first {
+		r.t.Fatalf("PSNs %v went on paths %v: want %d and %d on one path", psns(d), paths(d), first, first+1)
+	}
+	return d[0].h.Path
+}
+
 // recv posts one receive WR at the host: the next SEND from the peer completes it.
 func (r *trace) recv(wrid uint16) { r.host.recvs = append(r.host.recvs, wrid) }
 
