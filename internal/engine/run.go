@@ -426,6 +426,12 @@ func (d *Device) PollNetwork() bool {
 	return d.pollNetwork(true)
 }
 
+// Polled notes that an application's goroutine polled a CQ of the device and found completions:
+// it busy-polls, and reads the network itself when its CQ runs dry (PollNetwork), so the receive
+// loop stays parked (rxOrdered). Without it a sender whose every poll found the completions the
+// receive loop had made kept the loop reading beside it: two threads busy for one device.
+func (d *Device) Polled() { d.markBusy() }
+
 // markBusy notes that an application's goroutine busy-polls the device now (rxOrdered).
 func (d *Device) markBusy() {
 	if d.busyRx != nil {
@@ -559,13 +565,22 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 	in := d.srd.NewInbox()
 	var last time.Time               // when the last datagram came
 	more := false                    // the last read got datagrams: read again before waiting
+	woke, looked := false, false     // the loop woke from a park; the last read was its one look
 	_, spins := d.link.(link.Poller) // as rxLoop: a link that is no Poller is never spun on
 	park := time.NewTimer(time.Hour)
 	park.Stop()
+	var parkedAt int64 // busyAt when the loop last parked
 	for {
-		busy := d.busyNow()
+		// After its look the loop parks again if the poller polled while it was parked (and
+		// has not armed or gone to sleep since: EndBusy clears busyAt), whatever the look
+		// found: in a stream there is always something, and between two polls a poller may
+		// post for longer than busyQuiet. A loop that read on beside the poller was a second
+		// thread spinning for the device.
+		at := d.busyAt.Load()
+		busy := d.busyNow() || looked && at != parkedAt && at != 0
 		spin := spins && d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin && !busy
-		if !spin && !more && busy && d.mayPark() {
+		if !spin && (!more || looked) && busy && d.mayPark() {
+			parkedAt = d.busyAt.Load()
 			park.Reset(time.Duration(busyPark.Load()))
 			d.rxWaits.Store(rxParked)
 			select {
@@ -576,7 +591,8 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 			}
 			d.rxWaits.Store(rxRunning)
 			park.Stop()
-			more = true // one read before the socket is waited on: the poller may have stopped
+			// One read (the look) before the socket is waited on: the poller may have stopped.
+			more, woke, looked = true, true, false
 			continue
 		}
 		if !spin && !more {
@@ -592,7 +608,7 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 		}
 		d.busyMu.Lock()
 		got, err := d.readInput(in, false)
-		more = got
+		more, looked, woke = got, woke, false
 		switch {
 		case err != nil:
 			if d.stopping(err) {

@@ -122,15 +122,20 @@ func TestReceiveLoopDrainsReaderBeforeWaiting(t *testing.T) {
 // emptyReads is a memlink node that counts the receive loop's reads that found nothing.
 type emptyReads struct {
 	*memlink.Node
-	n atomic.Int64
+	n    atomic.Int64 // the receive loop's reads that found nothing
+	full atomic.Int64 // and those that found datagrams
 }
 
 func (e *emptyReads) NewPoller() link.Poller { return e }
 
 func (e *emptyReads) TryReceive(pkts []link.Packet) (int, error) {
 	n, err := e.Node.NewPoller().TryReceive(pkts)
-	if n == 0 && err == nil && calledBy("rxOrdered") {
-		e.n.Add(1)
+	if err == nil && calledBy("rxOrdered") {
+		if n == 0 {
+			e.n.Add(1)
+		} else {
+			e.full.Add(1)
+		}
 	}
 	return n, err
 }
@@ -185,6 +190,126 @@ func TestReceiveLoopResumesOnArm(t *testing.T) {
 	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.written.Load() < 1; runtime.Gosched() {
 		if time.Now().After(deadline) {
 			t.Fatal("the SEND was not taken: the receive loop still parks after the arm")
+		}
+	}
+}
+
+// After the one read that ends a park (its look), the receive loop parks again while the poller
+// polls, though the look found a datagram: in a stream every look finds some, and a loop that
+// read on after one was a second thread busy for the device (a sender's loop did 30,000 reads a
+// second beside its application). Here the park lasts an hour, the poller never stops, and the
+// test ends the park itself, as the park's timer would, while a SEND waits in the socket.
+func TestReceiveLoopParksAgainAfterItsLook(t *testing.T) {
+	a, b, bn := parkedBesidePoller(t, time.Duration(0))
+	for i := 1; i <= 3; i++ { // (and again: each park ends with a look)
+		sendNth(t, a, b, i) // it waits in b's socket: nobody reads while the loop parks
+		lookUntilTaken(t, b, bn, uint32(i+1), func() {})
+	}
+}
+
+// A poller that polled while the receive loop was parked, but not within busyQuiet when the loop
+// looks (it was posting: a sender posts for longer between its polls), keeps the loop parked: a
+// loop that went by busyQuiet alone spun after traffic beside the poller until its next poll.
+// Here the loop would spin for an hour after traffic (RxSpin).
+func TestReceiveLoopParksAgainWhenPolledDuringThePark(t *testing.T) {
+	a, b, bn := parkedBesidePoller(t, time.Hour)
+	sendNth(t, a, b, 1)
+	lookUntilTaken(t, b, bn, 2, func() {
+		b.d.busyAt.Store(monoNow() - int64(time.Second)) // polled since the park began, a second ago
+	})
+	before := bn.n.Load()
+	for range 2000 {
+		runtime.Gosched()
+	}
+	if n := bn.n.Load() - before; n != 0 {
+		t.Errorf("the receive loop read %d times more, finding nothing; want it parked again", n)
+	}
+}
+
+// lookUntilTaken ends b's park (after calling poll, the poller's doing meanwhile) whenever a
+// datagram waits in its socket, until b has written n receive completions: each time the loop
+// must look once and park again, whatever the look found. (a's first datagram there may be
+// another than the SEND.)
+func lookUntilTaken(t *testing.T, b *accessRig, bn *emptyReads, n uint32, poll func()) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.written.Load() < n; {
+		if time.Now().After(deadline) {
+			t.Fatal("the receive loop's looks never took the SEND")
+		}
+		if q, _ := bn.Queued(); q == 0 {
+			runtime.Gosched()
+			continue
+		}
+		empty, full := bn.n.Load(), bn.full.Load()
+		poll()
+		b.d.rxResume <- struct{}{}
+		for !b.d.parkedRx() || bn.n.Load() == empty && bn.full.Load() == full {
+			if time.Now().After(deadline) {
+				t.Fatalf("the receive loop does not park again after its look (it read %d times finding datagrams, %d finding none)",
+					bn.full.Load()-full, bn.n.Load()-empty)
+			}
+			runtime.Gosched()
+		}
+		if reads := bn.full.Load() - full + bn.n.Load() - empty; reads != 1 {
+			t.Fatalf("the receive loop read %d times after its park (%d finding datagrams); want its look alone", reads, bn.full.Load()-full)
+		}
+	}
+}
+
+// An application's poll that found completions counts as busy polling (Polled), as one that
+// found none and read the network does: a sender whose every poll found the completions the
+// receive loop had made kept the loop reading beside it.
+func TestPolledIsBusyPolling(t *testing.T) {
+	f := memlink.New(1)
+	n := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
+	r := newAccessRigOn(t, config.Device{Addr: n.LocalAddr(), Link: n, Paths: 1})
+	if r.d.busyAt.Load() != 0 {
+		t.Fatal("a device nobody polled counts as busy-polled")
+	}
+	r.d.Polled()
+	if r.d.busyAt.Load() == 0 { // (the time of the poll: busyNow for busyQuiet after it)
+		t.Error("a poll that found completions does not count as busy polling")
+	}
+}
+
+// parkedBesidePoller makes devices a and b on one fabric, b's receive loop spinning for rxSpin
+// after traffic and counting the reads it finds nothing in, has a send b one SEND (the first,
+// which makes them peers: the next SEND is one datagram), and then has b's loop park beside a
+// poller that never stops, for an hour (until the test ends the park).
+func parkedBesidePoller(t *testing.T, rxSpin time.Duration) (a, b *accessRig, bn *emptyReads) {
+	t.Helper()
+	prev := busyPark.Swap(int64(time.Hour))
+	procs := runtime.GOMAXPROCS(2) // (with one processor the loop never parks)
+	t.Cleanup(func() { busyPark.Store(prev); runtime.GOMAXPROCS(procs) })
+	f := memlink.New(1)
+	an := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
+	bn = &emptyReads{Node: f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)}
+	a = newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
+	// (b's timer ticks hourly: its tick reads the socket too, and would take the SENDs.)
+	b = newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1, RxSpin: rxSpin,
+		PollMin: time.Hour, PollMax: time.Hour})
+	sendOne(t, a, b)
+	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.written.Load() < 1; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatal("the first SEND was not taken")
+		}
+	}
+	b.d.busyAt.Store(monoNow() + int64(time.Hour))
+	// A stray datagram wakes a loop that was already waiting on the socket: it then parks.
+	stray := f.Listen(netip.MustParseAddrPort("10.0.0.3:4791"), 1)
+	if err := stray.Send([]link.Packet{{Buf: []byte("stray"), N: 5, Addr: bn.LocalAddr()}}); err != nil {
+		t.Fatal(err)
+	}
+	waitParkedWith(t, b, 1)
+	return a, b, bn
+}
+
+// waitParkedWith waits until b has written n receive completions and its receive loop parks.
+func waitParkedWith(t *testing.T, b *accessRig, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.written.Load() < uint32(n) || !b.d.parkedRx(); runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the receive loop does not park beside a busy poller (%d receive completions, want %d)", b.q.recvCQ.written.Load(), n)
 		}
 	}
 }
