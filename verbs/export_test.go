@@ -5,3 +5,11 @@ func QPGen(qp *QP) uint16 { return qp.e.Gen() }
 
 // AHN returns the device's number for ah (efadv_query_ah), the value completions report as SLID.
 func AHN(ah *AH) uint16 { return ah.e.AHN() }
+
+// BusyPolled reports whether ctx's device counts an application goroutine as busy-polling it
+// (engine.Device.BusyPolled).
+func BusyPolled(ctx *Context) bool { return ctx.e.BusyPolled() }
+
+// DropScratch gives ctx's device's spare busy-poll scratch to the garbage collector
+// (engine.Device.DropScratch).
+func DropScratch(ctx *Context) { ctx.e.DropScratch() }

@@ -119,7 +119,8 @@ func TestReceiveLoopDrainsReaderBeforeWaiting(t *testing.T) {
 	}
 }
 
-// emptyReads is a memlink node that counts the receive loop's reads that found nothing.
+// emptyReads is a memlink node that counts the receive loop's reads: those that found nothing,
+// and those that found datagrams.
 type emptyReads struct {
 	*memlink.Node
 	n    atomic.Int64 // the receive loop's reads that found nothing
@@ -214,15 +215,49 @@ func TestReceiveLoopParksAgainAfterItsLook(t *testing.T) {
 func TestReceiveLoopParksAgainWhenPolledDuringThePark(t *testing.T) {
 	a, b, bn := parkedBesidePoller(t, time.Hour)
 	sendNth(t, a, b, 1)
-	lookUntilTaken(t, b, bn, 2, func() {
-		b.d.busyAt.Store(monoNow() - int64(time.Second)) // polled since the park began, a second ago
-	})
-	before := bn.n.Load()
-	for range 2000 {
-		runtime.Gosched()
+	lookUntilTaken(t, b, bn, 2, pollDuringThePark(b))
+}
+
+// A poller that stops polling (without arming: nothing tells the loop) holds the loop in its park
+// for one park more at most: the look after a park in which nobody polled leaves it, and a SEND
+// that comes next is taken at once, although the park would last an hour.
+func TestReceiveLoopLeavesTheParkWhenThePollerStops(t *testing.T) {
+	a, b, _ := parkedBesidePoller(t, time.Duration(0))
+	pollDuringThePark(b)() // its last poll
+	endPark(t, b)
+	waitRx(t, b, func() bool { return b.d.parkedRx() }, "park again after a park in which the application polled")
+	endPark(t, b) // nobody polled in this one
+	waitRx(t, b, func() bool { return b.d.rxWaits.Load() == rxOnSocket }, "leave its park after a park in which nobody polled")
+	sendNth(t, a, b, 1)
+	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 2 }, "take the SEND that came after")
+}
+
+// pollDuringThePark returns what a poller does during b's park: it polls, and is posting when the
+// park ends (its poll longer ago than busyQuiet).
+func pollDuringThePark(b *accessRig) func() {
+	return func() {
+		b.d.busyAt.Store(monoNow() - 2*int64(busyQuiet))
+		b.d.Polled()
 	}
-	if n := bn.n.Load() - before; n != 0 {
-		t.Errorf("the receive loop read %d times more, finding nothing; want it parked again", n)
+}
+
+// endPark ends b's park, as the park's timer would.
+func endPark(t *testing.T, b *accessRig) {
+	t.Helper()
+	select {
+	case b.d.rxResume <- struct{}{}:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the receive loop does not take the end of its park")
+	}
+}
+
+// waitRx waits until cond holds (the receive loop's doing, which want describes).
+func waitRx(t *testing.T, b *accessRig, cond func() bool, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the receive loop does not %s (waiting for %d)", want, b.d.rxWaits.Load())
+		}
 	}
 }
 
@@ -242,7 +277,7 @@ func lookUntilTaken(t *testing.T, b *accessRig, bn *emptyReads, n uint32, poll f
 		}
 		empty, full := bn.n.Load(), bn.full.Load()
 		poll()
-		b.d.rxResume <- struct{}{}
+		endPark(t, b)
 		for !b.d.parkedRx() || bn.n.Load() == empty && bn.full.Load() == full {
 			if time.Now().After(deadline) {
 				t.Fatalf("the receive loop does not park again after its look (it read %d times finding datagrams, %d finding none)",
@@ -263,11 +298,11 @@ func TestPolledIsBusyPolling(t *testing.T) {
 	f := memlink.New(1)
 	n := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
 	r := newAccessRigOn(t, config.Device{Addr: n.LocalAddr(), Link: n, Paths: 1})
-	if r.d.busyAt.Load() != 0 {
+	if r.d.BusyPolled() {
 		t.Fatal("a device nobody polled counts as busy-polled")
 	}
 	r.d.Polled()
-	if r.d.busyAt.Load() == 0 { // (the time of the poll: busyNow for busyQuiet after it)
+	if !r.d.BusyPolled() {
 		t.Error("a poll that found completions does not count as busy polling")
 	}
 }
