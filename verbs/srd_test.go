@@ -518,10 +518,11 @@ func TestOneQPManyPeers(t *testing.T) {
 			}
 		}
 		// The least of three readings, each after a collection, and the devices' spare
-		// busy-poll scratch dropped first: a device keeps an inbox of datagram buffers (some
-		// 300 KB) for each goroutine that has read beside another, which a run may make during
-		// the count or not (one more on the hub read as 160 bytes a peer: the readings 150-170
-		// bytes a peer above the usual 957 that CI runs gave now and then).
+		// busy-poll scratch dropped first: a device keeps as many inboxes of datagram buffers
+		// (some 300 KB each) as goroutines have held at once (busy polls, the engine timer's
+		// poll, a poster flushing ACKs), up to 4, which a run may make during the count or not.
+		// One more on the hub read as 160 bytes a peer: CI runs gave 1,100-1,136 now and then
+		// against 957 alone (2026-12-05, 2026-12-06).
 		heap := func() float64 {
 			for _, e := range append([]*end{hub, warm}, ends...) {
 				verbs.DropScratch(e.ctx)
@@ -536,8 +537,8 @@ func TestOneQPManyPeers(t *testing.T) {
 			return float64(least)
 		}
 		// Each device's own costs (its datagram queues and buffers, the free ring and window its
-		// slimmed contexts leave, its busy poll's scratch) come with its first exchange (with
-		// the warm hub) and first poll, before the count. Then the heap grows by 2×peers
+		// slimmed contexts leave) come with its first exchange (with the warm hub) and first
+		// poll, before the count. Then the heap grows by 2×peers
 		// contexts: one on the hub and one on each end.
 		exchange(warm, 1)
 		hub.empty()

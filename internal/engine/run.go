@@ -445,9 +445,9 @@ func (d *Device) PollNetwork() bool {
 
 // Polled notes that an application's goroutine polled a CQ of the device and found completions:
 // it busy-polls, and reads the network itself when its CQ runs dry (PollNetwork), so the receive
-// loop, parked, parks again after its look (rxOrdered). Without it a sender whose every poll
-// found the completions the receive loop had made kept the loop reading beside it: two threads
-// busy for one device. A load, and a store once a park: no clock read per poll.
+// loop parks where it would wait (rxOrdered). Without it a sender whose every poll found the
+// completions the receive loop had made kept the loop reading beside it: two threads busy for
+// one device. A load, and a store once a park or wait of the loop: no clock read per poll.
 func (d *Device) Polled() {
 	if d.busyRx != nil && !d.polled.Load() {
 		d.polled.Store(true)
@@ -462,8 +462,11 @@ func (d *Device) markBusy() {
 	}
 }
 
+// RxOnSocket reports whether the receive loop waits on the socket (for tests).
+func (d *Device) RxOnSocket() bool { return d.rxWaits.Load() == rxOnSocket }
+
 // BusyPolled reports whether an application goroutine busy-polled the device within busyQuiet,
-// or polled it since the receive loop last parked (for tests).
+// or polled it since the receive loop last parked or waited on the socket (for tests).
 func (d *Device) BusyPolled() bool { return d.busyNow() || d.polled.Load() }
 
 // busyNow reports whether an application's goroutine busy-polled the device within busyQuiet
@@ -586,8 +589,8 @@ func (d *Device) readInput(in *srd.Inbox, lazy bool) (bool, error) {
 // While an application's goroutine busy-polls the device, the loop does not wait on the socket
 // but parks (busyPark at a time, then one read; mayPark), as NAPI's busy polling keeps a NIC's
 // interrupts off: the poller reads every datagram itself, and a loop woken for each would take a
-// thread from the busy poller's core, or its peer's, for nothing (docs/architecture.md, "Threads
-// and locks"). The application's arm of a CQ or its sleep on a completion channel ends the park
+// thread from the busy poller's core, or its peer's, for nothing (docs/architecture.md,
+// "Goroutines"). The application's arm of a CQ or its sleep on a completion channel ends the park
 // (EndBusy).
 func (d *Device) rxOrdered(w link.ReadWaiter) {
 	in := d.srd.NewInbox()
@@ -598,14 +601,18 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 	park := time.NewTimer(time.Hour)
 	park.Stop()
 	for {
-		// After its look the loop parks again if the application polled while it was parked
-		// (Polled; EndBusy, its arm or sleep, clears that), whatever the look found: in a
-		// stream there is always something, and between two polls a poller may post for
-		// longer than busyQuiet. A loop that read on beside the poller was a second thread
-		// spinning for the device.
-		busy := d.busyNow() || looked && d.polled.Load()
+		// The loop parks where it would wait (after a read that found nothing, or after its
+		// look, whatever the look found) while the application polls: it went to read the
+		// socket within busyQuiet (busyNow), or it polled at all since the loop last parked
+		// or waited on the socket (polled; EndBusy, its arm or sleep, clears that). In a
+		// stream every look finds datagrams, a sender whose polls find the completions the
+		// loop made never reads the socket itself, and between two polls a poller may post
+		// for longer than busyQuiet. A loop that read on beside the poller was a second
+		// thread spinning for the device.
+		wouldWait := !more || looked
+		busy := d.busyNow() || wouldWait && d.polled.Load()
 		spin := spins && d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin && !busy
-		if !spin && (!more || looked) && busy && d.mayPark() {
+		if !spin && wouldWait && busy && d.mayPark() {
 			d.polled.Store(false)
 			park.Reset(time.Duration(busyPark.Load()))
 			d.rxWaits.Store(rxParked)
@@ -622,6 +629,7 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 			continue
 		}
 		if !spin && !more {
+			d.polled.Store(false)
 			d.rxWaits.Store(rxOnSocket)
 			err := w.WaitReadable()
 			d.rxWaits.Store(rxRunning)

@@ -222,14 +222,32 @@ func TestReceiveLoopParksAgainWhenPolledDuringThePark(t *testing.T) {
 // for one park more at most: the look after a park in which nobody polled leaves it, and a SEND
 // that comes next is taken at once, although the park would last an hour.
 func TestReceiveLoopLeavesTheParkWhenThePollerStops(t *testing.T) {
-	a, b, _ := parkedBesidePoller(t, time.Duration(0))
+	a, b, bn := parkedBesidePoller(t, time.Duration(0))
 	pollDuringThePark(b)() // its last poll
-	endPark(t, b)
+	look(t, b, bn)
 	waitRx(t, b, func() bool { return b.d.parkedRx() }, "park again after a park in which the application polled")
-	endPark(t, b) // nobody polled in this one
+	look(t, b, bn) // nobody polled in this one
 	waitRx(t, b, func() bool { return b.d.rxWaits.Load() == rxOnSocket }, "leave its park after a park in which nobody polled")
 	sendNth(t, a, b, 1)
 	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 2 }, "take the SEND that came after")
+}
+
+// A poll that found completions, and no read of the socket by the application (a sender's polls
+// find the completions the loop made), has the loop park after the traffic it read, not wait on
+// the socket for the next: with only busyQuiet to go by, it waited and was woken for every batch.
+func TestReceiveLoopParksBesideAPollThatFoundCompletions(t *testing.T) {
+	defer busyPark.Store(busyPark.Swap(int64(time.Hour)))
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // (with one processor the loop never parks)
+	f := memlink.New(1)
+	an := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
+	bn := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
+	a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
+	b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1, PollMin: time.Hour, PollMax: time.Hour})
+	sendOne(t, a, b)
+	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 1 && b.d.rxWaits.Load() == rxOnSocket }, "take the first SEND and wait on the socket")
+	b.d.Polled() // (and busyAt never set: no poll of the application read the socket)
+	sendNth(t, a, b, 1)
+	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 2 && b.d.parkedRx() }, "take the SEND and park")
 }
 
 // pollDuringThePark returns what a poller does during b's park: it polls, and is posting when the
@@ -241,14 +259,19 @@ func pollDuringThePark(b *accessRig) func() {
 	}
 }
 
-// endPark ends b's park, as the park's timer would.
+// endPark ends b's park, as the park's timer would, and waits until the loop has taken that.
 func endPark(t *testing.T, b *accessRig) {
 	t.Helper()
-	select {
-	case b.d.rxResume <- struct{}{}:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the receive loop does not take the end of its park")
-	}
+	b.d.rxResume <- struct{}{} // (one slot: an earlier end was taken, or the test waited for it)
+	waitRx(t, b, func() bool { return len(b.d.rxResume) == 0 }, "take the end of its park")
+}
+
+// look ends b's park and waits until the loop has read once since (its look).
+func look(t *testing.T, b *accessRig, bn *emptyReads) {
+	t.Helper()
+	reads := bn.n.Load() + bn.full.Load()
+	endPark(t, b)
+	waitRx(t, b, func() bool { return bn.n.Load()+bn.full.Load() != reads }, "look after its park")
 }
 
 // waitRx waits until cond holds (the receive loop's doing, which want describes).
