@@ -5,19 +5,3 @@ func QPGen(qp *QP) uint16 { return qp.e.Gen() }
 
 // AHN returns the device's number for ah (efadv_query_ah), the value completions report as SLID.
 func AHN(ah *AH) uint16 { return ah.e.AHN() }
-
-// BusyPolled reports whether ctx's device counts an application goroutine as busy-polling it
-// (engine.Device.BusyPolled).
-func BusyPolled(ctx *Context) bool { return ctx.e.BusyPolled() }
-
-// DropScratch gives ctx's device's spare busy-poll scratch to the garbage collector
-// (engine.Device.DropScratch).
-func DropScratch(ctx *Context) { ctx.e.DropScratch() }
-
-// CQWritten is how many entries cq's device has written to it (engine.CQ.Written), read
-// without polling.
-func CQWritten(cq *CQ) uint32 { return cq.e.Written() }
-
-// RxOnSocket reports whether ctx's device's receive loop waits on its socket
-// (engine.Device.RxOnSocket).
-func RxOnSocket(ctx *Context) bool { return ctx.e.RxOnSocket() }
