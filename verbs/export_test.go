@@ -5,3 +5,6 @@ func QPGen(qp *QP) uint16 { return qp.e.Gen() }
 
 // AHN returns the device's number for ah (efadv_query_ah), the value completions report as SLID.
 func AHN(ah *AH) uint16 { return ah.e.AHN() }
+
+// ScratchBytes is what ctx's device's busy-poll scratch holds (engine.Device.ScratchBytes).
+func ScratchBytes(ctx *Context) int64 { return ctx.e.ScratchBytes() }

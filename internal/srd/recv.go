@@ -118,6 +118,15 @@ func (t *Transport) NewInbox() *Inbox {
 	return rx
 }
 
+// Bytes is what rx holds in datagram buffers.
+func (rx *Inbox) Bytes() int {
+	n := cap(rx.opened.Buf)
+	for _, p := range rx.Pkts {
+		n += cap(p.Buf)
+	}
+	return n
+}
+
 // inputBatch handles, at now, the first n datagrams of rx.Pkts and acknowledges what they
 // brought; lazy (a busy poll) leaves the acknowledgements owed for up to ackDelay, so that the
 // application's answer can carry them (room).
