@@ -540,8 +540,8 @@ func TestOneQPManyPeers(t *testing.T) {
 		}
 		// Each device's own costs (its datagram queues and buffers, the free ring and window its
 		// slimmed contexts leave) come with its first exchange (with the warm hub) and first
-		// poll, before the count. Then the heap grows by 2×peers
-		// contexts: one on the hub and one on each end.
+		// poll, before the count. Then the heap grows by 2×peers contexts: one on the hub and
+		// one on each end.
 		exchange(warm, 1)
 		hub.empty()
 		time.Sleep(time.Second)

@@ -305,7 +305,8 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 		// one sent earlier on the path taken after one sent later arrived after it (creditPath
 		// moves onceAt). A packet sent again leaves out of PSN order, and which copy arrived is
 		// unknown: no measure.
-		if ps := &p.paths[e.path]; e.retx == 0 && e.at < ps.onceAt {
+		ps := &p.paths[e.path]
+		if e.retx == 0 && e.at < ps.onceAt {
 			s.sawReorder(ps.onceAt - e.at)
 		}
 		// A copy sent again counts as arrived if its acknowledgement came a round trip after
@@ -315,7 +316,7 @@ func (t *Transport) ackSlot(p *peer, e *sentPkt, now time.Duration, tally *ackTa
 		if tally.early {
 			minRTT = -1
 		}
-		creditPath(&p.paths[e.path], e, now, minRTT)
+		creditPath(ps, e, now, minRTT)
 		p.echoed(e)
 	}
 	m := e.msg
