@@ -174,7 +174,7 @@ func NewDevice(cfg config.Device) (*Device, error) {
 	}
 	if d.link != nil {
 		if b, ok := d.link.(link.BusyPoller); ok {
-			d.busyRx = &busyPoll{poller: b.NewPoller(), inboxes: make(chan *srd.Inbox, 4)} // scratch comes with the first polls
+			d.busyRx = &busyPoll{poller: b.NewPoller(), inboxes: make(chan *scratch, 4)} // scratch comes with the first polls
 		}
 		d.wg.Add(1)
 		go d.rxLoop()

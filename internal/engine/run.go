@@ -103,41 +103,50 @@ type driver struct {
 // reader hands its batch to the transport after letting go of busyMu, while the next one reads).
 type busyPoll struct {
 	poller  link.Poller
-	inboxes chan *srd.Inbox
-	live    atomic.Int64 // inboxes made and not given to the garbage collector
-	bytes   atomic.Int64 // an inbox's datagram buffers
+	inboxes chan *scratch
+	bytes   atomic.Int64 // what the inboxes made and not given to the garbage collector hold
+}
+
+// scratch is a busy poller's inbox, with what it held in datagram buffers when last counted.
+type scratch struct {
+	*srd.Inbox
+	counted int
 }
 
 // inbox takes an inbox from the free list, or makes one (the first uses, and more readers at
 // once than the list holds).
-func (b *busyPoll) inbox(d *Device) *srd.Inbox {
+func (b *busyPoll) inbox(d *Device) *scratch {
 	select {
 	case in := <-b.inboxes:
 		return in
 	default:
-		in := d.srd.NewInbox()
-		b.bytes.Store(int64(in.Bytes()))
-		b.live.Add(1)
+		in := &scratch{Inbox: d.srd.NewInbox()}
+		in.counted = in.Bytes()
+		b.bytes.Add(int64(in.counted))
 		return in
 	}
 }
 
 // ScratchBytes is what the busy pollers' inboxes hold in datagram buffers (some 300 KB each at
-// MTU 9001). How many a device keeps, up to the free list's 4, depends on how many goroutines
-// have read at once: a test that measures the memory of something else takes it off.
+// MTU 9001, and their queues' as they grow). How many a device keeps, up to the free list's 4,
+// depends on how many goroutines have read at once: a test that measures the memory of
+// something else takes it off.
 func (d *Device) ScratchBytes() int64 {
 	if d.busyRx == nil {
 		return 0
 	}
-	return d.busyRx.live.Load() * d.busyRx.bytes.Load()
+	return d.busyRx.bytes.Load()
 }
 
 // done gives an inbox back to the free list (or to the garbage collector when it is full).
-func (b *busyPoll) done(in *srd.Inbox) {
+func (b *busyPoll) done(in *scratch) {
+	n := in.Bytes()
+	b.bytes.Add(int64(n - in.counted))
+	in.counted = n
 	select {
 	case b.inboxes <- in:
 	default:
-		b.live.Add(-1)
+		b.bytes.Add(-int64(n))
 	}
 }
 
@@ -369,7 +378,7 @@ func (d *Device) sendOwedAcks() {
 		return
 	}
 	in := d.busyRx.inbox(d)
-	d.flushOwed(in, 0)
+	d.flushOwed(in.Inbox, 0)
 	d.busyRx.done(in)
 }
 
@@ -523,7 +532,7 @@ func (d *Device) pollNetwork(lazy bool) bool {
 		return false
 	}
 	in := d.busyRx.inbox(d)
-	got, _ := d.readInput(in, lazy)
+	got, _ := d.readInput(in.Inbox, lazy)
 	d.busyRx.done(in)
 	return got
 }

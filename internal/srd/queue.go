@@ -1,6 +1,8 @@
 package srd
 
 import (
+	"unsafe"
+
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/internal/seal"
 	"github.com/softefa/softefa/internal/wire"
@@ -29,6 +31,18 @@ func (t *Transport) NewQueue() *Queue { return newTxq(t.maxDatagram(), 64) }
 func newTxq(max, n int) *Queue {
 	// Datagram buffers come with first use (room): an idle device holds none.
 	return &Queue{pkts: make([]link.Packet, n), maxLen: max}
+}
+
+// bytes is what q holds in datagram buffers and their slots.
+func (q *Queue) bytes() int {
+	n := (cap(q.pkts) + cap(q.sealed)) * int(unsafe.Sizeof(link.Packet{}))
+	for _, p := range q.pkts {
+		n += cap(p.Buf)
+	}
+	for _, p := range q.sealed {
+		n += cap(p.Buf)
+	}
+	return n
 }
 
 // segSize is the payload of one DATA frame that keeps a datagram within the path MTU, with room
@@ -68,7 +82,7 @@ func (t *Transport) roomFor(p *peer, path, size, ride int) []byte {
 	}
 	pk := &q.pkts[q.n]
 	if pk.Buf == nil {
-		pk.Buf = make([]byte, 0, q.maxLen) // once per slot: kept for every later datagram
+		pk.Buf = datagramBuf(q.maxLen)[:0] // once per slot: kept for every later datagram
 	}
 	q.n++
 	q.started++
@@ -172,7 +186,7 @@ func (t *Transport) sealAll(q *Queue, pkts []link.Packet) []link.Packet {
 	if len(q.sealed) < len(pkts) {
 		q.sealed = make([]link.Packet, len(q.pkts))
 		for i := range q.sealed {
-			q.sealed[i].Buf = make([]byte, 0, q.maxLen+seal.Overhead+64)
+			q.sealed[i].Buf = datagramBuf(q.maxLen + seal.Overhead + 64)[:0]
 		}
 	}
 	out := q.sealed[:len(pkts)]
