@@ -37,10 +37,15 @@ var errEmpty = errors.New("verbs: CQ empty")
 // another generation). CQ.BadCompletions counts them.
 //
 // A Poll that finds the CQ empty takes what the network holds for the device, on the caller's
-// goroutine, and looks again (busy polling: no handoff from the device's receive goroutine).
+// goroutine, and looks again (busy polling: no handoff from the device's receive goroutine). A
+// Poll that finds completions counts as busy polling too: while the application polls, the
+// device's receive goroutine stays parked rather than reading beside it.
 func (cq *CQ) Poll(wc []WC) (int, error) {
 	n, err := cq.poll(wc)
-	if n == 0 && err == nil && len(wc) > 0 && cq.ctx.e.PollNetwork() {
+	switch {
+	case n > 0:
+		cq.ctx.e.Polled()
+	case err == nil && len(wc) > 0 && cq.ctx.e.PollNetwork():
 		n, err = cq.poll(wc)
 	}
 	return n, err
@@ -330,7 +335,10 @@ func (cq *CQ) StartPoll(attr PollCQAttr) error {
 	}
 	cq.lock()
 	err := cq.next()
-	if err == errEmpty && cq.ctx.e.PollNetwork() { // busy polling, as in Poll
+	switch {
+	case err == nil:
+		cq.ctx.e.Polled()
+	case err == errEmpty && cq.ctx.e.PollNetwork(): // busy polling, as in Poll
 		err = cq.next()
 	}
 	if err == errEmpty {

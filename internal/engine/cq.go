@@ -151,6 +151,10 @@ func (d *Device) DestroyCQ(cq *CQ) error {
 // writes an entry, as long as the bit is still there.
 //
 // Entries the consumer has not polled when it arms (the doorbell's consumer count is behind the
+// Written is how many entries the CQ has written (modulo 2^16), each whole when counted (for
+// tests that must not poll).
+func (cq *CQ) Written() uint32 { return cq.written.Load() }
+
 // entries written) raise the event at once: the arm doorbell carries the consumer count for this.
 func (d *Device) ArmCQ(cq *CQ) {
 	d.EndBusy() // the consumer is about to sleep: the receive loop takes over the socket

@@ -451,12 +451,31 @@ func (d *Device) PollNetwork() bool {
 	return d.pollNetwork(true)
 }
 
+// Polled notes that an application's goroutine polled a CQ of the device and found completions:
+// it busy-polls, and reads the network itself when its CQ runs dry (PollNetwork), so the receive
+// loop parks where it would wait (rxOrdered). Without it a sender whose every poll found the
+// completions the receive loop had made kept the loop reading beside it: two threads busy for
+// one device. A load, and a store once a park or wait of the loop: no clock read per poll.
+func (d *Device) Polled() {
+	if d.busyRx != nil && !d.polled.Load() {
+		d.polled.Store(true)
+	}
+}
+
 // markBusy notes that an application's goroutine busy-polls the device now (rxOrdered).
 func (d *Device) markBusy() {
 	if d.busyRx != nil {
 		d.busyAt.Store(monoNow())
+		d.Polled()
 	}
 }
+
+// RxOnSocket reports whether the receive loop waits on the socket (for tests).
+func (d *Device) RxOnSocket() bool { return d.rxWaits.Load() == rxOnSocket }
+
+// BusyPolled reports whether an application goroutine busy-polled the device within busyQuiet,
+// or polled it since the receive loop last parked or waited on the socket (for tests).
+func (d *Device) BusyPolled() bool { return d.busyNow() || d.polled.Load() }
 
 // busyNow reports whether an application's goroutine busy-polled the device within busyQuiet
 // (0: never, or not since EndBusy).
@@ -496,6 +515,7 @@ func (d *Device) EndBusy() {
 		return
 	}
 	d.busyAt.Store(0)
+	d.polled.Store(false)
 	select {
 	case d.rxResume <- struct{}{}:
 	default:
@@ -577,20 +597,31 @@ func (d *Device) readInput(in *srd.Inbox, lazy bool) (bool, error) {
 // While an application's goroutine busy-polls the device, the loop does not wait on the socket
 // but parks (busyPark at a time, then one read; mayPark), as NAPI's busy polling keeps a NIC's
 // interrupts off: the poller reads every datagram itself, and a loop woken for each would take a
-// thread from the busy poller's core, or its peer's, for nothing (docs/architecture.md, "Threads
-// and locks"). The application's arm of a CQ or its sleep on a completion channel ends the park
+// thread from the busy poller's core, or its peer's, for nothing (docs/architecture.md,
+// "Goroutines"). The application's arm of a CQ or its sleep on a completion channel ends the park
 // (EndBusy).
 func (d *Device) rxOrdered(w link.ReadWaiter) {
 	in := d.srd.NewInbox()
 	var last time.Time               // when the last datagram came
 	more := false                    // the last read got datagrams: read again before waiting
+	woke, looked := false, false     // the loop woke from a park; the last read was its one look
 	_, spins := d.link.(link.Poller) // as rxLoop: a link that is no Poller is never spun on
 	park := time.NewTimer(time.Hour)
 	park.Stop()
 	for {
-		busy := d.busyNow()
+		// The loop parks where it would wait (after a read that found nothing, or after its
+		// look, whatever the look found) while the application polls: it went to read the
+		// socket within busyQuiet (busyNow), or it polled at all since the loop last parked
+		// or waited on the socket (polled; EndBusy, its arm or sleep, clears that). In a
+		// stream every look finds datagrams, a sender whose polls find the completions the
+		// loop made never reads the socket itself, and between two polls a poller may post
+		// for longer than busyQuiet. A loop that read on beside the poller was a second
+		// thread spinning for the device.
+		wouldWait := !more || looked
+		busy := d.busyNow() || wouldWait && d.polled.Load()
 		spin := spins && d.cfg.RxSpin > 0 && time.Since(last) < d.cfg.RxSpin && !busy
-		if !spin && !more && busy && d.mayPark() {
+		if !spin && wouldWait && busy && d.mayPark() {
+			d.polled.Store(false)
 			park.Reset(time.Duration(busyPark.Load()))
 			d.rxWaits.Store(rxParked)
 			select {
@@ -601,10 +632,12 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 			}
 			d.rxWaits.Store(rxRunning)
 			park.Stop()
-			more = true // one read before the socket is waited on: the poller may have stopped
+			// One read (the look) before the socket is waited on: the poller may have stopped.
+			more, woke, looked = true, true, false
 			continue
 		}
 		if !spin && !more {
+			d.polled.Store(false)
 			d.rxWaits.Store(rxOnSocket)
 			err := w.WaitReadable()
 			d.rxWaits.Store(rxRunning)
@@ -617,7 +650,7 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 		}
 		d.busyMu.Lock()
 		got, err := d.readInput(in, false)
-		more = got
+		more, looked, woke = got, woke, false
 		switch {
 		case err != nil:
 			if d.stopping(err) {

@@ -119,18 +119,24 @@ func TestReceiveLoopDrainsReaderBeforeWaiting(t *testing.T) {
 	}
 }
 
-// emptyReads is a memlink node that counts the receive loop's reads that found nothing.
+// emptyReads is a memlink node that counts the receive loop's reads: those that found nothing,
+// and those that found datagrams.
 type emptyReads struct {
 	*memlink.Node
-	n atomic.Int64
+	n    atomic.Int64 // the receive loop's reads that found nothing
+	full atomic.Int64 // and those that found datagrams
 }
 
 func (e *emptyReads) NewPoller() link.Poller { return e }
 
 func (e *emptyReads) TryReceive(pkts []link.Packet) (int, error) {
 	n, err := e.Node.NewPoller().TryReceive(pkts)
-	if n == 0 && err == nil && calledBy("rxOrdered") {
-		e.n.Add(1)
+	if err == nil && calledBy("rxOrdered") {
+		if n == 0 {
+			e.n.Add(1)
+		} else {
+			e.full.Add(1)
+		}
 	}
 	return n, err
 }
@@ -185,6 +191,183 @@ func TestReceiveLoopResumesOnArm(t *testing.T) {
 	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.written.Load() < 1; runtime.Gosched() {
 		if time.Now().After(deadline) {
 			t.Fatal("the SEND was not taken: the receive loop still parks after the arm")
+		}
+	}
+}
+
+// After the one read that ends a park (its look), the receive loop parks again while the poller
+// polls, though the look found a datagram: in a stream every look finds some, and a loop that
+// read on after one was a second thread busy for the device (a sender's loop did 30,000 reads a
+// second beside its application). Here the park lasts an hour, the poller never stops, and the
+// test ends the park itself, as the park's timer would, while a SEND waits in the socket.
+func TestReceiveLoopParksAgainAfterItsLook(t *testing.T) {
+	a, b, bn := parkedBesidePoller(t, time.Duration(0))
+	for i := 1; i <= 3; i++ { // (and again: each park ends with a look)
+		sendNth(t, a, b, i) // it waits in b's socket: nobody reads while the loop parks
+		lookUntilTaken(t, b, bn, uint32(i+1), func() {})
+	}
+}
+
+// A poller that polled while the receive loop was parked, but not within busyQuiet when the loop
+// looks (it was posting: a sender posts for longer between its polls), keeps the loop parked: a
+// loop that went by busyQuiet alone spun after traffic beside the poller until its next poll.
+// Here the loop would spin for an hour after traffic (RxSpin).
+func TestReceiveLoopParksAgainWhenPolledDuringThePark(t *testing.T) {
+	a, b, bn := parkedBesidePoller(t, time.Hour)
+	sendNth(t, a, b, 1)
+	lookUntilTaken(t, b, bn, 2, pollDuringThePark(b))
+}
+
+// A poller that stops polling (without arming: nothing tells the loop) holds the loop in its park
+// for one park more at most: the look after a park in which nobody polled leaves it, and a SEND
+// that comes next is taken at once, although the park would last an hour.
+func TestReceiveLoopLeavesTheParkWhenThePollerStops(t *testing.T) {
+	a, b, bn := parkedBesidePoller(t, time.Duration(0))
+	pollDuringThePark(b)() // its last poll
+	look(t, b, bn)
+	waitRx(t, b, func() bool { return b.d.parkedRx() }, "park again after a park in which the application polled")
+	look(t, b, bn) // nobody polled in this one
+	waitRx(t, b, func() bool { return b.d.rxWaits.Load() == rxOnSocket }, "leave its park after a park in which nobody polled")
+	sendNth(t, a, b, 1)
+	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 2 }, "take the SEND that came after")
+}
+
+// A poll that found completions, and no read of the socket by the application (a sender's polls
+// find the completions the loop made), has the loop park after the traffic it read, not wait on
+// the socket for the next: with only busyQuiet to go by, it waited and was woken for every batch.
+func TestReceiveLoopParksBesideAPollThatFoundCompletions(t *testing.T) {
+	defer busyPark.Store(busyPark.Swap(int64(time.Hour)))
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // (with one processor the loop never parks)
+	f := memlink.New(1)
+	an := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
+	bn := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
+	a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
+	b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1, PollMin: time.Hour, PollMax: time.Hour})
+	sendOne(t, a, b)
+	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 1 && b.d.rxWaits.Load() == rxOnSocket }, "take the first SEND and wait on the socket")
+	b.d.Polled() // (and busyAt never set: no poll of the application read the socket)
+	sendNth(t, a, b, 1)
+	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 2 && b.d.parkedRx() }, "take the SEND and park")
+}
+
+// pollDuringThePark returns what a poller does during b's park: it polls, and is posting when the
+// park ends (its poll longer ago than busyQuiet).
+func pollDuringThePark(b *accessRig) func() {
+	return func() {
+		b.d.busyAt.Store(monoNow() - 2*int64(busyQuiet))
+		b.d.Polled()
+	}
+}
+
+// endPark ends b's park, as the park's timer would, and waits until the loop has taken that.
+func endPark(t *testing.T, b *accessRig) {
+	t.Helper()
+	b.d.rxResume <- struct{}{} // (one slot: an earlier end was taken, or the test waited for it)
+	waitRx(t, b, func() bool { return len(b.d.rxResume) == 0 }, "take the end of its park")
+}
+
+// look ends b's park and waits until the loop has read once since (its look).
+func look(t *testing.T, b *accessRig, bn *emptyReads) {
+	t.Helper()
+	reads := bn.n.Load() + bn.full.Load()
+	endPark(t, b)
+	waitRx(t, b, func() bool { return bn.n.Load()+bn.full.Load() != reads }, "look after its park")
+}
+
+// waitRx waits until cond holds (the receive loop's doing, which want describes).
+func waitRx(t *testing.T, b *accessRig, cond func() bool, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the receive loop does not %s (waiting for %d)", want, b.d.rxWaits.Load())
+		}
+	}
+}
+
+// lookUntilTaken ends b's park (after calling poll, the poller's doing meanwhile) whenever a
+// datagram waits in its socket, until b has written n receive completions: each time the loop
+// must look once and park again, whatever the look found. (a's first datagram there may be
+// another than the SEND.)
+func lookUntilTaken(t *testing.T, b *accessRig, bn *emptyReads, n uint32, poll func()) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.written.Load() < n; {
+		if time.Now().After(deadline) {
+			t.Fatal("the receive loop's looks never took the SEND")
+		}
+		if q, _ := bn.Queued(); q == 0 {
+			runtime.Gosched()
+			continue
+		}
+		empty, full := bn.n.Load(), bn.full.Load()
+		poll()
+		endPark(t, b)
+		for !b.d.parkedRx() || bn.n.Load() == empty && bn.full.Load() == full {
+			if time.Now().After(deadline) {
+				t.Fatalf("the receive loop does not park again after its look (it read %d times finding datagrams, %d finding none)",
+					bn.full.Load()-full, bn.n.Load()-empty)
+			}
+			runtime.Gosched()
+		}
+		if reads := bn.full.Load() - full + bn.n.Load() - empty; reads != 1 {
+			t.Fatalf("the receive loop read %d times after its park (%d finding datagrams); want its look alone", reads, bn.full.Load()-full)
+		}
+	}
+}
+
+// An application's poll that found completions counts as busy polling (Polled), as one that
+// found none and read the network does: a sender whose every poll found the completions the
+// receive loop had made kept the loop reading beside it.
+func TestPolledIsBusyPolling(t *testing.T) {
+	f := memlink.New(1)
+	n := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
+	r := newAccessRigOn(t, config.Device{Addr: n.LocalAddr(), Link: n, Paths: 1})
+	if r.d.BusyPolled() {
+		t.Fatal("a device nobody polled counts as busy-polled")
+	}
+	r.d.Polled()
+	if !r.d.BusyPolled() {
+		t.Error("a poll that found completions does not count as busy polling")
+	}
+}
+
+// parkedBesidePoller makes devices a and b on one fabric, b's receive loop spinning for rxSpin
+// after traffic and counting the reads it finds nothing in, has a send b one SEND (the first,
+// which makes them peers: the next SEND is one datagram), and then has b's loop park beside a
+// poller that never stops, for an hour (until the test ends the park).
+func parkedBesidePoller(t *testing.T, rxSpin time.Duration) (a, b *accessRig, bn *emptyReads) {
+	t.Helper()
+	prev := busyPark.Swap(int64(time.Hour))
+	procs := runtime.GOMAXPROCS(2) // (with one processor the loop never parks)
+	t.Cleanup(func() { busyPark.Store(prev); runtime.GOMAXPROCS(procs) })
+	f := memlink.New(1)
+	an := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
+	bn = &emptyReads{Node: f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)}
+	a = newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
+	// (b's timer ticks hourly: its tick reads the socket too, and would take the SENDs.)
+	b = newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1, RxSpin: rxSpin,
+		PollMin: time.Hour, PollMax: time.Hour})
+	sendOne(t, a, b)
+	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.written.Load() < 1; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatal("the first SEND was not taken")
+		}
+	}
+	b.d.busyAt.Store(monoNow() + int64(time.Hour))
+	// A stray datagram wakes a loop that was already waiting on the socket: it then parks.
+	stray := f.Listen(netip.MustParseAddrPort("10.0.0.3:4791"), 1)
+	if err := stray.Send([]link.Packet{{Buf: []byte("stray"), N: 5, Addr: bn.LocalAddr()}}); err != nil {
+		t.Fatal(err)
+	}
+	waitParkedWith(t, b, 1)
+	return a, b, bn
+}
+
+// waitParkedWith waits until b has written n receive completions and its receive loop parks.
+func waitParkedWith(t *testing.T, b *accessRig, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.written.Load() < uint32(n) || !b.d.parkedRx(); runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the receive loop does not park beside a busy poller (%d receive completions, want %d)", b.q.recvCQ.written.Load(), n)
 		}
 	}
 }
