@@ -151,10 +151,6 @@ func (d *Device) DestroyCQ(cq *CQ) error {
 // writes an entry, as long as the bit is still there.
 //
 // Entries the consumer has not polled when it arms (the doorbell's consumer count is behind the
-// Written is how many entries the CQ has written (modulo 2^16), each whole when counted (for
-// tests that must not poll).
-func (cq *CQ) Written() uint32 { return cq.written.Load() }
-
 // entries written) raise the event at once: the arm doorbell carries the consumer count for this.
 func (d *Device) ArmCQ(cq *CQ) {
 	d.EndBusy() // the consumer is about to sleep: the receive loop takes over the socket
@@ -162,6 +158,10 @@ func (d *Device) ArmCQ(cq *CQ) {
 	defer d.mu.Unlock()
 	cq.checkArm()
 }
+
+// Written is how many entries the CQ has written (modulo 2^16), each whole when counted (for
+// tests that must not poll).
+func (cq *CQ) Written() uint32 { return cq.written.Load() }
 
 // checkArm reads the doorbell and latches the arm it shows; entries written and not yet polled
 // raise the armed event at once. Called with the device's lock held.

@@ -543,7 +543,15 @@ const (
 // reads the socket once and looks again: a millisecond (a variable for the tests).
 var busyPark atomic.Int64
 
-func init() { busyPark.Store(int64(time.Millisecond)) }
+// pollStale is how long, in nanoseconds, the receive loop may wait on the socket and still take
+// a poll made before or during the wait as polling now (Device.polled): a park's length (a
+// variable for the tests).
+var pollStale atomic.Int64
+
+func init() {
+	busyPark.Store(int64(time.Millisecond))
+	pollStale.Store(int64(time.Millisecond))
+}
 
 // pollNetwork is PollNetwork; lazy leaves the batch's ACKs owed (for up to AckDelay, so that the
 // application's answer can carry them), otherwise they go at once, as the receive loop's do.
@@ -552,22 +560,22 @@ func (d *Device) pollNetwork(lazy bool) bool {
 		return false
 	}
 	in := d.busyRx.inbox(d)
-	got, _ := d.readInput(in.Inbox, lazy)
+	n, _ := d.readInput(in.Inbox, lazy)
 	d.busyRx.done(in)
-	return got
+	return n > 0
 }
 
 // readInput is one read of the link by the holder of busyMu (a busy poll, or the receive loop:
 // rxOrdered) into in, and the hand-over of what came to the transport. It lets go of busyMu once
 // it holds the device lock, so that the next reader reads while this batch is handled, and
-// handles its own batch after this one (it needs the device lock to hand it over). It reports
-// whether datagrams came.
-func (d *Device) readInput(in *srd.Inbox, lazy bool) (bool, error) {
+// handles its own batch after this one (it needs the device lock to hand it over). It returns
+// how many datagrams came.
+func (d *Device) readInput(in *srd.Inbox, lazy bool) (int, error) {
 	n, err := d.busyRx.poller.TryReceive(in.Pkts)
 	if n == 0 || err != nil {
 		d.busyMu.Unlock()
 		d.flushOwed(in, srd.AckDelay) // nothing came: the ACKs the last poll left owed may be due
-		return false, err
+		return 0, err
 	}
 	d.mu.Lock()
 	d.busyMu.Unlock()
@@ -578,10 +586,10 @@ func (d *Device) readInput(in *srd.Inbox, lazy bool) (bool, error) {
 		}
 	})
 	if closed {
-		return false, link.ErrClosed
+		return 0, link.ErrClosed
 	}
 	d.wakeAfterInput()
-	return true, nil
+	return n, nil
 }
 
 // rxOrdered is the receive goroutine of a link it can wait on without reading (link.ReadWaiter):
@@ -612,7 +620,8 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 		// The loop parks where it would wait (after a read that found nothing, or after its
 		// look, whatever the look found) while the application polls: it went to read the
 		// socket within busyQuiet (busyNow), or it polled at all since the loop last parked
-		// or waited on the socket (polled; EndBusy, its arm or sleep, clears that). In a
+		// or waited on the socket for longer than a park (polled; EndBusy, its arm or sleep,
+		// clears that too). In a
 		// stream every look finds datagrams, a sender whose polls find the completions the
 		// loop made never reads the socket itself, and between two polls a poller may post
 		// for longer than busyQuiet. A loop that read on beside the poller was a second
@@ -637,10 +646,13 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 			continue
 		}
 		if !spin && !more {
-			d.polled.Store(false)
 			d.rxWaits.Store(rxOnSocket)
+			waited := time.Now()
 			err := w.WaitReadable()
 			d.rxWaits.Store(rxRunning)
+			if time.Since(waited) > time.Duration(pollStale.Load()) {
+				d.polled.Store(false) // a poll during a long wait is no busy polling beside the loop
+			}
 			if err != nil {
 				if d.stopping(err) {
 					return
@@ -649,8 +661,12 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 			}
 		}
 		d.busyMu.Lock()
-		got, err := d.readInput(in, false)
-		more, looked, woke = got, woke, false
+		n, err := d.readInput(in, false)
+		got := n > 0
+		// A look that filled the batch is no look: more waits than one batch holds, and the
+		// loop reads on until a read finds nothing, whoever polls (a poller whose CQ never runs
+		// dry never reads the socket itself).
+		more, looked, woke = got, woke && n < len(in.Pkts), false
 		switch {
 		case err != nil:
 			if d.stopping(err) {

@@ -232,8 +232,8 @@ func TestReceiveLoopLeavesTheParkWhenThePollerStops(t *testing.T) {
 	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 2 }, "take the SEND that came after")
 }
 
-// A poll that found completions, and no read of the socket by the application (a sender's polls
-// find the completions the loop made), has the loop park after the traffic it read, not wait on
+// Polls that find completions, and no read of the socket by the application (a sender's polls
+// find the completions the loop made), have the loop park after the traffic it read, not wait on
 // the socket for the next: with only busyQuiet to go by, it waited and was woken for every batch.
 func TestReceiveLoopParksBesideAPollThatFoundCompletions(t *testing.T) {
 	defer busyPark.Store(busyPark.Swap(int64(time.Hour)))
@@ -248,6 +248,46 @@ func TestReceiveLoopParksBesideAPollThatFoundCompletions(t *testing.T) {
 	b.d.Polled() // (and busyAt never set: no poll of the application read the socket)
 	sendNth(t, a, b, 1)
 	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 2 && b.d.parkedRx() }, "take the SEND and park")
+}
+
+// A poll made before a long wait on the socket (longer than pollStale, here any) is no busy
+// polling beside the loop: the loop that a datagram wakes takes it and waits again, although the
+// park would last an hour. A loop that kept the mark through its wait parked after the next
+// burst for a millisecond, as long as the application polled at all between bursts.
+func TestReceiveLoopForgetsPollsBeforeALongWait(t *testing.T) {
+	defer busyPark.Store(busyPark.Swap(int64(time.Hour)))
+	defer pollStale.Store(pollStale.Swap(0))
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // (with one processor the loop never parks)
+	f := memlink.New(1)
+	an := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
+	bn := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
+	a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
+	b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1, RxSpin: -1, PollMin: time.Hour, PollMax: time.Hour})
+	sendOne(t, a, b)
+	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 1 && b.d.rxWaits.Load() == rxOnSocket }, "take the first SEND and wait on the socket")
+	b.d.Polled() // while the loop waits
+	sendNth(t, a, b, 1)
+	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 2 && b.d.rxWaits.Load() == rxOnSocket }, "take the SEND and wait on the socket again")
+}
+
+// A look that fills its batch is no look: more datagrams wait than one read takes, and the loop
+// reads on until a read finds nothing, however the application polls. Parked again after such a
+// look beside an application whose CQ never runs dry (it never reads the socket itself), the loop
+// would take one batch a park. Here 40 datagrams wait when the park ends; the poller polled
+// during the park and never stops.
+func TestReceiveLoopReadsOnAfterALookThatFilledItsBatch(t *testing.T) {
+	a, b, bn := parkedBesidePoller(t, time.Duration(0))
+	junk := make([]link.Packet, 40)
+	for i := range junk {
+		junk[i] = link.Packet{Buf: []byte("junk"), N: 4, Addr: bn.LocalAddr()}
+	}
+	if err := a.d.link.Send(junk); err != nil {
+		t.Fatal(err)
+	}
+	pollDuringThePark(b)()
+	endPark(t, b)
+	waitRx(t, b, func() bool { q, _ := bn.Queued(); return q == 0 && b.d.parkedRx() },
+		"read every datagram after a look that filled its batch, then park")
 }
 
 // pollDuringThePark returns what a poller does during b's park: it polls, and is posting when the
@@ -321,6 +361,7 @@ func TestPolledIsBusyPolling(t *testing.T) {
 	f := memlink.New(1)
 	n := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
 	r := newAccessRigOn(t, config.Device{Addr: n.LocalAddr(), Link: n, Paths: 1})
+	waitRx(t, r, func() bool { return r.d.rxWaits.Load() == rxOnSocket }, "wait on the socket") // (its first pass clears the mark)
 	if r.d.BusyPolled() {
 		t.Fatal("a device nobody polled counts as busy-polled")
 	}
