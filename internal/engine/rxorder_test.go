@@ -168,13 +168,7 @@ func TestReceiveLoopWaitsWhileBusyPolled(t *testing.T) {
 // about to sleep, and a SEND that comes next is taken by the loop, with no poll, although the park
 // would last an hour.
 func TestReceiveLoopResumesOnArm(t *testing.T) {
-	defer busyPark.Store(busyPark.Swap(int64(time.Hour)))
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // (with one processor the loop never parks)
-	f := memlink.New(1)
-	an := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
-	bn := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
-	a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
-	b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1})
+	a, b, f, bn := parkablePair(t, func(*config.Device) {})
 	b.d.busyAt.Store(monoNow() + int64(time.Hour)) // a poller that never stops, until the arm
 	// A stray datagram wakes a loop that was already waiting on the socket: it then parks.
 	stray := f.Listen(netip.MustParseAddrPort("10.0.0.3:4791"), 1)
@@ -236,13 +230,7 @@ func TestReceiveLoopLeavesTheParkWhenThePollerStops(t *testing.T) {
 // find the completions the loop made), have the loop park after the traffic it read, not wait on
 // the socket for the next: with only busyQuiet to go by, it waited and was woken for every batch.
 func TestReceiveLoopParksBesideAPollThatFoundCompletions(t *testing.T) {
-	defer busyPark.Store(busyPark.Swap(int64(time.Hour)))
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // (with one processor the loop never parks)
-	f := memlink.New(1)
-	an := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
-	bn := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
-	a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
-	b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1, PollMin: time.Hour, PollMax: time.Hour})
+	a, b, _, _ := parkablePair(t, func(c *config.Device) { c.PollMin, c.PollMax = time.Hour, time.Hour })
 	sendOne(t, a, b)
 	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 1 && b.d.rxWaits.Load() == rxOnSocket }, "take the first SEND and wait on the socket")
 	b.d.Polled() // (and busyAt never set: no poll of the application read the socket)
@@ -255,14 +243,8 @@ func TestReceiveLoopParksBesideAPollThatFoundCompletions(t *testing.T) {
 // park would last an hour. A loop that kept the mark through its wait parked after the next
 // burst for a millisecond, as long as the application polled at all between bursts.
 func TestReceiveLoopForgetsPollsBeforeALongWait(t *testing.T) {
-	defer busyPark.Store(busyPark.Swap(int64(time.Hour)))
 	defer pollStale.Store(pollStale.Swap(0))
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // (with one processor the loop never parks)
-	f := memlink.New(1)
-	an := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
-	bn := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
-	a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
-	b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1, RxSpin: -1, PollMin: time.Hour, PollMax: time.Hour})
+	a, b, _, _ := parkablePair(t, func(c *config.Device) { c.RxSpin, c.PollMin, c.PollMax = -1, time.Hour, time.Hour })
 	sendOne(t, a, b)
 	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 1 && b.d.rxWaits.Load() == rxOnSocket }, "take the first SEND and wait on the socket")
 	b.d.Polled() // while the loop waits
@@ -288,6 +270,23 @@ func TestReceiveLoopReadsOnAfterALookThatFilledItsBatch(t *testing.T) {
 	endPark(t, b)
 	waitRx(t, b, func() bool { q, _ := bn.Queued(); return q == 0 && b.d.parkedRx() },
 		"read every datagram after a look that filled its batch, then park")
+}
+
+// parkablePair makes devices a and b on fabric f (b's node bn; set tunes b's configuration), and,
+// for the test, a park of an hour and two Go processors (with one the loop never parks).
+func parkablePair(t *testing.T, set func(*config.Device)) (a, b *accessRig, f *memlink.Fabric, bn *memlink.Node) {
+	t.Helper()
+	prev := busyPark.Swap(int64(time.Hour))
+	procs := runtime.GOMAXPROCS(2)
+	t.Cleanup(func() { busyPark.Store(prev); runtime.GOMAXPROCS(procs) })
+	f = memlink.New(1)
+	an := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
+	bn = f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
+	a = newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
+	cfg := config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1}
+	set(&cfg)
+	b = newAccessRigOn(t, cfg)
+	return a, b, f, bn
 }
 
 // pollDuringThePark returns what a poller does during b's park: it polls, and is posting when the
