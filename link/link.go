@@ -44,6 +44,14 @@ type Poller interface {
 	TryReceive(pkts []Packet) (int, error)
 }
 
+// Backlogger is a Poller that tells whether its last TryReceive may have left datagrams behind:
+// it filled every slot its system call offered, or it holds datagrams it received and has not
+// handed out (with GRO, the rest of a run). A reader that looks once after a pause reads on while
+// it reports so. A Poller without it is taken to have left some when it filled pkts.
+type Backlogger interface {
+	Backlogged() bool
+}
+
 // BusyPoller is a Link that gives out extra receivers, each with buffers of its own, that never
 // wait and may run beside Receive and beside each other: for goroutines that busy-poll the
 // network when they find nothing to do, while the device's receive goroutine is parked.

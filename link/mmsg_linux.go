@@ -167,6 +167,9 @@ func (p *udpPoller) TryReceive(pkts []Packet) (int, error) {
 	return p.rx.recv(p.u, pkts, false)
 }
 
+// Backlogged reports whether the last TryReceive may have left datagrams behind (link.Backlogger).
+func (p *udpPoller) Backlogged() bool { return p.rx.backlogged() }
+
 // rxState is one receiver's scratch: its recvmmsg batch and, with GRO, the runs received and not
 // yet handed out.
 type rxState struct {
@@ -175,6 +178,12 @@ type rxState struct {
 	groBuf []byte        // GRO's run buffers
 	pend   []superpacket // runs received; pend[pendAt:] not yet handed out
 	pendAt int
+}
+
+// backlogged reports whether the last recv may have left datagrams behind: runs it has not
+// handed out, or a system call that filled every entry it offered.
+func (r *rxState) backlogged() bool {
+	return r.pendAt < len(r.pend) || r.b.n > 0 && r.b.done == r.b.n
 }
 
 func (r *rxState) recv(u *UDP, pkts []Packet, wait bool) (int, error) {

@@ -204,3 +204,62 @@ func loopbackPair(t *testing.T, paths int) (a, b *UDP) {
 	t.Cleanup(func() { b.Close() })
 	return a, b
 }
+
+// A poller tells whether its last read may have left datagrams behind (Backlogger), with GRO and
+// without: true after every read that filled its batch and left some (in a GRO run it holds, or
+// in the socket), false after a read that found nothing. The receive loop reads on after its
+// look while it says so.
+func TestPollerTellsItsBacklog(t *testing.T) {
+	for _, o := range []UDPOptions{{}, {NoOffload: true}} {
+		lo := netip.MustParseAddrPort("127.0.0.1:0")
+		a, err := ListenUDPOptions(lo, 1, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		b, err := ListenUDPOptions(lo, 1, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		const count = 20
+		out := make([]Packet, count)
+		for i := range out {
+			out[i] = Packet{Buf: bytes.Repeat([]byte{byte(i)}, 100), N: 100, Addr: b.LocalAddr()}
+		}
+		if err := a.Send(out); err != nil {
+			t.Fatal(err)
+		}
+		poller := b.NewPoller()
+		backlog := poller.(Backlogger)
+		in := make([]Packet, 4)
+		for i := range in {
+			in[i].Buf = make([]byte, 2048)
+		}
+		total := 0
+		for deadline := time.Now().Add(5 * time.Second); total < count; {
+			n, err := poller.TryReceive(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("offload off %v: %d of %d datagrams arrived", o.NoOffload, total, count)
+				}
+				runtime.Gosched()
+				continue
+			}
+			total += n
+			if n == len(in) && total < count && !backlog.Backlogged() {
+				t.Fatalf("offload off %v: a read that filled its batch says it left nothing behind (%d of %d read)",
+					o.NoOffload, total, count)
+			}
+		}
+		if n, err := poller.TryReceive(in); n != 0 || err != nil {
+			t.Fatalf("offload off %v: a read after all came: %d, %v", o.NoOffload, n, err)
+		}
+		if backlog.Backlogged() {
+			t.Errorf("offload off %v: a read that found nothing says it left datagrams behind", o.NoOffload)
+		}
+	}
+}

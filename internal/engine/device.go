@@ -105,7 +105,7 @@ type Device struct {
 
 	busyMu sync.Mutex   // held by a goroutine in PollNetwork
 	busyAt atomic.Int64 // monoNow() of an application goroutine's last busy poll (markBusy)
-	polled atomic.Bool  // an application goroutine polled since the receive loop last parked or waited (Polled, markBusy)
+	polled atomic.Bool  // an application goroutine polled since the receive loop last parked or came back from a long wait (Polled, markBusy)
 	busyRx *busyPoll    // nil: the device cannot be busy-polled
 	// rxResume (one slot) ends the receive loop's park beside a busy poller (EndBusy).
 	rxResume chan struct{}
@@ -175,7 +175,9 @@ func NewDevice(cfg config.Device) (*Device, error) {
 	}
 	if d.link != nil {
 		if b, ok := d.link.(link.BusyPoller); ok {
-			d.busyRx = &busyPoll{poller: b.NewPoller(), inboxes: make(chan *scratch, 4)} // scratch comes with the first polls
+			p := b.NewPoller()
+			d.busyRx = &busyPoll{poller: p, inboxes: make(chan *scratch, 4)} // scratch comes with the first polls
+			d.busyRx.backlog, _ = p.(link.Backlogger)
 		}
 		d.wg.Add(1)
 		go d.rxLoop()

@@ -103,6 +103,7 @@ type driver struct {
 // reader hands its batch to the transport after letting go of busyMu, while the next one reads).
 type busyPoll struct {
 	poller  link.Poller
+	backlog link.Backlogger // the poller, if it tells whether a read left datagrams behind
 	inboxes chan *scratch
 	bytes   atomic.Int64 // what the inboxes made and not given to the garbage collector hold
 }
@@ -455,7 +456,7 @@ func (d *Device) PollNetwork() bool {
 // it busy-polls, and reads the network itself when its CQ runs dry (PollNetwork), so the receive
 // loop parks where it would wait (rxOrdered). Without it a sender whose every poll found the
 // completions the receive loop had made kept the loop reading beside it: two threads busy for
-// one device. A load, and a store once a park or wait of the loop: no clock read per poll.
+// one device. A load, and a store once a park (or long wait) of the loop: no clock read per poll.
 func (d *Device) Polled() {
 	if d.busyRx != nil && !d.polled.Load() {
 		d.polled.Store(true)
@@ -474,7 +475,8 @@ func (d *Device) markBusy() {
 func (d *Device) RxOnSocket() bool { return d.rxWaits.Load() == rxOnSocket }
 
 // BusyPolled reports whether an application goroutine busy-polled the device within busyQuiet,
-// or polled it since the receive loop last parked or waited on the socket (for tests).
+// or polled it since the receive loop last parked or came back from a wait on the socket longer
+// than pollStale (for tests).
 func (d *Device) BusyPolled() bool { return d.busyNow() || d.polled.Load() }
 
 // busyNow reports whether an application's goroutine busy-polled the device within busyQuiet
@@ -560,7 +562,7 @@ func (d *Device) pollNetwork(lazy bool) bool {
 		return false
 	}
 	in := d.busyRx.inbox(d)
-	n, _ := d.readInput(in.Inbox, lazy)
+	n, _, _ := d.readInput(in.Inbox, lazy)
 	d.busyRx.done(in)
 	return n > 0
 }
@@ -569,13 +571,19 @@ func (d *Device) pollNetwork(lazy bool) bool {
 // rxOrdered) into in, and the hand-over of what came to the transport. It lets go of busyMu once
 // it holds the device lock, so that the next reader reads while this batch is handled, and
 // handles its own batch after this one (it needs the device lock to hand it over). It returns
-// how many datagrams came.
-func (d *Device) readInput(in *srd.Inbox, lazy bool) (int, error) {
-	n, err := d.busyRx.poller.TryReceive(in.Pkts)
+// how many datagrams came, and whether the read may have left some behind (link.Backlogger; a
+// read that filled in.Pkts, for a poller that cannot tell).
+func (d *Device) readInput(in *srd.Inbox, lazy bool) (n int, more bool, err error) {
+	n, err = d.busyRx.poller.TryReceive(in.Pkts)
 	if n == 0 || err != nil {
 		d.busyMu.Unlock()
 		d.flushOwed(in, srd.AckDelay) // nothing came: the ACKs the last poll left owed may be due
-		return 0, err
+		return 0, false, err
+	}
+	if d.busyRx.backlog != nil {
+		more = d.busyRx.backlog.Backlogged()
+	} else {
+		more = n == len(in.Pkts)
 	}
 	d.mu.Lock()
 	d.busyMu.Unlock()
@@ -586,10 +594,10 @@ func (d *Device) readInput(in *srd.Inbox, lazy bool) (int, error) {
 		}
 	})
 	if closed {
-		return 0, link.ErrClosed
+		return 0, false, link.ErrClosed
 	}
 	d.wakeAfterInput()
-	return n, nil
+	return n, more, nil
 }
 
 // rxOrdered is the receive goroutine of a link it can wait on without reading (link.ReadWaiter):
@@ -618,10 +626,10 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 	park.Stop()
 	for {
 		// The loop parks where it would wait (after a read that found nothing, or after its
-		// look, whatever the look found) while the application polls: it went to read the
-		// socket within busyQuiet (busyNow), or it polled at all since the loop last parked
-		// or waited on the socket for longer than a park (polled; EndBusy, its arm or sleep,
-		// clears that too). In a
+		// look, whatever the look found, unless it left datagrams behind) while the
+		// application polls: it went to read the socket within busyQuiet (busyNow), or it
+		// polled at all since the loop last parked or came back from a wait on the socket
+		// longer than pollStale (polled; EndBusy, its arm or sleep, clears that too). In a
 		// stream every look finds datagrams, a sender whose polls find the completions the
 		// loop made never reads the socket itself, and between two polls a poller may post
 		// for longer than busyQuiet. A loop that read on beside the poller was a second
@@ -646,6 +654,9 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 			continue
 		}
 		if !spin && !more {
+			if !d.mayPark() {
+				d.polled.Store(false) // (where the loop may not park, a poll keeps it from spinning until it waits)
+			}
 			d.rxWaits.Store(rxOnSocket)
 			waited := time.Now()
 			err := w.WaitReadable()
@@ -661,12 +672,12 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 			}
 		}
 		d.busyMu.Lock()
-		n, err := d.readInput(in, false)
+		n, backlog, err := d.readInput(in, false)
 		got := n > 0
-		// A look that filled the batch is no look: more waits than one batch holds, and the
-		// loop reads on until a read finds nothing, whoever polls (a poller whose CQ never runs
-		// dry never reads the socket itself).
-		more, looked, woke = got, woke && n < len(in.Pkts), false
+		// A look that left datagrams behind (it filled its batch, or GRO's run holds more) is
+		// no look: more waited than one read takes, and the loop reads on until a read finds
+		// nothing, whoever polls (a poller whose CQ never runs dry never reads the socket).
+		more, looked, woke = got, woke && !backlog, false
 		switch {
 		case err != nil:
 			if d.stopping(err) {

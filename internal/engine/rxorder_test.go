@@ -129,6 +129,22 @@ type emptyReads struct {
 
 func (e *emptyReads) NewPoller() link.Poller { return e }
 
+// shortReads is emptyReads that reads at most short datagrams a call, and tells whether it left
+// some behind (link.Backlogger), as a UDP link with GRO does: a run's rest waits in its buffers,
+// and a read takes at most 8 runs.
+type shortReads struct {
+	*emptyReads
+	short int
+}
+
+func (s *shortReads) NewPoller() link.Poller { return s }
+
+func (s *shortReads) TryReceive(pkts []link.Packet) (int, error) {
+	return s.emptyReads.TryReceive(pkts[:min(len(pkts), s.short)])
+}
+
+func (s *shortReads) Backlogged() bool { q, _ := s.Queued(); return q > 0 }
+
 func (e *emptyReads) TryReceive(pkts []link.Packet) (int, error) {
 	n, err := e.Node.NewPoller().TryReceive(pkts)
 	if err == nil && calledBy("rxOrdered") {
@@ -195,7 +211,7 @@ func TestReceiveLoopResumesOnArm(t *testing.T) {
 // second beside its application). Here the park lasts an hour, the poller never stops, and the
 // test ends the park itself, as the park's timer would, while a SEND waits in the socket.
 func TestReceiveLoopParksAgainAfterItsLook(t *testing.T) {
-	a, b, bn := parkedBesidePoller(t, time.Duration(0))
+	a, b, bn := parkedBesidePoller(t, time.Duration(0), 0)
 	for i := 1; i <= 3; i++ { // (and again: each park ends with a look)
 		sendNth(t, a, b, i) // it waits in b's socket: nobody reads while the loop parks
 		lookUntilTaken(t, b, bn, uint32(i+1), func() {})
@@ -207,7 +223,7 @@ func TestReceiveLoopParksAgainAfterItsLook(t *testing.T) {
 // loop that went by busyQuiet alone spun after traffic beside the poller until its next poll.
 // Here the loop would spin for an hour after traffic (RxSpin).
 func TestReceiveLoopParksAgainWhenPolledDuringThePark(t *testing.T) {
-	a, b, bn := parkedBesidePoller(t, time.Hour)
+	a, b, bn := parkedBesidePoller(t, time.Hour, 0)
 	sendNth(t, a, b, 1)
 	lookUntilTaken(t, b, bn, 2, pollDuringThePark(b))
 }
@@ -216,7 +232,7 @@ func TestReceiveLoopParksAgainWhenPolledDuringThePark(t *testing.T) {
 // for one park more at most: the look after a park in which nobody polled leaves it, and a SEND
 // that comes next is taken at once, although the park would last an hour.
 func TestReceiveLoopLeavesTheParkWhenThePollerStops(t *testing.T) {
-	a, b, bn := parkedBesidePoller(t, time.Duration(0))
+	a, b, bn := parkedBesidePoller(t, time.Duration(0), 0)
 	pollDuringThePark(b)() // its last poll
 	look(t, b, bn)
 	waitRx(t, b, func() bool { return b.d.parkedRx() }, "park again after a park in which the application polled")
@@ -230,9 +246,10 @@ func TestReceiveLoopLeavesTheParkWhenThePollerStops(t *testing.T) {
 // find the completions the loop made), have the loop park after the traffic it read, not wait on
 // the socket for the next: with only busyQuiet to go by, it waited and was woken for every batch.
 func TestReceiveLoopParksBesideAPollThatFoundCompletions(t *testing.T) {
+	defer pollStale.Store(pollStale.Swap(int64(time.Hour))) // (the poll below comes during a wait)
 	a, b, _, _ := parkablePair(t, func(c *config.Device) { c.PollMin, c.PollMax = time.Hour, time.Hour })
 	sendOne(t, a, b)
-	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 1 && b.d.rxWaits.Load() == rxOnSocket }, "take the first SEND and wait on the socket")
+	waitRx(t, b, func() bool { return settled(a, b) }, "take the first SEND and wait on the socket")
 	b.d.Polled() // (and busyAt never set: no poll of the application read the socket)
 	sendNth(t, a, b, 1)
 	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 2 && b.d.parkedRx() }, "take the SEND and park")
@@ -243,10 +260,10 @@ func TestReceiveLoopParksBesideAPollThatFoundCompletions(t *testing.T) {
 // park would last an hour. A loop that kept the mark through its wait parked after the next
 // burst for a millisecond, as long as the application polled at all between bursts.
 func TestReceiveLoopForgetsPollsBeforeALongWait(t *testing.T) {
-	defer pollStale.Store(pollStale.Swap(0))
+	defer pollStale.Store(pollStale.Swap(-1))
 	a, b, _, _ := parkablePair(t, func(c *config.Device) { c.RxSpin, c.PollMin, c.PollMax = -1, time.Hour, time.Hour })
 	sendOne(t, a, b)
-	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 1 && b.d.rxWaits.Load() == rxOnSocket }, "take the first SEND and wait on the socket")
+	waitRx(t, b, func() bool { return settled(a, b) }, "take the first SEND and wait on the socket")
 	b.d.Polled() // while the loop waits
 	sendNth(t, a, b, 1)
 	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 2 && b.d.rxWaits.Load() == rxOnSocket }, "take the SEND and wait on the socket again")
@@ -255,21 +272,15 @@ func TestReceiveLoopForgetsPollsBeforeALongWait(t *testing.T) {
 // A look that fills its batch is no look: more datagrams wait than one read takes, and the loop
 // reads on until a read finds nothing, however the application polls. Parked again after such a
 // look beside an application whose CQ never runs dry (it never reads the socket itself), the loop
-// would take one batch a park. Here 40 datagrams wait when the park ends; the poller polled
-// during the park and never stops.
+// would take one batch a park. Here 40 datagrams wait when the park ends (readsOnAfterTheLook).
 func TestReceiveLoopReadsOnAfterALookThatFilledItsBatch(t *testing.T) {
-	a, b, bn := parkedBesidePoller(t, time.Duration(0))
-	junk := make([]link.Packet, 40)
-	for i := range junk {
-		junk[i] = link.Packet{Buf: []byte("junk"), N: 4, Addr: bn.LocalAddr()}
-	}
-	if err := a.d.link.Send(junk); err != nil {
-		t.Fatal(err)
-	}
-	pollDuringThePark(b)()
-	endPark(t, b)
-	waitRx(t, b, func() bool { q, _ := bn.Queued(); return q == 0 && b.d.parkedRx() },
-		"read every datagram after a look that filled its batch, then park")
+	readsOnAfterTheLook(t, 0)
+}
+
+// settled reports whether b took a's first SEND and a its completion (nothing is outstanding:
+// nothing more comes to b's socket), and b's receive loop waits on the socket.
+func settled(a, b *accessRig) bool {
+	return b.q.recvCQ.written.Load() == 1 && a.q.recvCQ.written.Load() == 1 && b.d.rxWaits.Load() == rxOnSocket
 }
 
 // parkablePair makes devices a and b on fabric f (b's node bn; set tunes b's configuration), and,
@@ -287,6 +298,32 @@ func parkablePair(t *testing.T, set func(*config.Device)) (a, b *accessRig, f *m
 	set(&cfg)
 	b = newAccessRigOn(t, cfg)
 	return a, b, f, bn
+}
+
+// The same with a link whose reads take fewer than a batch and tell that they left datagrams
+// behind (GRO: a read hands out the rest of a run, or takes 8 runs): a look that left datagrams
+// behind is no look. Here a read takes 8 of the 40 waiting.
+func TestReceiveLoopReadsOnAfterALookThatLeftDatagramsBehind(t *testing.T) {
+	readsOnAfterTheLook(t, 8)
+}
+
+// readsOnAfterTheLook has 40 datagrams wait in b's socket when b's park ends, beside a poller
+// that polled during the park and was posting when it ended (parkedBesidePoller, with short;
+// pollDuringThePark), and checks that the loop reads them all before it parks again.
+func readsOnAfterTheLook(t *testing.T, short int) {
+	t.Helper()
+	a, b, bn := parkedBesidePoller(t, time.Duration(0), short)
+	junk := make([]link.Packet, 40)
+	for i := range junk {
+		junk[i] = link.Packet{Buf: []byte("junk"), N: 4, Addr: bn.LocalAddr()}
+	}
+	if err := a.d.link.Send(junk); err != nil {
+		t.Fatal(err)
+	}
+	pollDuringThePark(b)()
+	endPark(t, b)
+	waitRx(t, b, func() bool { q, _ := bn.Queued(); return q == 0 && b.d.parkedRx() },
+		"read every datagram after a look that left some behind, then park")
 }
 
 // pollDuringThePark returns what a poller does during b's park: it polls, and is posting when the
@@ -374,7 +411,9 @@ func TestPolledIsBusyPolling(t *testing.T) {
 // after traffic and counting the reads it finds nothing in, has a send b one SEND (the first,
 // which makes them peers: the next SEND is one datagram), and then has b's loop park beside a
 // poller that never stops, for an hour (until the test ends the park).
-func parkedBesidePoller(t *testing.T, rxSpin time.Duration) (a, b *accessRig, bn *emptyReads) {
+// With short, b's link reads at most short datagrams a call and tells when it left some behind
+// (shortReads: as GRO's runs do).
+func parkedBesidePoller(t *testing.T, rxSpin time.Duration, short int) (a, b *accessRig, bn *emptyReads) {
 	t.Helper()
 	prev := busyPark.Swap(int64(time.Hour))
 	procs := runtime.GOMAXPROCS(2) // (with one processor the loop never parks)
@@ -384,7 +423,11 @@ func parkedBesidePoller(t *testing.T, rxSpin time.Duration) (a, b *accessRig, bn
 	bn = &emptyReads{Node: f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)}
 	a = newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1})
 	// (b's timer ticks hourly: its tick reads the socket too, and would take the SENDs.)
-	b = newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1, RxSpin: rxSpin,
+	var bl link.Link = bn
+	if short > 0 {
+		bl = &shortReads{emptyReads: bn, short: short}
+	}
+	b = newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bl, Paths: 1, RxSpin: rxSpin,
 		PollMin: time.Hour, PollMax: time.Hour})
 	sendOne(t, a, b)
 	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.written.Load() < 1; runtime.Gosched() {
