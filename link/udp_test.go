@@ -222,6 +222,9 @@ func TestPollerTellsItsBacklog(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer b.Close()
+		if !o.NoOffload && (!b.gro || !a.gso.Load()) {
+			t.Fatalf("GSO %v, GRO %v where the offloads were asked for: the GRO half would go untested", a.gso.Load(), b.gro)
+		}
 		const count = 20
 		out := make([]Packet, count)
 		for i := range out {

@@ -620,14 +620,14 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 	in := d.srd.NewInbox()
 	var last time.Time               // when the last datagram came
 	more := false                    // the last read got datagrams: read again before waiting
-	woke, looked := false, false     // the loop woke from a park; the last read was its one look
+	woke, looked := false, false     // the loop woke from a park (and looks); the last read ended its look
 	_, spins := d.link.(link.Poller) // as rxLoop: a link that is no Poller is never spun on
 	park := time.NewTimer(time.Hour)
 	park.Stop()
 	for {
 		// The loop parks where it would wait (after a read that found nothing, or after its
-		// look, whatever the look found, unless it left datagrams behind) while the
-		// application polls: it went to read the socket within busyQuiet (busyNow), or it
+		// look, whatever the look found; a look goes on while its reads leave datagrams
+		// behind) while the application polls: it went to read the socket within busyQuiet (busyNow), or it
 		// polled at all since the loop last parked or came back from a wait on the socket
 		// longer than pollStale (polled; EndBusy, its arm or sleep, clears that too). In a
 		// stream every look finds datagrams, a sender whose polls find the completions the
@@ -674,10 +674,12 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 		d.busyMu.Lock()
 		n, backlog, err := d.readInput(in, false)
 		got := n > 0
-		// A look that left datagrams behind (it filled its batch, or GRO's run holds more) is
-		// no look: more waited than one read takes, and the loop reads on until a read finds
-		// nothing, whoever polls (a poller whose CQ never runs dry never reads the socket).
-		more, looked, woke = got, woke && !backlog, false
+		// A look that left datagrams behind (it filled its batch, or GRO's run holds more)
+		// goes on: more waited than one read takes, and the loop reads on while its reads
+		// leave some, whoever polls (a poller whose CQ never runs dry never reads the socket),
+		// then parks again; reading on until a read found nothing, in a stream, it would
+		// never park.
+		more, looked, woke = got, woke && !backlog, woke && backlog
 		switch {
 		case err != nil:
 			if d.stopping(err) {

@@ -269,10 +269,11 @@ func TestReceiveLoopForgetsPollsBeforeALongWait(t *testing.T) {
 	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 2 && b.d.rxWaits.Load() == rxOnSocket }, "take the SEND and wait on the socket again")
 }
 
-// A look that fills its batch is no look: more datagrams wait than one read takes, and the loop
-// reads on until a read finds nothing, however the application polls. Parked again after such a
-// look beside an application whose CQ never runs dry (it never reads the socket itself), the loop
-// would take one batch a park. Here 40 datagrams wait when the park ends (readsOnAfterTheLook).
+// A look that fills its batch goes on: more datagrams wait than one read takes, and the loop
+// reads on while its reads leave some behind, however the application polls. Parked again after
+// such a look beside an application whose CQ never runs dry (it never reads the socket itself),
+// the loop would take one batch a park. Here 40 datagrams wait when the park ends
+// (readsOnAfterTheLook).
 func TestReceiveLoopReadsOnAfterALookThatFilledItsBatch(t *testing.T) {
 	readsOnAfterTheLook(t, 0)
 }
@@ -301,15 +302,17 @@ func parkablePair(t *testing.T, set func(*config.Device)) (a, b *accessRig, f *m
 }
 
 // The same with a link whose reads take fewer than a batch and tell that they left datagrams
-// behind (GRO: a read hands out the rest of a run, or takes 8 runs): a look that left datagrams
-// behind is no look. Here a read takes 8 of the 40 waiting.
+// behind (GRO: a read hands out the rest of a run, or takes 8 runs): the look goes on while its
+// reads leave datagrams behind. Here a read takes 8 of the 40 waiting.
 func TestReceiveLoopReadsOnAfterALookThatLeftDatagramsBehind(t *testing.T) {
 	readsOnAfterTheLook(t, 8)
 }
 
 // readsOnAfterTheLook has 40 datagrams wait in b's socket when b's park ends, beside a poller
 // that polled during the park and was posting when it ended (parkedBesidePoller, with short;
-// pollDuringThePark), and checks that the loop reads them all before it parks again.
+// pollDuringThePark), and checks that the loop reads them all before it parks again, and parks
+// with the read that left none behind: a loop that read on until a read found nothing would, in
+// a stream, never park.
 func readsOnAfterTheLook(t *testing.T, short int) {
 	t.Helper()
 	a, b, bn := parkedBesidePoller(t, time.Duration(0), short)
@@ -321,9 +324,13 @@ func readsOnAfterTheLook(t *testing.T, short int) {
 		t.Fatal(err)
 	}
 	pollDuringThePark(b)()
+	empty := bn.n.Load()
 	endPark(t, b)
 	waitRx(t, b, func() bool { q, _ := bn.Queued(); return q == 0 && b.d.parkedRx() },
 		"read every datagram after a look that left some behind, then park")
+	if n := bn.n.Load() - empty; n != 0 {
+		t.Errorf("the receive loop read %d times finding nothing before it parked again; want none", n)
+	}
 }
 
 // pollDuringThePark returns what a poller does during b's park: it polls, and is posting when the
