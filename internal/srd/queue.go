@@ -23,6 +23,7 @@ type Queue struct {
 	turn   bool // holds the turn to send (Transport.Hold)
 
 	started uint64 // datagrams begun (roomFor), ever
+	held    int    // bytes of datagram buffers and slots the queue holds (bytes)
 }
 
 // NewQueue makes a datagram queue for a goroutine that does the device's work.
@@ -30,20 +31,15 @@ func (t *Transport) NewQueue() *Queue { return newTxq(t.maxDatagram(), 64) }
 
 func newTxq(max, n int) *Queue {
 	// Datagram buffers come with first use (room): an idle device holds none.
-	return &Queue{pkts: make([]link.Packet, n), maxLen: max}
+	return &Queue{pkts: make([]link.Packet, n), maxLen: max, held: n * packetSlot}
 }
 
-// bytes is what q holds in datagram buffers and their slots.
-func (q *Queue) bytes() int {
-	n := (cap(q.pkts) + cap(q.sealed)) * int(unsafe.Sizeof(link.Packet{}))
-	for _, p := range q.pkts {
-		n += cap(p.Buf)
-	}
-	for _, p := range q.sealed {
-		n += cap(p.Buf)
-	}
-	return n
-}
+// packetSlot is the size of a link.Packet, a slot of a queue or inbox.
+const packetSlot = int(unsafe.Sizeof(link.Packet{}))
+
+// bytes is what q holds in datagram buffers and their slots (counted as they are made: a
+// poller asks after every batch).
+func (q *Queue) bytes() int { return q.held }
 
 // segSize is the payload of one DATA frame that keeps a datagram within the path MTU, with room
 // for a COOKIE frame (address validation, while it lasts).
@@ -83,6 +79,7 @@ func (t *Transport) roomFor(p *peer, path, size, ride int) []byte {
 	pk := &q.pkts[q.n]
 	if pk.Buf == nil {
 		pk.Buf = datagramBuf(q.maxLen)[:0] // once per slot: kept for every later datagram
+		q.held += cap(pk.Buf)
 	}
 	q.n++
 	q.started++
@@ -168,8 +165,9 @@ func (t *Transport) roomLarge(p *peer, path, size int) []byte {
 	b := t.room(p, path, 0)
 	pk := &t.txq.pkts[t.txq.n-1]
 	if cap(pk.Buf) < len(b)+size {
-		nb := make([]byte, len(b), len(b)+size)
+		nb := datagramBuf(len(b) + size)[:len(b)]
 		copy(nb, b)
+		t.txq.held += cap(nb) - cap(pk.Buf)
 		pk.Buf = nb
 		b = nb
 	}
@@ -185,8 +183,10 @@ func (t *Transport) roomLarge(p *peer, path, size int) []byte {
 func (t *Transport) sealAll(q *Queue, pkts []link.Packet) []link.Packet {
 	if len(q.sealed) < len(pkts) {
 		q.sealed = make([]link.Packet, len(q.pkts))
+		q.held += len(q.sealed) * packetSlot
 		for i := range q.sealed {
 			q.sealed[i].Buf = datagramBuf(q.maxLen + seal.Overhead + 64)[:0]
+			q.held += cap(q.sealed[i].Buf)
 		}
 	}
 	out := q.sealed[:len(pkts)]

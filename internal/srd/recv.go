@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"slices"
 	"time"
-	"unsafe"
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efaio"
@@ -107,14 +106,17 @@ type Inbox struct {
 	Out    *Queue
 	opened link.Packet        // a sealed datagram's plain form
 	aad    [seal.AADSize]byte // opening's scratch
+	held   int                // bytes of its own buffers and slots (Bytes)
 }
 
 // NewInbox makes what a goroutine that receives for the device reuses for every batch.
 func (t *Transport) NewInbox() *Inbox {
 	size := max(t.maxDatagram(), t.cfg.MTU+wire.DatagramHeaderSize+wire.FrameHeaderSize+wire.DataHeaderSize) + seal.Overhead
 	rx := &Inbox{Pkts: make([]link.Packet, 32), opened: link.Packet{Buf: datagramBuf(size)}, Out: t.NewQueue()}
+	rx.held = cap(rx.opened.Buf) + len(rx.Pkts)*packetSlot
 	for i := range rx.Pkts {
 		rx.Pkts[i].Buf = datagramBuf(size)
+		rx.held += cap(rx.Pkts[i].Buf)
 	}
 	return rx
 }
@@ -125,14 +127,8 @@ func (t *Transport) NewInbox() *Inbox {
 func datagramBuf(size int) []byte { return slices.Grow([]byte(nil), size)[:size] }
 
 // Bytes is what rx holds in datagram buffers and their slots, its queue's included (which grow
-// with use).
-func (rx *Inbox) Bytes() int {
-	n := cap(rx.opened.Buf) + cap(rx.Pkts)*int(unsafe.Sizeof(link.Packet{})) + rx.Out.bytes()
-	for _, p := range rx.Pkts {
-		n += cap(p.Buf)
-	}
-	return n
-}
+// with use). It is counted as they are made: a busy poller asks after every batch.
+func (rx *Inbox) Bytes() int { return rx.held + rx.Out.bytes() }
 
 // inputBatch handles, at now, the first n datagrams of rx.Pkts and acknowledges what they
 // brought; lazy (a busy poll) leaves the acknowledgements owed for up to ackDelay, so that the
