@@ -620,16 +620,17 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 	in := d.srd.NewInbox()
 	var last time.Time               // when the last datagram came
 	more := false                    // the last read got datagrams: read again before waiting
-	woke, looked := false, false     // the loop woke from a park (and looks); the last read ended its look
+	woke, looked := false, false     // it woke from a park (and looks); the last read ended the look
 	_, spins := d.link.(link.Poller) // as rxLoop: a link that is no Poller is never spun on
 	park := time.NewTimer(time.Hour)
 	park.Stop()
 	for {
 		// The loop parks where it would wait (after a read that found nothing, or after its
 		// look, whatever the look found; a look goes on while its reads leave datagrams
-		// behind) while the application polls: it went to read the socket within busyQuiet (busyNow), or it
-		// polled at all since the loop last parked or came back from a wait on the socket
-		// longer than pollStale (polled; EndBusy, its arm or sleep, clears that too). In a
+		// behind) while the application polls: it went to read the socket within busyQuiet
+		// (busyNow), or it polled at all since the loop last parked or came back from a wait
+		// on the socket longer than pollStale (polled; EndBusy, its arm or sleep, clears that
+		// too). In a
 		// stream every look finds datagrams, a sender whose polls find the completions the
 		// loop made never reads the socket itself, and between two polls a poller may post
 		// for longer than busyQuiet. A loop that read on beside the poller was a second
@@ -655,7 +656,8 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 		}
 		if !spin && !more {
 			if !d.mayPark() {
-				d.polled.Store(false) // (where the loop may not park, a poll keeps it from spinning until it waits)
+				// Where the loop may not park, a poll keeps it from spinning until it waits.
+				d.polled.Store(false)
 			}
 			d.rxWaits.Store(rxOnSocket)
 			waited := time.Now()
