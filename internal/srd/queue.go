@@ -23,7 +23,7 @@ type Queue struct {
 	turn   bool // holds the turn to send (Transport.Hold)
 
 	started uint64 // datagrams begun (roomFor), ever
-	held    int    // bytes of datagram buffers and slots the queue holds (bytes)
+	held    int    // bytes of its buffers and slots, counted as made (Inbox.Bytes)
 }
 
 // NewQueue makes a datagram queue for a goroutine that does the device's work.
@@ -36,10 +36,6 @@ func newTxq(max, n int) *Queue {
 
 // packetSlot is the size of a link.Packet, a slot of a queue or inbox.
 const packetSlot = int(unsafe.Sizeof(link.Packet{}))
-
-// bytes is what q holds in datagram buffers and their slots (counted as they are made: a
-// poller asks after every batch).
-func (q *Queue) bytes() int { return q.held }
 
 // segSize is the payload of one DATA frame that keeps a datagram within the path MTU, with room
 // for a COOKIE frame (address validation, while it lasts).

@@ -128,7 +128,7 @@ func datagramBuf(size int) []byte { return slices.Grow([]byte(nil), size)[:size]
 
 // Bytes is what rx holds in datagram buffers and their slots, its queue's included (which grow
 // with use). It is counted as they are made: a busy poller asks after every batch.
-func (rx *Inbox) Bytes() int { return rx.held + rx.Out.bytes() }
+func (rx *Inbox) Bytes() int { return rx.held + rx.Out.held }
 
 // inputBatch handles, at now, the first n datagrams of rx.Pkts and acknowledges what they
 // brought; lazy (a busy poll) leaves the acknowledgements owed for up to ackDelay, so that the

@@ -23,7 +23,7 @@ func TestQueueAndInboxCountWhatTheyHold(t *testing.T) {
 	if recountQueue(r.q) == len(r.q.pkts)*packetSlot {
 		t.Fatal("the queue grew no datagram buffers")
 	}
-	if got, want := r.q.bytes(), recountQueue(r.q); got != want {
+	if got, want := r.q.held, recountQueue(r.q); got != want {
 		t.Fatalf("a queue that sent counts %d bytes, holds %d", got, want)
 	}
 	sealed := newTrace(t, 2, func(c *config.Device) { c.Key = bytes.Repeat([]byte{0x42}, 32) })
