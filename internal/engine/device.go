@@ -105,7 +105,7 @@ type Device struct {
 
 	busyMu sync.Mutex   // held by a goroutine in PollNetwork
 	busyAt atomic.Int64 // monoNow() of an application goroutine's last busy poll (markBusy)
-	polled atomic.Bool  // an application goroutine polled since the receive loop last parked or came back from a long wait, or (where it may not park) since it last waited (Polled, markBusy)
+	polled atomic.Bool  // an application goroutine polled lately: the rules are rxOrdered's (Polled, markBusy)
 	busyRx *busyPoll    // nil: the device cannot be busy-polled
 	// rxResume (one slot) ends the receive loop's park beside a busy poller (EndBusy).
 	rxResume chan struct{}
