@@ -34,7 +34,7 @@ type CQ struct {
 	armed   bool   // latched by ArmCQ
 	firedSN int    // cmd_sn of the doorbell that armed the last event
 	recheck bool   // on Device.recheck: an entry was written without an event…
-	rechkAt uint64 // …the latest in the engine loop's tick of this number (Device.ticks)
+	rechkAt uint64 // …the latest during the tick of this number (Device.ticks)
 	notify  func()
 	owner   any
 	dead    bool

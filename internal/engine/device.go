@@ -62,8 +62,9 @@ type Device struct {
 	// recheck lists the CQs with a completion channel that got an entry without raising an
 	// event, for a later tick of the loop to read their doorbells again (recheckArms).
 	recheck []*CQ
-	// ticks counts the engine loop's timer ticks (and Drive's steps), each counted before it
-	// takes anything from the network: an entry it writes is rechecked by the next one.
+	// ticks counts the engine loop's timer ticks (a busy poller's too: tickIfDue; and Drive's
+	// steps), each counted before it takes anything from the network: an entry it writes is
+	// rechecked by the next one.
 	ticks  atomic.Uint64
 	nCQ    int
 	nPD    int
@@ -100,6 +101,10 @@ type Device struct {
 	parkedSends atomic.Bool
 	whole       inbound     // respond's scratch, for a message that comes whole (under mu)
 	fastPoll    atomic.Bool // the engine loop polls every PollMin
+	// tickAt is the device clock at the last tick (claimTick), the engine loop's or a busy
+	// poller's; tick is the engine loop's timer, which a busy poller's tick pushes on (tickIfDue).
+	tickAt atomic.Int64
+	tick   *time.Timer
 
 	drv *driver // config.Device.Driven: the state Drive reuses; nil otherwise
 
@@ -109,6 +114,7 @@ type Device struct {
 	busyRx *busyPoll    // nil: the device cannot be busy-polled
 	// rxResume (one slot) ends the receive loop's park beside a busy poller (EndBusy).
 	rxResume chan struct{}
+	park     *time.Timer  // the receive loop's park beside a busy poller, pushed on by the poller's ticks
 	rxWaits  atomic.Int32 // what the receive loop waits for: rxRunning, rxParked, rxOnSocket (for the tests)
 	noPark   atomic.Bool  // NeverPark
 	sleepers atomic.Int32 // application goroutines between BeginSleep and EndSleep
@@ -178,10 +184,13 @@ func NewDevice(cfg config.Device) (*Device, error) {
 			p := b.NewPoller()
 			d.busyRx = &busyPoll{poller: p, inboxes: make(chan *scratch, 4)} // scratch comes with the first polls
 			d.busyRx.backlog, _ = p.(link.Backlogger)
+			d.park = time.NewTimer(time.Hour)
+			d.park.Stop()
 		}
 		d.wg.Add(1)
 		go d.rxLoop()
 	}
+	d.tick = time.NewTimer(cfg.PollMin)
 	d.wg.Add(1)
 	go d.run()
 	return d, nil

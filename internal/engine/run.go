@@ -203,7 +203,7 @@ func (d *Device) wake() {
 func (d *Device) run() {
 	defer d.wg.Done()
 	period := d.cfg.PollMin
-	timer := time.NewTimer(period)
+	timer := d.tick
 	defer timer.Stop()
 	armed, armedFor := true, period
 	var batch []*QP
@@ -218,6 +218,11 @@ func (d *Device) run() {
 			polled = true
 		}
 		d.counts.EngineWakeups.Add(1)
+		if polled {
+			// (A busy poller's ticks push the timer on while they leave work to time: when it
+			// fires, this tick decides whether it stops or slows down.)
+			d.tickAt.Store(int64(d.sinceStart()))
+		}
 		if polled {
 			d.ticks.Add(1)
 			// Before the timers look for losses: what arrived and is not read yet. A process
@@ -267,6 +272,70 @@ func (d *Device) run() {
 		}
 	}
 }
+
+// claimTick claims the tick due at now for a busy poller (tickIfDue): it reports false if the
+// last tick, the engine loop's or a poller's, was less than every ago, or another poller claimed
+// this one.
+func (d *Device) claimTick(now, every time.Duration) bool {
+	last := d.tickAt.Load()
+	return now-time.Duration(last) >= every && d.tickAt.CompareAndSwap(last, int64(now))
+}
+
+// tickIfDue runs the engine loop's timer tick on the calling goroutine, an application's that
+// polls the device (PollNetwork, Polled), when one is due: while the loop's timer ticks every
+// PollMin (fastPoll), three quarters of PollMin after the last tick, so that the poller comes
+// before the loop's timer. Like the loop's tick it reads the network first, and on while its
+// reads leave datagrams behind (as the receive loop's look does, which the tick stands for), then
+// steps every QP and runs the transport's timers. While that leaves work to time, it pushes the
+// loop's timer on to PollMin after this tick, and a park of the receive loop to busyPark after it
+// (at least PollMin): while the application polls, its thread does the device's periodic work
+// and reads the socket, and no other thread of the process wakes for it. On 2 cores with two
+// busy-polling processes, each wake-up of a second thread took a core from the other process
+// (docs/architecture.md, "Goroutines"). When the application stops polling, the timer and the
+// park end as they would have at its last tick; when a tick leaves nothing to time, the loop's
+// own next tick decides whether its timer stops or slows down (run).
+func (d *Device) tickIfDue() {
+	if d.busyRx == nil || !d.fastPoll.Load() {
+		return
+	}
+	every, now := d.cfg.PollMin-d.cfg.PollMin/4, d.sinceStart()
+	if now-time.Duration(d.tickAt.Load()) < every || !d.claimTick(now, every) {
+		return
+	}
+	d.ticks.Add(1) // (before the read, as the engine loop's tick: recheckArms)
+	for {
+		if _, more := d.readNetwork(true); !more {
+			break
+		}
+	}
+	var worked, busy bool
+	in := d.busyRx.inbox(d)
+	d.locked(in.Out, func(now time.Duration) {
+		if d.closed {
+			return
+		}
+		worked, busy = d.step(nil, true, now)
+		// (Under mu: the engine loop decides under it whether its timer stops or slows down.)
+		if (worked || busy) && d.fastPoll.Load() {
+			d.tick.Reset(d.cfg.PollMin)
+		}
+	})
+	d.busyRx.done(in)
+	switch {
+	case (worked || busy) && !d.fastPoll.Load():
+		// The loop's timer stopped or slowed down meanwhile: it must tick every PollMin again
+		// (as after an inline post: ringInline).
+		d.inlined.Store(true)
+		d.wake()
+	case d.parkedRx():
+		d.park.Reset(max(time.Duration(busyPark.Load()), d.cfg.PollMin))
+	}
+}
+
+// sinceStart is the time since the device started, for the timing of the engine loop's ticks
+// (claimTick), which its timer measures in the same time, whatever the device clock
+// (config.Device.Clock) says.
+func (d *Device) sinceStart() time.Duration { return time.Since(d.start) }
 
 // step processes the QPs handed over by Ring and, when polled, every QP's doorbells; then it
 // retries sends parked after RNR. It reports whether any entry was consumed and whether parked
@@ -446,28 +515,38 @@ func (q *QP) TalksToPeers() bool { return q.remote.Load() }
 // holder of mu flushes what is due at the end of its own batch.
 //
 // A goroutine that busy-polls keeps the receive loop from spinning (rxOrdered): two threads
-// spinning for one device take the cores other processes need.
+// spinning for one device take the cores other processes need. It also runs the engine loop's
+// timer tick when one is due (tickIfDue).
 func (d *Device) PollNetwork() bool {
 	d.markBusy()
-	return d.pollNetwork(true)
+	got := d.pollNetwork(true)
+	d.tickIfDue()
+	return got
 }
 
 // Polled notes that an application's goroutine polled a CQ of the device and found completions:
 // it busy-polls, and reads the network itself when its CQ runs dry (PollNetwork), so the receive
 // loop parks where it would wait (rxOrdered). Without it a sender whose every poll found the
 // completions the receive loop had made kept the loop reading beside it: two threads busy for
-// one device. A load, and a store once a park (or long wait) of the loop: no clock read per poll.
+// one device. A load, and a store once a park (or long wait) of the loop; while the engine loop's
+// timer ticks fast, a clock reading, and the timer's tick when one is due (tickIfDue).
 func (d *Device) Polled() {
-	if d.busyRx != nil && !d.polled.Load() {
+	if d.busyRx == nil {
+		return
+	}
+	if !d.polled.Load() {
 		d.polled.Store(true)
 	}
+	d.tickIfDue()
 }
 
 // markBusy notes that an application's goroutine busy-polls the device now (rxOrdered).
 func (d *Device) markBusy() {
 	if d.busyRx != nil {
 		d.busyAt.Store(monoNow())
-		d.Polled()
+		if !d.polled.Load() {
+			d.polled.Store(true)
+		}
 	}
 }
 
@@ -558,13 +637,20 @@ func init() {
 // pollNetwork is PollNetwork; lazy leaves the batch's ACKs owed (for up to AckDelay, so that the
 // application's answer can carry them), otherwise they go at once, as the receive loop's do.
 func (d *Device) pollNetwork(lazy bool) bool {
+	got, _ := d.readNetwork(lazy)
+	return got
+}
+
+// readNetwork is pollNetwork, which also reports whether its read may have left datagrams behind
+// (readInput).
+func (d *Device) readNetwork(lazy bool) (got, more bool) {
 	if d.busyRx == nil || !d.busyMu.TryLock() {
-		return false
+		return false, false
 	}
 	in := d.busyRx.inbox(d)
-	n, _, _ := d.readInput(in.Inbox, lazy)
+	n, more, _ := d.readInput(in.Inbox, lazy)
 	d.busyRx.done(in)
-	return n > 0
+	return n > 0, more
 }
 
 // readInput is one read of the link by the holder of busyMu (a busy poll, or the receive loop:
@@ -622,8 +708,7 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 	more := false                    // the last read got datagrams: read again before waiting
 	woke, looked := false, false     // it woke from a park (and looks); the last read ended the look
 	_, spins := d.link.(link.Poller) // as rxLoop: a link that is no Poller is never spun on
-	park := time.NewTimer(time.Hour)
-	park.Stop()
+	park := d.park
 	for {
 		// The loop parks where it would wait (after a read that found nothing, or after its
 		// look, whatever the look found; a look goes on while its reads leave datagrams

@@ -557,3 +557,94 @@ func sendNth(t *testing.T, a, b *accessRig, i int) {
 	atomic.StoreUint32(a.q.sq.db, uint32(i+1))
 	a.d.Ring(a.q)
 }
+
+// While an application polls a device, its polls run the engine loop's ticks when they are due
+// (tickIfDue): neither the loop's timer nor the receive loop's park ends meanwhile. Here a's SEND
+// is never delivered, so its timers tick every PollMin for the whole test, through 30 ms without
+// a poller, 30 ms with one polling every 100 µs (beside which a's receive loop parks, woken by a
+// stray datagram), and 30 ms without again.
+func TestBusyPollerTicksForTheEngineLoop(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // (with one processor the loop never parks)
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(1)
+		an := &emptyReads{Node: f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)}
+		bn := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
+		// (No spinning after traffic: a spinning loop stops the bubble's clock.)
+		a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1, RxSpin: -1})
+		b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1})
+		f.Filter(func(_, _ netip.AddrPort, _ []byte) bool { return false })
+		sendOne(t, a, b)
+		time.Sleep(5 * time.Millisecond)
+		phase := func(poll bool) (wakeups, ticks uint64, reads int64) {
+			w, k, r := a.d.counts.EngineWakeups.Load(), a.d.ticks.Load(), an.n.Load()+an.full.Load()
+			for range 300 {
+				if poll {
+					a.d.Polled()
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+			synctest.Wait()
+			return a.d.counts.EngineWakeups.Load() - w, a.d.ticks.Load() - k, an.n.Load() + an.full.Load() - r
+		}
+		stray := func() {
+			f.Inject(netip.MustParseAddrPort("10.0.0.3:4791"), an.LocalAddr(), []byte("stray"))
+			synctest.Wait()
+		}
+		for i, poll := range []bool{false, true, false} {
+			if poll {
+				// The first stray ends a long wait on the socket, which forgets polls before it;
+				// the second finds the loop polled, and it parks.
+				stray()
+				a.d.Polled()
+				stray()
+				if !a.d.parkedRx() {
+					t.Fatal("the receive loop does not park beside a busy poller")
+				}
+			}
+			wakeups, ticks, reads := phase(poll)
+			if want := map[bool]uint64{false: 30, true: 40}[poll]; ticks < want-5 || ticks > want+1 {
+				t.Errorf("phase %d (polled: %v): %d ticks in 30 ms; want %d, every PollMin (1 ms), or every three quarters of it for the poller", i, poll, ticks, want)
+			}
+			switch {
+			case poll && wakeups > 1:
+				t.Errorf("the engine loop woke %d times in 30 ms beside a busy poller; want at most once (before the poller's first tick)", wakeups)
+			case poll && (reads != 0 || !a.d.parkedRx()):
+				t.Errorf("the receive loop read the link %d times in 30 ms beside a busy poller (parked at the end: %v); want it parked throughout", reads, a.d.parkedRx())
+			case !poll && wakeups < 25:
+				t.Errorf("phase %d: the engine loop woke %d times in 30 ms with nobody polling; want once a tick", i, wakeups)
+			}
+		}
+	})
+}
+
+// A busy poller's ticks do not keep a device that has nothing to time ticking every PollMin: its
+// engine loop still decides when its timer slows down and stops (here a's one SEND is
+// acknowledged within the first milliseconds of 30 ms of polling; in the last 20 the loop's own
+// timer, doubling its period while the transport lingers, ticks once or twice, as it does with
+// no poller).
+func TestBusyPollerLetsAnIdleDeviceStop(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(1)
+		an := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
+		bn := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
+		a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1, RxSpin: -1})
+		b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1, RxSpin: -1})
+		sendOne(t, a, b)
+		var ticks uint64
+		for i := range 300 {
+			if i == 100 {
+				ticks = a.d.ticks.Load()
+			}
+			a.d.Polled()
+			time.Sleep(100 * time.Microsecond)
+		}
+		synctest.Wait()
+		if b.q.recvCQ.written.Load() != 1 {
+			t.Fatal("the SEND did not arrive")
+		}
+		if n := a.d.ticks.Load() - ticks; n > 2 {
+			t.Errorf("an idle device ticked %d times in 20 ms beside a busy poller; want at most 2", n)
+		}
+	})
+}
