@@ -465,9 +465,9 @@ func (d *Device) flushOwed(rx *srd.Inbox, minAge time.Duration) {
 	})
 }
 
-// pollWhile polls the network on the calling thread, as PollNetwork does, while waiting reports
-// true and budget has not passed (AwaitRecv); lazy leaves the ACKs owed
-// (pollNetwork).
+// pollWhile polls the network on the calling thread, as PollNetwork does (running the engine
+// loop's tick when one is due too), while waiting reports true and budget has not passed
+// (AwaitRecv); lazy leaves the ACKs owed (pollNetwork).
 //
 // After yieldAfter of waiting, each poll that found nothing offers the thread's core to other
 // threads (osYield): on a machine with more busy processes than cores (MPI ranks beside each
@@ -481,6 +481,7 @@ func (d *Device) pollWhile(waiting func() bool, budget time.Duration, lazy bool)
 	for waiting() {
 		d.markBusy()
 		got := d.pollNetwork(lazy)
+		d.tickIfDue()
 		waited := time.Since(start)
 		if !got && waited >= yieldAfter {
 			yield()
