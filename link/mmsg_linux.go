@@ -47,9 +47,13 @@ func (b *batch) init() {
 }
 
 // sendmmsg sends b.hdrs[b.done:b.n]; it returns false to wait for writability.
+//
+// It and recvmmsg are raw system calls (no entersyscall): with MSG_DONTWAIT neither ever sleeps,
+// and one that took longer than a tick of Go's sysmon had its processor handed to another thread,
+// which woke for it (the waits for a full buffer, in poll(2), remain ordinary calls: waitWritable).
 func (b *batch) sendmmsg(fd int) bool {
 	for b.done < b.n {
-		r, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(fd), uintptr(unsafe.Pointer(&b.hdrs[b.done])),
+		r, _, errno := unix.RawSyscall6(unix.SYS_SENDMMSG, uintptr(fd), uintptr(unsafe.Pointer(&b.hdrs[b.done])),
 			uintptr(b.n-b.done), unix.MSG_DONTWAIT, 0, 0)
 		switch {
 		case errno == unix.EAGAIN:
@@ -69,7 +73,7 @@ func (b *batch) sendmmsg(fd int) bool {
 
 // recvmmsg receives into b.hdrs[:b.n]; it returns false when nothing is queued.
 func (b *batch) recvmmsg(fd int) bool {
-	r, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&b.hdrs[0])), uintptr(b.n),
+	r, _, errno := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&b.hdrs[0])), uintptr(b.n),
 		unix.MSG_DONTWAIT, 0, 0)
 	switch errno {
 	case unix.EAGAIN:
