@@ -48,9 +48,12 @@ func (b *batch) init() {
 
 // sendmmsg sends b.hdrs[b.done:b.n]; it returns false to wait for writability.
 //
-// It and recvmmsg are raw system calls (no entersyscall): with MSG_DONTWAIT neither ever sleeps,
-// and one that took longer than a tick of Go's sysmon had its processor handed to another thread,
-// which woke for it (the waits for a full buffer, in poll(2), remain ordinary calls: waitWritable).
+// It and recvmmsg are raw system calls (no entersyscall): with MSG_DONTWAIT on a non-blocking
+// socket neither waits for the socket, and an ordinary call that took longer than a tick of Go's
+// sysmon had its processor handed to another thread, which woke for it. The price: the processor
+// stays with the call for as long as it runs (on loopback a send does the receiver's kernel work
+// too, up to 256 datagrams: hundreds of µs at 8 KiB), and the garbage collector's stops wait for
+// it. The wait for a full buffer, in poll(2), remains an ordinary call (waitWritable).
 func (b *batch) sendmmsg(fd int) bool {
 	for b.done < b.n {
 		r, _, errno := unix.RawSyscall6(unix.SYS_SENDMMSG, uintptr(fd), uintptr(unsafe.Pointer(&b.hdrs[b.done])),

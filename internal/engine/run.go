@@ -285,11 +285,12 @@ func (d *Device) claimTick(now, every time.Duration) bool {
 // polls the device (PollNetwork, Polled), when one is due: while the loop's timer ticks every
 // PollMin (fastPoll), three quarters of PollMin after the last tick, so that the poller comes
 // before the loop's timer. Like the loop's tick it reads the network first, and on while its
-// reads leave datagrams behind (as the receive loop's look does, which the tick stands for), then
-// steps every QP and runs the transport's timers. While that leaves work to time, it pushes the
-// loop's timer on to PollMin after this tick, and a park of the receive loop to busyPark after it
-// (at least PollMin): while the application polls, its thread does the device's periodic work
-// and reads the socket, and no other thread of the process wakes for it. On 2 cores with two
+// reads leave datagrams behind, as the receive loop's look does, which the tick stands for (up to
+// tickReads reads: then the receive loop's park ends, and it reads the rest); then it steps every
+// QP and runs the transport's timers. While that leaves work to time, it pushes the loop's timer
+// on to PollMin after this tick; and it pushes a park of the receive loop to busyPark after it (at
+// least PollMin): while the application polls, its thread does the device's periodic work and
+// reads the socket, and no other thread of the process wakes for it. On 2 cores with two
 // busy-polling processes, each wake-up of a second thread took a core from the other process
 // (docs/architecture.md, "Goroutines"). When the application stops polling, the timer and the
 // park end as they would have at its last tick; when a tick leaves nothing to time, the loop's
@@ -303,8 +304,13 @@ func (d *Device) tickIfDue() {
 		return
 	}
 	d.ticks.Add(1) // (before the read, as the engine loop's tick: recheckArms)
-	for {
+	backlog := false
+	for i := 1; ; i++ {
 		if _, more := d.readNetwork(true); !more {
+			break
+		}
+		if i == tickReads {
+			backlog = true // (the receive loop reads the rest, below)
 			break
 		}
 	}
@@ -327,10 +333,20 @@ func (d *Device) tickIfDue() {
 		// (as after an inline post: ringInline).
 		d.inlined.Store(true)
 		d.wake()
+	case backlog:
+		// The application's thread has its own work to do: the receive loop reads the rest, as
+		// at the end of a park (its look reads on while reads leave datagrams behind).
+		select {
+		case d.rxResume <- struct{}{}:
+		default:
+		}
 	case d.parkedRx():
 		d.park.Reset(max(time.Duration(busyPark.Load()), d.cfg.PollMin))
 	}
 }
+
+// tickReads is the most reads a busy poller's tick makes (tickIfDue).
+const tickReads = 4
 
 // sinceStart is the time since the device started, for the timing of the engine loop's ticks
 // (claimTick), which its timer measures in the same time, whatever the device clock

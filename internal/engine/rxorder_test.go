@@ -648,3 +648,46 @@ func TestBusyPollerLetsAnIdleDeviceStop(t *testing.T) {
 		}
 	})
 }
+
+// A busy poller's tick reads at most tickReads times: with more left behind, the receive loop's
+// park ends, and the loop reads the rest (the application's thread has its own work). Here a's
+// link reads one datagram a call, and 10 strays wait when the tick comes.
+func TestBusyPollerTickLeavesABacklogToTheReceiveLoop(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // (with one processor the loop never parks)
+	synctest.Test(t, func(t *testing.T) {
+		f := memlink.New(1)
+		an := &emptyReads{Node: f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)}
+		bn := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
+		a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: &shortReads{emptyReads: an, short: 1},
+			Paths: 1, RxSpin: -1})
+		b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1})
+		f.Filter(func(_, _ netip.AddrPort, _ []byte) bool { return false }) // (a's timers keep ticking)
+		sendOne(t, a, b)
+		time.Sleep(5 * time.Millisecond)
+		strays := func(n int) {
+			for range n {
+				f.Inject(netip.MustParseAddrPort("10.0.0.3:4791"), an.LocalAddr(), []byte("stray"))
+			}
+			synctest.Wait()
+		}
+		strays(1) // (ends a long wait, which forgets the polls before it)
+		a.d.Polled()
+		strays(1)
+		if !a.d.parkedRx() {
+			t.Fatal("the receive loop does not park beside a busy poller")
+		}
+		reads, ticks := an.full.Load(), a.d.ticks.Load()
+		strays(10)
+		for a.d.ticks.Load() == ticks {
+			a.d.Polled()
+			time.Sleep(100 * time.Microsecond)
+		}
+		synctest.Wait()
+		if q, _ := an.Queued(); q != 0 {
+			t.Fatalf("%d datagrams left in the socket after a busy poller's tick", q)
+		}
+		if n := an.full.Load() - reads; n != 10-tickReads {
+			t.Errorf("the receive loop read %d datagrams after the tick; want %d (the tick reads %d)", n, 10-tickReads, tickReads)
+		}
+	})
+}
