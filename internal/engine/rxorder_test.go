@@ -566,15 +566,7 @@ func sendNth(t *testing.T, a, b *accessRig, i int) {
 func TestBusyPollerTicksForTheEngineLoop(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // (with one processor the loop never parks)
 	synctest.Test(t, func(t *testing.T) {
-		f := memlink.New(1)
-		an := &emptyReads{Node: f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)}
-		bn := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
-		// (No spinning after traffic: a spinning loop stops the bubble's clock.)
-		a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: an, Paths: 1, RxSpin: -1})
-		b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1})
-		f.Filter(func(_, _ netip.AddrPort, _ []byte) bool { return false })
-		sendOne(t, a, b)
-		time.Sleep(5 * time.Millisecond)
+		f, an, a := tickingRig(t, 0)
 		phase := func(poll bool) (wakeups, ticks uint64, reads int64) {
 			w, k, r := a.d.counts.EngineWakeups.Load(), a.d.ticks.Load(), an.n.Load()+an.full.Load()
 			for range 300 {
@@ -586,20 +578,9 @@ func TestBusyPollerTicksForTheEngineLoop(t *testing.T) {
 			synctest.Wait()
 			return a.d.counts.EngineWakeups.Load() - w, a.d.ticks.Load() - k, an.n.Load() + an.full.Load() - r
 		}
-		stray := func() {
-			f.Inject(netip.MustParseAddrPort("10.0.0.3:4791"), an.LocalAddr(), []byte("stray"))
-			synctest.Wait()
-		}
 		for i, poll := range []bool{false, true, false} {
 			if poll {
-				// The first stray ends a long wait on the socket, which forgets polls before it;
-				// the second finds the loop polled, and it parks.
-				stray()
-				a.d.Polled()
-				stray()
-				if !a.d.parkedRx() {
-					t.Fatal("the receive loop does not park beside a busy poller")
-				}
+				parkBesidePoller(t, f, an, a)
 			}
 			wakeups, ticks, reads := phase(poll)
 			if want := map[bool]uint64{false: 30, true: 40}[poll]; ticks < want-5 || ticks > want+1 {
@@ -655,29 +636,10 @@ func TestBusyPollerLetsAnIdleDeviceStop(t *testing.T) {
 func TestBusyPollerTickLeavesABacklogToTheReceiveLoop(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // (with one processor the loop never parks)
 	synctest.Test(t, func(t *testing.T) {
-		f := memlink.New(1)
-		an := &emptyReads{Node: f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)}
-		bn := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
-		a := newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: &shortReads{emptyReads: an, short: 1},
-			Paths: 1, RxSpin: -1})
-		b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1})
-		f.Filter(func(_, _ netip.AddrPort, _ []byte) bool { return false }) // (a's timers keep ticking)
-		sendOne(t, a, b)
-		time.Sleep(5 * time.Millisecond)
-		strays := func(n int) {
-			for range n {
-				f.Inject(netip.MustParseAddrPort("10.0.0.3:4791"), an.LocalAddr(), []byte("stray"))
-			}
-			synctest.Wait()
-		}
-		strays(1) // (ends a long wait, which forgets the polls before it)
-		a.d.Polled()
-		strays(1)
-		if !a.d.parkedRx() {
-			t.Fatal("the receive loop does not park beside a busy poller")
-		}
+		f, an, a := tickingRig(t, 1)
+		parkBesidePoller(t, f, an, a)
 		reads, ticks := an.full.Load(), a.d.ticks.Load()
-		strays(10)
+		strays(f, an, 10)
 		for a.d.ticks.Load() == ticks {
 			a.d.Polled()
 			time.Sleep(100 * time.Microsecond)
@@ -690,4 +652,45 @@ func TestBusyPollerTickLeavesABacklogToTheReceiveLoop(t *testing.T) {
 			t.Errorf("the receive loop read %d datagrams after the tick; want %d (the tick reads %d)", n, 10-tickReads, tickReads)
 		}
 	})
+}
+
+// tickingRig makes devices a and b on one fabric, a's link counting its receive loop's reads (an;
+// with short, reading at most short datagrams a call: shortReads), and has a send b a SEND that
+// the fabric drops, as it drops everything a sends: a's timers tick every PollMin from then on.
+// Neither loop spins after traffic: a spinning loop stops a synctest bubble's clock. Call it in
+// a bubble.
+func tickingRig(t *testing.T, short int) (f *memlink.Fabric, an *emptyReads, a *accessRig) {
+	f = memlink.New(1)
+	an = &emptyReads{Node: f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)}
+	bn := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
+	var al link.Link = an
+	if short > 0 {
+		al = &shortReads{emptyReads: an, short: short}
+	}
+	a = newAccessRigOn(t, config.Device{Addr: an.LocalAddr(), Link: al, Paths: 1, RxSpin: -1})
+	b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1, RxSpin: -1})
+	f.Filter(func(_, _ netip.AddrPort, _ []byte) bool { return false })
+	sendOne(t, a, b)
+	time.Sleep(5 * time.Millisecond)
+	return f, an, a
+}
+
+// parkBesidePoller has a's receive loop park beside a busy poller: a first stray datagram ends
+// its long wait on the socket (which forgets the polls before it), a second finds it polled.
+func parkBesidePoller(t *testing.T, f *memlink.Fabric, an *emptyReads, a *accessRig) {
+	t.Helper()
+	strays(f, an, 1)
+	a.d.Polled()
+	strays(f, an, 1)
+	if !a.d.parkedRx() {
+		t.Fatal("the receive loop does not park beside a busy poller")
+	}
+}
+
+// strays sends n stray datagrams to an and waits until the bubble settles.
+func strays(f *memlink.Fabric, an *emptyReads, n int) {
+	for range n {
+		f.Inject(netip.MustParseAddrPort("10.0.0.3:4791"), an.LocalAddr(), []byte("stray"))
+	}
+	synctest.Wait()
 }
