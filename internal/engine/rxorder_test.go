@@ -676,10 +676,14 @@ func tickingRig(t *testing.T, short int) (f *memlink.Fabric, an *emptyReads, a *
 }
 
 // parkBesidePoller has a's receive loop park beside a busy poller: a first stray datagram ends
-// its long wait on the socket (which forgets the polls before it), a second finds it polled.
+// its long wait on the socket (which forgets the polls before it), a second finds it polled. (The
+// first goes again until the loop itself has read one: a tick of the engine loop due at the same
+// instant may take it off the socket first, and the loop then waits on.)
 func parkBesidePoller(t *testing.T, f *memlink.Fabric, an *emptyReads, a *accessRig) {
 	t.Helper()
-	strays(f, an, 1)
+	for full := an.full.Load(); an.full.Load() == full; {
+		strays(f, an, 1)
+	}
 	a.d.Polled()
 	strays(f, an, 1)
 	if !a.d.parkedRx() {
