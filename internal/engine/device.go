@@ -101,8 +101,9 @@ type Device struct {
 	parkedSends atomic.Bool
 	whole       inbound     // respond's scratch, for a message that comes whole (under mu)
 	fastPoll    atomic.Bool // the engine loop polls every PollMin
-	// tickAt is the device clock at the last tick (claimTick), the engine loop's or a busy
-	// poller's; tick is the engine loop's timer, which a busy poller's tick pushes on (tickIfDue).
+	// tickAt is the time since the device started (sinceStart) of the last tick, the engine
+	// loop's or a busy poller's (claimTick); tick is the engine loop's timer, which a busy
+	// poller's tick pushes on (tickIfDue).
 	tickAt atomic.Int64
 	tick   *time.Timer
 

@@ -222,8 +222,6 @@ func (d *Device) run() {
 			// (A busy poller's ticks push the timer on while they leave work to time: when it
 			// fires, this tick decides whether it stops or slows down.)
 			d.tickAt.Store(int64(d.sinceStart()))
-		}
-		if polled {
 			d.ticks.Add(1)
 			// Before the timers look for losses: what arrived and is not read yet. A process
 			// short of CPU may wake here before its receive loop does, with the ACKs of every
@@ -296,27 +294,20 @@ func (d *Device) claimTick(now, every time.Duration) bool {
 // park end as they would have at its last tick; when a tick leaves nothing to time, the loop's
 // own next tick decides whether its timer stops or slows down (run).
 func (d *Device) tickIfDue() {
-	if d.busyRx == nil || !d.fastPoll.Load() {
+	if d.busyRx == nil || !d.fastPoll.Load() || !d.claimTick(d.sinceStart(), d.cfg.PollMin-d.cfg.PollMin/4) {
 		return
 	}
-	every, now := d.cfg.PollMin-d.cfg.PollMin/4, d.sinceStart()
-	if now-time.Duration(d.tickAt.Load()) < every || !d.claimTick(now, every) {
-		return
-	}
-	d.ticks.Add(1) // (before the read, as the engine loop's tick: recheckArms)
-	backlog := false
-	for i := 1; ; i++ {
+	d.ticks.Add(1)  // (before the read, as the engine loop's tick: recheckArms)
+	backlog := true // (until a read leaves nothing behind: then the receive loop reads the rest, below)
+	for range tickReads {
 		if _, more := d.readNetwork(true); !more {
-			break
-		}
-		if i == tickReads {
-			backlog = true // (the receive loop reads the rest, below)
+			backlog = false
 			break
 		}
 	}
 	var worked, busy bool
-	in := d.busyRx.inbox(d)
-	d.locked(in.Out, func(now time.Duration) {
+	tq := d.takeTxq()
+	d.locked(tq, func(now time.Duration) {
 		if d.closed {
 			return
 		}
@@ -326,7 +317,7 @@ func (d *Device) tickIfDue() {
 			d.tick.Reset(d.cfg.PollMin)
 		}
 	})
-	d.busyRx.done(in)
+	d.putTxq(tq)
 	switch {
 	case (worked || busy) && !d.fastPoll.Load():
 		// The loop's timer stopped or slowed down meanwhile: it must tick every PollMin again
@@ -548,22 +539,24 @@ func (d *Device) PollNetwork() bool {
 // one device. A load, and a store once a park (or long wait) of the loop; while the engine loop's
 // timer ticks fast, a clock reading, and the timer's tick when one is due (tickIfDue).
 func (d *Device) Polled() {
-	if d.busyRx == nil {
-		return
+	if d.busyRx != nil {
+		d.markPolled()
+		d.tickIfDue()
 	}
+}
+
+// markPolled sets polled: a load, and a store only when it was clear (once a park of the loop).
+func (d *Device) markPolled() {
 	if !d.polled.Load() {
 		d.polled.Store(true)
 	}
-	d.tickIfDue()
 }
 
 // markBusy notes that an application's goroutine busy-polls the device now (rxOrdered).
 func (d *Device) markBusy() {
 	if d.busyRx != nil {
 		d.busyAt.Store(monoNow())
-		if !d.polled.Load() {
-			d.polled.Store(true)
-		}
+		d.markPolled()
 	}
 }
 
