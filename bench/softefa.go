@@ -30,6 +30,7 @@ func (softefaTransport) name() string { return "softefa" }
 const (
 	benchQKey = 0x11111
 	sfDepth   = 256  // sends in flight
+	sfList    = 64   // WRs posted at once, with one doorbell (softefa perf's -l default)
 	sfRecvs   = 4096 // receives posted
 )
 
@@ -505,7 +506,7 @@ func (s *sfSide) pump(qpn uint32, size, slots int, d time.Duration, op func(x *v
 			return start, msgs, fmt.Errorf("softefa: %d sends still outstanding %v after the last was posted", out, ioTimeout)
 		}
 		if sending && out < sfDepth {
-			k := min(sfDepth-out, 32)
+			k := min(sfDepth-out, sfList)
 			err := s.post(k, qpn, next, func(x *verbs.QPEx, i int) {
 				off := int(next+uint64(i)) % slots * size
 				op(x, off)
