@@ -18,6 +18,7 @@ type peer struct {
 	addr  netip.AddrPort
 	inc   uint32 // the peer's incarnation; 0 until heard from
 	heard bool   // the peer has sent us something: a timeout means unresponsive, not unreachable
+	due   bool   // in Transport.due: requests queued wait for the batch's end to be framed
 	// runTick: when (cookieNow, modulo 2^16) the context was made or its current run (salt,
 	// incarnation) was taken: an older cookie does not take another run (cookieTakes).
 	runTick uint16

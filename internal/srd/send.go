@@ -260,8 +260,32 @@ func (t *Transport) sendRemote(dst [16]byte, r *Request, owner any) (*Msg, efaio
 		o.hdr.Flags |= wire.FlagImm
 	}
 	p.tx.nextMsg++
-	t.enqueue(p, o)
+	t.queue(p, o)
+	t.pumpLater(p)
 	return o, efaio.StatusOK
+}
+
+// pumpLater has p's stream pumped at the end of the caller's batch (pumpDue, from Hold) instead
+// of now: a doorbell's list of requests is framed by one pump, with one reading of the clock,
+// rather than one pump a request.
+func (t *Transport) pumpLater(p *peer) {
+	if !p.due {
+		p.due = true
+		t.due = append(t.due, p)
+	}
+}
+
+// pumpDue pumps the streams that requests were queued on since the last call (pumpLater); a peer
+// forgotten since is skipped.
+func (t *Transport) pumpDue() {
+	for i, p := range t.due {
+		t.due[i] = nil
+		p.due = false
+		if t.peers[p.gid] == p {
+			t.pump(p)
+		}
+	}
+	t.due = t.due[:0]
 }
 
 // sendUD sends a UD message as one unacknowledged datagram.

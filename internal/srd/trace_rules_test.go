@@ -2646,3 +2646,36 @@ func TestTracePingBackoffTimes(t *testing.T) {
 		}
 	}
 }
+
+// A doorbell's list of requests is framed at the end of its batch (Hold), by one pump of the
+// stream: the clock is read once for the list, not once a request.
+func TestTraceRequestsOfABatchFramedTogether(t *testing.T) {
+	var reads int
+	r := newTrace(t, 2, nil)
+	r.hear()
+	r.tr.cfg.Clock = func() time.Duration { reads++; return r.f.Now() }
+	const n = 32
+	r.tr.Use(r.q)
+	for i := range n {
+		req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 64}
+		req.Src[0], req.NSrc = mem.Own(r.buf[:64]), 1
+		if _, st := r.tr.Request(r.f.Now(), config.GIDFromAddr(tracePeer), &req, uint16(i)); st != efaio.StatusOK {
+			t.Fatalf("request: status %d", st)
+		}
+	}
+	if r.q.n != 0 {
+		t.Errorf("%d datagrams framed before the batch's end", r.q.n)
+	}
+	r.tr.Hold(r.q)
+	if r.q.n == 0 {
+		t.Errorf("nothing framed at the batch's end")
+	}
+	r.tr.Flush(r.q)
+	if reads != 1 {
+		t.Errorf("the clock was read %d times for a list of %d requests, want once", reads, n)
+	}
+	r.collect()
+	if d := r.data(); len(d) != n {
+		t.Fatalf("sent %d DATA frames, want %d", len(d), n)
+	}
+}

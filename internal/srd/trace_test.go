@@ -319,6 +319,7 @@ func (r *trace) busyPoll() {
 func (r *trace) batch(q *Queue, work func(now time.Duration)) {
 	r.tr.Use(q)
 	work(r.f.Now())
+	r.tr.Hold(q)
 	r.tr.Flush(q)
 }
 

@@ -120,6 +120,7 @@ type Transport struct {
 	strangerFrame wire.Frame        // admit's scratch
 
 	txq    *Queue        // where frames go: the queue of the goroutine holding the device's lock
+	due    []*peer       // streams with requests queued since the last Hold (pumpLater)
 	now    time.Duration // the clock of the call in progress, as its caller gave it (Tick, Input, ...)
 	busy   bool          // some stream may have something outstanding (Busy)
 	linger bool          // idle peers wait to be slimmed (Lingering)
@@ -180,12 +181,14 @@ func (t *Transport) Inc() uint32 { return t.inc }
 // sends what q holds afterwards, with Flush.
 func (t *Transport) Use(q *Queue) { t.txq = q }
 
-// Hold takes the turn to send q's datagrams, if it holds any, before the caller lets go of the
-// device's lock; Flush, after, sends them and gives the turn back. Datagrams so go on the link in
+// Hold frames the requests queued since Use (Request queues them, and one pump a stream frames
+// them together), then takes the turn to send q's datagrams, if it holds any, before the caller
+// lets go of the device's lock; Flush, after, sends them and gives the turn back. Datagrams so go on the link in
 // the order their frames were written, whichever goroutine wrote them: a goroutine off its
 // processor between the lock and the send would otherwise send a batch after later ones, and
 // the peer's ACKs of those would take its packets for lost (docs/congestion.md).
 func (t *Transport) Hold(q *Queue) {
+	t.pumpDue()
 	if q.n > 0 {
 		t.sendTurn <- struct{}{}
 		q.turn = true
@@ -232,9 +235,9 @@ func (t *Transport) Input(now time.Duration, in *Inbox, n int, lazy bool) {
 }
 
 // Request starts, at now, request r to the device dst, on behalf of owner (not nil): it goes on
-// the peer's stream, and Host.Done gets owner and the outcome when the peer answers or the
-// transport gives up. It returns LOCAL_UNREACH_REMOTE, having started nothing, if the peer table
-// is full.
+// the peer's stream, framed when the batch ends (Hold), and Host.Done gets owner and the outcome
+// when the peer answers or the transport gives up. It returns LOCAL_UNREACH_REMOTE, having
+// started nothing, if the peer table is full.
 func (t *Transport) Request(now time.Duration, dst [16]byte, r *Request, owner any) (*Msg, efaio.Status) {
 	t.now = now
 	return t.sendRemote(dst, r, owner)
