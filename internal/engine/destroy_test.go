@@ -159,3 +159,36 @@ func TestPartReceivedSendEndsWithItsQP(t *testing.T) {
 		})
 	}
 }
+
+// The same for a SEND to another device, one already heard from: the transport frames a batch's
+// requests at its end (srd.Transport.Hold), and the destroy's flush, in the batch that carried
+// the WQE out, cancelled the request before any of it was framed. The peer never got the message
+// (MPICH's partner waiting in MPI_Allreduce, as before e79fa0a).
+func TestDestroyCarriesOutRungWQEsToAPeer(t *testing.T) {
+	a, b := udpRig(t), udpRig(t)
+	ah, err := a.d.CreateAH(a.pd, b.d.GID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	postSend(a, b, ah, "first")
+	a.d.Ring(a.q)
+	b.d.AwaitRecv(b.q, 0, time.Hour)
+	a.d.awaitCQ(a.q.sendCQ, 0, time.Hour) // answered: a has heard from b
+
+	const msg = "carried out at destroy"
+	efaio.RxDesc(b.q.rq.ring[efaio.RxDescSize:][:efaio.RxDescSize]).Encode(&efaio.RxDescFields{
+		Addr: b.a.iova + 1024, ReqID: 8, Length: 64, LKey: b.a.lkey, First: true, Last: true})
+	atomic.StoreUint32(b.q.rq.db, 2)
+	copy(a.inA[2048:], msg)
+	a.q.sq.slot(1).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 4, Length: 1, AHN: ah.ahn, QKey: 9,
+		DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase,
+		SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: uint32(len(msg)), LKey: a.a.lkey, Addr: a.a.iova + 2048}}})
+	atomic.StoreUint32(a.q.sq.db, 2) // the doorbell, stored without Ring
+	if err := a.d.DestroyQP(a.q); err != nil {
+		t.Fatal(err)
+	}
+	b.d.AwaitRecv(b.q, 1, 10*time.Second)
+	if got := string(b.inA[1024 : 1024+len(msg)]); got != msg {
+		t.Errorf("the peer's receive buffer holds %q, want %q", got, msg)
+	}
+}

@@ -49,7 +49,7 @@ func (d *Device) sendRemote(q *QP, w *efaio.TxDesc, m *message, tries int, now t
 		r.Op = wire.OpReadReq
 	}
 	sw.idx = len(q.out)
-	q.out = append(q.out, sw) // before Request: a request can end inside it
+	q.out = append(q.out, sw) // before Request: the transport's Done finds it there
 	q.outN.Store(int32(len(q.out)))
 	msg, st := d.srd.Request(now, m.dstGID, &r, sw)
 	if st != efaio.StatusOK {
@@ -57,9 +57,7 @@ func (d *Device) sendRemote(q *QP, w *efaio.TxDesc, m *message, tries int, now t
 		d.freeWRs = append(d.freeWRs, sw)
 		return st
 	}
-	if sw.q != nil {
-		sw.m = msg
-	}
+	sw.m = msg // (Request only queues: the request cannot have ended already)
 	return statusPending
 }
 

@@ -316,9 +316,14 @@ func (d *Device) destroyQP(q *QP, now time.Duration) error {
 	// fetches on the doorbell would have: a doorbell noticed late (by the watcher, for a mapping
 	// that does not trap: docs/cabi.md, "Doorbells") must not turn a send the program made, and
 	// may already count as done (an inject), into a flushed one. What is still on the network
-	// afterwards is flushed below: its sent segments are delivered, the rest dropped.
+	// afterwards is flushed below: its sent segments are delivered, the rest dropped. The
+	// transport frames a batch's requests at its end (srd.Transport.Hold): Frame frames these
+	// before the flush cancels them.
 	if q.attr.State == uapi.QPSRTS && uint16(atomic.LoadUint32(q.sq.db)) != q.sq.ci {
 		for d.processSQ(q, now) {
+		}
+		if d.srd != nil {
+			d.srd.Frame(now)
 		}
 	}
 	if q.attr.State != uapi.QPSReset {

@@ -32,7 +32,9 @@
 // held, except Flush, which sends a Queue's datagrams after the caller let go of that lock (no
 // lock is held across the system call), and AcksOwed. Each goroutine that does the device's work
 // owns a Queue of its own, which Use makes the queue the frames go to. The clock is an argument of
-// every call that frames or times anything (Input, Tick, FlushAcks, Request, UD): the device reads
-// it once per batch, not per packet, and passes the reading to each call of the batch. Idle
+// every call that frames or times anything (Input, Tick, FlushAcks, Request, UD, Frame): the device
+// reads it once per batch, not per packet, and passes the reading to each call of the batch.
+// Request only queues: the batch's requests are framed at its end, by Hold (one pump a stream
+// for a whole doorbell's list), or earlier by Frame or FlushAcks. Idle
 // peers are slimmed on the timer (Tick), which the device keeps running while Busy or Lingering.
 package srd

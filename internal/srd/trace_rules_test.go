@@ -2679,3 +2679,32 @@ func TestTraceRequestsOfABatchFramedTogether(t *testing.T) {
 		t.Fatalf("sent %d DATA frames, want %d", len(d), n)
 	}
 }
+
+// A request cancelled in the batch that made it goes out whole if Frame framed it first (the
+// window allows), and not at all if not: cancel drops what is not framed.
+func TestTraceFrameBeforeCancel(t *testing.T) {
+	for _, frame := range []bool{true, false} {
+		r := newTrace(t, 2, nil)
+		r.hear()
+		r.batch(r.q, func(now time.Duration) {
+			req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 64}
+			req.Src[0], req.NSrc = mem.Own(r.buf[:64]), 1
+			m, st := r.tr.Request(now, config.GIDFromAddr(tracePeer), &req, uint16(1))
+			if st != efaio.StatusOK {
+				t.Fatalf("request: status %d", st)
+			}
+			if frame {
+				r.tr.Frame(now)
+			}
+			r.tr.Cancel(m)
+		})
+		r.collect()
+		want := 0
+		if frame {
+			want = 1
+		}
+		if d := r.data(); len(d) != want {
+			t.Errorf("Frame %v: %d DATA frames sent, want %d", frame, len(d), want)
+		}
+	}
+}

@@ -221,6 +221,7 @@ const AckDelay = ackDelay
 // FlushAcks sends, at now, the ACKs owed for at least minAge (see flushAcks).
 func (t *Transport) FlushAcks(now, minAge time.Duration) {
 	t.now = now
+	t.pumpDue() // the batch's requests first: the ACKs owed ride on their datagrams
 	t.flushAcks(now, minAge)
 }
 
@@ -247,6 +248,14 @@ func (t *Transport) Request(now time.Duration, dst [16]byte, r *Request, owner a
 func (t *Transport) UD(now time.Duration, dst [16]byte, r *Request) efaio.Status {
 	t.now = now
 	return t.sendUD(dst, r)
+}
+
+// Frame frames, at now, the requests queued in this batch (Request), as Hold would at its end:
+// for a caller that cancels requests of the batch and wants those already made carried out, as
+// far as the window allows (the device's DestroyQP).
+func (t *Transport) Frame(now time.Duration) {
+	t.now = now
+	t.pumpDue()
 }
 
 // Cancel detaches request m from its owner, whose queue pair was flushed: Done will not be called
