@@ -22,8 +22,8 @@ func (t *Transport) completeReq(m *Msg, st efaio.Status, mayRetry bool) {
 
 // cancel detaches a request from its owner, whose queue pair was flushed: it stops waiting for
 // an answer, its segments not yet sent are dropped and, if the responder may hold part of it, one
-// ABORT frame tells it to let go. A request queued in this batch and not framed yet (Frame) is
-// dropped whole.
+// ABORT frame tells it to let go. A request none of whose segments was framed yet (one queued in
+// this batch before Hold or Frame, or one the window held back) is dropped whole.
 func (t *Transport) cancel(m *Msg) {
 	m.owner = nil
 	m.p.tx.reqs.remove(m.hdr.MsgID) // an answer, if one comes, finds nothing

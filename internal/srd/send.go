@@ -278,7 +278,8 @@ func (t *Transport) pumpLater(p *peer) {
 // pumpDue pumps the streams that requests were queued on since the last call (pumpLater); a peer
 // forgotten since is skipped.
 func (t *Transport) pumpDue() {
-	for i, p := range t.due {
+	for i := 0; i < len(t.due); i++ { // (len afresh: a stream noted during a pump is pumped too)
+		p := t.due[i]
 		t.due[i] = nil
 		p.due = false
 		if t.peers[p.gid] == p {

@@ -181,10 +181,11 @@ func (t *Transport) Inc() uint32 { return t.inc }
 // sends what q holds afterwards, with Flush.
 func (t *Transport) Use(q *Queue) { t.txq = q }
 
-// Hold frames the requests queued since Use (Request queues them, and one pump a stream frames
-// them together), then takes the turn to send q's datagrams, if it holds any, before the caller
-// lets go of the device's lock; Flush, after, sends them and gives the turn back. Datagrams so go on the link in
-// the order their frames were written, whichever goroutine wrote them: a goroutine off its
+// Hold frames the requests queued and not framed yet (Request queues them, and one pump a stream
+// frames them together; FlushAcks, Frame and the transport's own pumps may have framed them
+// already), then takes the turn to send q's datagrams, if it holds any, before the caller lets go
+// of the device's lock; Flush, after, sends them and gives the turn back. Datagrams so go on the
+// link in the order their frames were written, whichever goroutine wrote them: a goroutine off its
 // processor between the lock and the send would otherwise send a batch after later ones, and
 // the peer's ACKs of those would take its packets for lost (docs/congestion.md).
 func (t *Transport) Hold(q *Queue) {
