@@ -178,7 +178,9 @@ func (d *Device) deliver(q *QP, w *efaio.TxDesc, m *message, tries int, now time
 	case d.link == nil:
 		return efaio.StatusLocalUnreachRemote
 	}
-	q.remote.Store(true)
+	if !q.remote.Load() {
+		q.remote.Store(true) // (once: a store a message would be a locked instruction a message)
+	}
 	if m.typ == uapi.QPTypeUD {
 		return d.sendUD(m, now)
 	}
