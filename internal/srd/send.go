@@ -17,6 +17,13 @@ const (
 	kindReadResp        // read data answering a peer's READ_REQ
 )
 
+// restampBytes: a pump reads the clock again after framing this much payload. The loss rules
+// take a packet's stamp for its send time (docs/congestion.md); one reading for a list of 64
+// 8 KiB messages, framed over tens of microseconds, made its last packets look that much older
+// than they were, and the time rule counted them lost while they were still going out. A list
+// of small messages is still framed with one reading.
+const restampBytes = 8 << 10
+
 // Msg is a message in a peer's outgoing stream. Requests are also in txStream.reqs until
 // answered, and held by their owner until it is told the outcome. A Msg returns to the free
 // list once it is answered (or needs no answer) and none of its segments is unacknowledged.
@@ -350,7 +357,7 @@ func (t *Transport) pump(p *peer) {
 	if !p.heard {
 		window = 0
 	}
-	done := 0
+	done, framed := 0, 0
 	for done < len(s.queue) {
 		m := s.queue[done]
 		if m.sent == m.nseg {
@@ -375,7 +382,9 @@ func (t *Transport) pump(p *peer) {
 		*e = sentPkt{msg: m, seg: m.sent}
 		m.sent++
 		m.pending++
-		t.sendSeg(p, psn, e, now, -1)
+		if framed += t.sendSeg(p, psn, e, now, -1); framed >= restampBytes {
+			now, framed = t.sendTime(), 0 // (a pump of a long list is not stamped with its start)
+		}
 		if s.inflight <= sparseFlight && s.losing(now) && !t.cfg.NoSparseCopies {
 			t.copySeg(p, psn, e)
 		}
@@ -439,7 +448,7 @@ func (t *Transport) countBurst(p *peer, started uint64) {
 }
 
 // sendSeg writes the DATA frame for slot e (PSN psn) on a path other than avoid when it can.
-func (t *Transport) sendSeg(p *peer, psn wire.PSN, e *sentPkt, now time.Duration, avoid int) {
+func (t *Transport) sendSeg(p *peer, psn wire.PSN, e *sentPkt, now time.Duration, avoid int) int {
 	path := t.pickPath(p, avoid)
 	started := t.txq.started
 	n := t.writeSeg(p, psn, e, path, ackIfOwed)
@@ -452,6 +461,7 @@ func (t *Transport) sendSeg(p *peer, psn wire.PSN, e *sentPkt, now time.Duration
 		t.counts.RetransPkts.Add(1)
 		t.counts.RetransBytes.Add(uint64(n))
 	}
+	return n
 }
 
 // copySeg sends slot e's frame once more, on the next healthy path after its own: while few

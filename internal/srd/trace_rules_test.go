@@ -2708,3 +2708,29 @@ func TestTraceFrameBeforeCancel(t *testing.T) {
 		}
 	}
 }
+
+// congestion.md loss rules, with the batch's requests framed by one pump (Hold): a pump that
+// frames much payload reads the clock again every restampBytes, so that a long list of large
+// messages is not stamped with the time its framing began (its last packets would look older
+// than they are, and the time rule counted them lost while they were still going out: bench's
+// bw-8KiB retransmitted 124-353 packets a run, none lost).
+func TestTraceLongListsRestamped(t *testing.T) {
+	var reads int
+	r := newTrace(t, 2, nil)
+	r.hear()
+	r.tr.cfg.Clock = func() time.Duration { reads++; return r.f.Now() }
+	const n, size = 8, 8 << 10
+	r.tr.Use(r.q)
+	for i := range n {
+		req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: size}
+		req.Src[0], req.NSrc = mem.Own(r.buf[:size]), 1
+		if _, st := r.tr.Request(r.f.Now(), config.GIDFromAddr(tracePeer), &req, uint16(i)); st != efaio.StatusOK {
+			t.Fatalf("request: status %d", st)
+		}
+	}
+	r.tr.Hold(r.q)
+	r.tr.Flush(r.q)
+	if reads < n*size/restampBytes {
+		t.Errorf("the clock was read %d times framing %d messages of %d bytes, want at least %d", reads, n, size, n*size/restampBytes)
+	}
+}
