@@ -17,11 +17,12 @@ const (
 	kindReadResp        // read data answering a peer's READ_REQ
 )
 
-// restampBytes: a pump reads the clock again after framing this much payload. The loss rules
-// take a packet's stamp for its send time (docs/congestion.md); one reading for a list of 64
-// 8 KiB messages, framed over tens of microseconds, made its last packets look that much older
-// than they were, and the time rule counted them lost while they were still going out. A list
-// of small messages is still framed with one reading.
+// restampBytes: a pump reads the clock again after framing this much payload, sent again or new
+// (on loopback's 9001-byte path MTU, after each full packet). The loss rules take a packet's
+// stamp for its send time (docs/congestion.md); one reading for a list of 64 8 KiB messages,
+// framed over tens of microseconds, made its last packets look that much older than they were,
+// and the time rule counted them lost while they were still going out. A list of small messages
+// is still framed with one reading (the budget counts payload, not frames).
 const restampBytes = 8 << 10
 
 // Msg is a message in a peer's outgoing stream. Requests are also in txStream.reqs until
@@ -336,7 +337,7 @@ func (t *Transport) pump(p *peer) {
 			slices.SortFunc(s.retx, byAge)
 		}
 	}
-	taken := 0
+	taken, framed := 0, 0
 	for taken < len(s.retx) && float64(s.inflight) < max(s.cwnd, 1) {
 		psn := s.retx[taken]
 		taken++
@@ -347,7 +348,9 @@ func (t *Transport) pump(p *peer) {
 		if e.acked || !e.lost || e.msg == nil {
 			continue
 		}
-		t.sendAgain(p, psn, e, now)
+		if framed += t.sendAgain(p, psn, e, now); framed >= restampBytes {
+			now, framed = t.sendTime(), 0
+		}
 	}
 	s.retx = s.retx[:copy(s.retx, s.retx[taken:])]
 	// A peer never heard from has no context for us yet: it would challenge our first packet
@@ -357,7 +360,7 @@ func (t *Transport) pump(p *peer) {
 	if !p.heard {
 		window = 0
 	}
-	done, framed := 0, 0
+	done := 0
 	for done < len(s.queue) {
 		m := s.queue[done]
 		if m.sent == m.nseg {
@@ -428,15 +431,16 @@ func (m *Msg) answeredReq() bool {
 	return m.kind == kindRequest && m.done && m.owner == nil && m.answered
 }
 
-// sendAgain sends slot e, counted lost, again (on another path than its last, if one is usable).
-func (t *Transport) sendAgain(p *peer, psn wire.PSN, e *sentPkt, now time.Duration) {
+// sendAgain sends slot e, counted lost, again (on another path than its last, if one is usable),
+// and returns the payload bytes framed.
+func (t *Transport) sendAgain(p *peer, psn wire.PSN, e *sentPkt, now time.Duration) int {
 	if e.msg.answeredReq() {
 		t.ackAnswered(p, e, now) // the answer proved the peer has every segment: nothing to send again
-		return
+		return 0
 	}
 	e.lost = false
 	e.retx++
-	t.sendSeg(p, psn, e, now, int(e.path))
+	return t.sendSeg(p, psn, e, now, int(e.path))
 }
 
 // countBurst counts towards p's burst on its path (pickPath) the datagram that a DATA frame just
