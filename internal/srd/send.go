@@ -17,14 +17,6 @@ const (
 	kindReadResp        // read data answering a peer's READ_REQ
 )
 
-// restampBytes: a pump reads the clock again after framing this much payload, sent again or new
-// (on loopback's 9001-byte path MTU, after each full packet). The loss rules take a packet's
-// stamp for its send time (docs/congestion.md); one reading for a list of 64 8 KiB messages,
-// framed over tens of microseconds, made its last packets look that much older than they were,
-// and the time rule counted them lost while they were still going out. A list of small messages
-// is still framed with one reading (the budget counts payload, not frames).
-const restampBytes = 8 << 10
-
 // Msg is a message in a peer's outgoing stream. Requests are also in txStream.reqs until
 // answered, and held by their owner until it is told the outcome. A Msg returns to the free
 // list once it is answered (or needs no answer) and none of its segments is unacknowledged.
@@ -337,7 +329,8 @@ func (t *Transport) pump(p *peer) {
 			slices.SortFunc(s.retx, byAge)
 		}
 	}
-	taken, framed := 0, 0
+	began := t.txq.started
+	taken := 0
 	for taken < len(s.retx) && float64(s.inflight) < max(s.cwnd, 1) {
 		psn := s.retx[taken]
 		taken++
@@ -348,9 +341,8 @@ func (t *Transport) pump(p *peer) {
 		if e.acked || !e.lost || e.msg == nil {
 			continue
 		}
-		if framed += t.sendAgain(p, psn, e, now); framed >= restampBytes {
-			now, framed = t.sendTime(), 0
-		}
+		t.sendAgain(p, psn, e, now)
+		now, began = t.restamp(p, e, now, began)
 	}
 	s.retx = s.retx[:copy(s.retx, s.retx[taken:])]
 	// A peer never heard from has no context for us yet: it would challenge our first packet
@@ -385,9 +377,8 @@ func (t *Transport) pump(p *peer) {
 		*e = sentPkt{msg: m, seg: m.sent}
 		m.sent++
 		m.pending++
-		if framed += t.sendSeg(p, psn, e, now, -1); framed >= restampBytes {
-			now, framed = t.sendTime(), 0 // (a pump of a long list is not stamped with its start)
-		}
+		t.sendSeg(p, psn, e, now, -1)
+		now, began = t.restamp(p, e, now, began)
 		if s.inflight <= sparseFlight && s.losing(now) && !t.cfg.NoSparseCopies {
 			t.copySeg(p, psn, e)
 		}
@@ -402,6 +393,26 @@ func (t *Transport) pump(p *peer) {
 	if !p.heard && n > 0 {
 		t.hello(p, now)
 	}
+}
+
+// restamp reads the clock again when the frame just written into slot e began a datagram (the
+// queue's count of datagrams begun moved past began), and stamps e with the reading: the packets
+// of one datagram share a stamp, and each datagram has its own. The loss rules take a packet's
+// stamp for its send time (docs/congestion.md): a pump framing a doorbell's whole list with the
+// one reading it began with stamped a list of 64 8 KiB SENDs tens of microseconds early at its
+// end, and the time rule counted its last packets lost while they were still going out (bench
+// bw-8KiB, 85-353 packets a run); a step's several lists of small SENDs, several datagrams
+// under one stamp, were counted lost together when a later datagram's ACK came first on a loaded
+// machine (rate-64B-loaded, 63-252 a run). A list of small SENDs in one datagram is still
+// framed with one reading, or two.
+func (t *Transport) restamp(p *peer, e *sentPkt, now time.Duration, began uint64) (time.Duration, uint64) {
+	if t.txq.started == began {
+		return now, began
+	}
+	now = t.sendTime()
+	e.at = now
+	p.tx.sentAt = now
+	return now, t.txq.started
 }
 
 // hello asks a peer never heard from for its challenge: a PROBE on the endpoint's path, sent
@@ -431,16 +442,15 @@ func (m *Msg) answeredReq() bool {
 	return m.kind == kindRequest && m.done && m.owner == nil && m.answered
 }
 
-// sendAgain sends slot e, counted lost, again (on another path than its last, if one is usable),
-// and returns the payload bytes framed.
-func (t *Transport) sendAgain(p *peer, psn wire.PSN, e *sentPkt, now time.Duration) int {
+// sendAgain sends slot e, counted lost, again (on another path than its last, if one is usable).
+func (t *Transport) sendAgain(p *peer, psn wire.PSN, e *sentPkt, now time.Duration) {
 	if e.msg.answeredReq() {
 		t.ackAnswered(p, e, now) // the answer proved the peer has every segment: nothing to send again
-		return 0
+		return
 	}
 	e.lost = false
 	e.retx++
-	return t.sendSeg(p, psn, e, now, int(e.path))
+	t.sendSeg(p, psn, e, now, int(e.path))
 }
 
 // countBurst counts towards p's burst on its path (pickPath) the datagram that a DATA frame just
@@ -452,7 +462,7 @@ func (t *Transport) countBurst(p *peer, started uint64) {
 }
 
 // sendSeg writes the DATA frame for slot e (PSN psn) on a path other than avoid when it can.
-func (t *Transport) sendSeg(p *peer, psn wire.PSN, e *sentPkt, now time.Duration, avoid int) int {
+func (t *Transport) sendSeg(p *peer, psn wire.PSN, e *sentPkt, now time.Duration, avoid int) {
 	path := t.pickPath(p, avoid)
 	started := t.txq.started
 	n := t.writeSeg(p, psn, e, path, ackIfOwed)
@@ -465,7 +475,6 @@ func (t *Transport) sendSeg(p *peer, psn wire.PSN, e *sentPkt, now time.Duration
 		t.counts.RetransPkts.Add(1)
 		t.counts.RetransBytes.Add(uint64(n))
 	}
-	return n
 }
 
 // copySeg sends slot e's frame once more, on the next healthy path after its own: while few

@@ -2648,7 +2648,7 @@ func TestTracePingBackoffTimes(t *testing.T) {
 }
 
 // A doorbell's list of requests is framed at the end of its batch (Hold), by one pump of the
-// stream: the clock is read once for the list, not once a request.
+// stream: the clock is read once for the pump and once a datagram begun, not once a request.
 func TestTraceRequestsOfABatchFramedTogether(t *testing.T) {
 	var reads int
 	r := newTrace(t, 2, nil)
@@ -2667,12 +2667,13 @@ func TestTraceRequestsOfABatchFramedTogether(t *testing.T) {
 		t.Errorf("%d datagrams framed before the batch's end", r.q.n)
 	}
 	r.tr.Hold(r.q)
-	if r.q.n == 0 {
+	datagrams := r.q.n
+	if datagrams == 0 {
 		t.Errorf("nothing framed at the batch's end")
 	}
 	r.tr.Flush(r.q)
-	if reads != 1 {
-		t.Errorf("the clock was read %d times for a list of %d requests, want once", reads, n)
+	if reads != 1+datagrams {
+		t.Errorf("the clock was read %d times for a list of %d requests in %d datagrams, want %d", reads, n, datagrams, 1+datagrams)
 	}
 	r.collect()
 	if d := r.data(); len(d) != n {
@@ -2709,33 +2710,42 @@ func TestTraceFrameBeforeCancel(t *testing.T) {
 	}
 }
 
-// congestion.md loss rules, with the batch's requests framed by one pump (Hold): a pump that
-// frames much payload reads the clock again every restampBytes, so that a long list of large
-// messages is not stamped with the time its framing began (its last packets would look older
-// than they are, and the time rule counted them lost while they were still going out: bench's
-// bw-8KiB retransmitted 85-353 packets a run, none lost). The clock here moves a microsecond a
-// reading, as framing takes time.
-func TestTraceLongListsRestamped(t *testing.T) {
-	var reads int
-	r := newTrace(t, 2, nil)
-	r.hear()
-	r.tr.cfg.Clock = func() time.Duration { reads++; return r.f.Now() + time.Duration(reads)*time.Microsecond }
-	const n, size = 8, 8 << 10
-	r.tr.Use(r.q)
-	for i := range n {
-		req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: size}
-		req.Src[0], req.NSrc = mem.Own(r.buf[:size]), 1
-		if _, st := r.tr.Request(r.f.Now(), config.GIDFromAddr(tracePeer), &req, uint16(i)); st != efaio.StatusOK {
-			t.Fatalf("request: status %d", st)
+// congestion.md loss rules, with the batch's requests framed by one pump (Hold): a pump reads
+// the clock again for each datagram it begins, so that a long list is not stamped with the time
+// its framing began. With one reading for a whole list, bench's bw-8KiB (lists of 64 8 KiB
+// SENDs) retransmitted 85-353 packets a run that were never lost, its last packets stamped tens
+// of microseconds early; and rate-64B-loaded (several lists of small SENDs in one step, several
+// datagrams under one stamp) 63-252. The clock here moves a microsecond a reading, as framing
+// takes time.
+func TestTraceDatagramsStampedWhenBegun(t *testing.T) {
+	for _, size := range []int{8 << 10, 64} {
+		var reads int
+		r := newTrace(t, 2, nil)
+		r.hear()
+		r.tr.cfg.Clock = func() time.Duration { reads++; return r.f.Now() + time.Duration(reads)*time.Microsecond }
+		const n = 32
+		r.tr.Use(r.q)
+		for i := range n {
+			req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: uint64(size)}
+			req.Src[0], req.NSrc = mem.Own(r.buf[:size]), 1
+			if _, st := r.tr.Request(r.f.Now(), config.GIDFromAddr(tracePeer), &req, uint16(i)); st != efaio.StatusOK {
+				t.Fatalf("request: status %d", st)
+			}
 		}
-	}
-	r.tr.Hold(r.q)
-	r.tr.Flush(r.q)
-	if reads < n*size/restampBytes {
-		t.Errorf("the clock was read %d times framing %d messages of %d bytes, want at least %d", reads, n, size, n*size/restampBytes)
-	}
-	s := &r.tr.peers[config.GIDFromAddr(tracePeer)].tx
-	if first, last := s.slot(s.una).at, s.slot(s.next-1).at; last-first < time.Duration(n*size/restampBytes-1)*time.Microsecond {
-		t.Errorf("the list's packets stamped %v to %v: the last not stamped when it was framed", first, last)
+		r.tr.Hold(r.q)
+		datagrams := r.q.n
+		s := &r.tr.peers[config.GIDFromAddr(tracePeer)].tx
+		stamps := map[time.Duration]bool{}
+		for psn := s.una; psn != s.next; psn++ {
+			stamps[s.slot(psn).at] = true
+		}
+		r.tr.Flush(r.q)
+		if datagrams < 2 {
+			t.Fatalf("%d-byte SENDs: %d datagrams, want a list longer than one", size, datagrams)
+		}
+		if len(stamps) != datagrams || reads != datagrams+1 {
+			t.Errorf("%d-byte SENDs: %d datagrams, %d stamps, %d clock readings; want a stamp a datagram, read when it was begun (and one reading for the pump)",
+				size, datagrams, len(stamps), reads)
+		}
 	}
 }

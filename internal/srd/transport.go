@@ -166,8 +166,8 @@ func New(cfg config.Device, l link.Link, inc uint32, rng io.Reader, host Host, c
 // for a whole batch, can be tens of microseconds old by the end of it, and packets stamped with it
 // look sent earlier than they were: a packet framed late in one batch then seems to have waited
 // longer than one framed early in the next, and the loss rules (docs/congestion.md) counted
-// packets lost that were only reordered. A pump reads it once, and again after every
-// restampBytes of payload it frames.
+// packets lost that were only reordered. A pump reads it once, and again for each datagram it
+// begins (restamp).
 func (t *Transport) sendTime() time.Duration {
 	if t.cfg.Clock == nil {
 		return t.now
