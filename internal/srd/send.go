@@ -395,16 +395,18 @@ func (t *Transport) pump(p *peer) {
 	}
 }
 
-// restamp reads the clock again when the frame just written into slot e began a datagram (the
-// queue's count of datagrams begun moved past began), and stamps e with the reading: the packets
-// of one datagram share a stamp, and each datagram has its own. The loss rules take a packet's
+// restamp reads the clock again when the queue's count of datagrams begun has moved past began
+// since the last reading (the frame just written into slot e began a datagram, or a sparse copy
+// before it did), and stamps e with the reading: the packets of one datagram share a stamp, and
+// the datagrams of a pump do not (a pump's first frame may join a datagram an earlier pump of
+// the batch began, under that pump's reading). The loss rules take a packet's
 // stamp for its send time (docs/congestion.md): a pump framing a doorbell's whole list with the
 // one reading it began with stamped a list of 64 8 KiB SENDs tens of microseconds early at its
 // end, and the time rule counted its last packets lost while they were still going out (bench
 // bw-8KiB, 85-353 packets a run); a step's several lists of small SENDs, several datagrams
 // under one stamp, were counted lost together when a later datagram's ACK came first on a loaded
-// machine (rate-64B-loaded, 63-252 a run). A list of small SENDs in one datagram is still
-// framed with one reading, or two.
+// machine (rate-64B-loaded, 63-252 a run). A list of small SENDs in one datagram is framed
+// with two readings (the pump's, and its datagram's), not one a request.
 func (t *Transport) restamp(p *peer, e *sentPkt, now time.Duration, began uint64) (time.Duration, uint64) {
 	if t.txq.started == began {
 		return now, began
