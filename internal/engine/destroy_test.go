@@ -29,14 +29,7 @@ func TestDestroyCarriesOutRungWQEs(t *testing.T) {
 		t.Fatal(err)
 	}
 	const msg = "carried out at destroy"
-	efaio.RxDesc(r.q.rq.ring[:efaio.RxDescSize]).Encode(&efaio.RxDescFields{Addr: r.a.iova, ReqID: 7,
-		Length: 64, LKey: r.a.lkey, First: true, Last: true})
-	atomic.StoreUint32(r.q.rq.db, 1)
-	copy(r.inA[2048:], msg)
-	r.q.sq.slot(0).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 3, Length: 1, AHN: ah.ahn, QKey: 9,
-		DestQPN: uint16(r.q.qpn), CompReq: true, Phase: r.q.sq.phase,
-		SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: uint32(len(msg)), LKey: r.a.lkey, Addr: r.a.iova + 2048}}})
-	atomic.StoreUint32(r.q.sq.db, 1) // the doorbell, stored without Ring
+	storeRungSend(r, r, ah, 0, msg)
 	if err := r.d.DestroyQP(r.q); err != nil {
 		t.Fatal(err)
 	}
@@ -181,14 +174,7 @@ func TestDestroyCarriesOutRungWQEsToAPeer(t *testing.T) {
 	// Answered: a has heard from b.
 
 	const msg = "carried out at destroy"
-	efaio.RxDesc(b.q.rq.ring[efaio.RxDescSize:][:efaio.RxDescSize]).Encode(&efaio.RxDescFields{
-		Addr: b.a.iova + 1024, ReqID: 8, Length: 64, LKey: b.a.lkey, First: true, Last: true})
-	atomic.StoreUint32(b.q.rq.db, 2)
-	copy(a.inA[2048:], msg)
-	a.q.sq.slot(1).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 4, Length: 1, AHN: ah.ahn, QKey: 9,
-		DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase,
-		SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: uint32(len(msg)), LKey: a.a.lkey, Addr: a.a.iova + 2048}}})
-	atomic.StoreUint32(a.q.sq.db, 2) // the doorbell, stored without Ring
+	storeRungSend(a, b, ah, 1, msg)
 	if err := a.d.DestroyQP(a.q); err != nil {
 		t.Fatal(err)
 	}
@@ -196,4 +182,18 @@ func TestDestroyCarriesOutRungWQEsToAPeer(t *testing.T) {
 	if got := string(b.inA[1024 : 1024+len(msg)]); got != msg {
 		t.Errorf("the peer's receive buffer holds %q, want %q", got, msg)
 	}
+}
+
+// storeRungSend posts, in slot i of each queue, a receive WR at b (64 bytes at 1024*i into region
+// A, req_id 7+i) and a SEND of msg from a (from 2048 into its region A, req_id 3+i) through ah,
+// and stores both doorbells without Ring: a doorbell the device has not looked at yet.
+func storeRungSend(a, b *accessRig, ah *AH, i uint16, msg string) {
+	efaio.RxDesc(b.q.rq.ring[int(i)*efaio.RxDescSize:][:efaio.RxDescSize]).Encode(&efaio.RxDescFields{
+		Addr: b.a.iova + 1024*uint64(i), ReqID: 7 + i, Length: 64, LKey: b.a.lkey, First: true, Last: true})
+	atomic.StoreUint32(b.q.rq.db, uint32(i)+1)
+	copy(a.inA[2048:], msg)
+	a.q.sq.slot(i).Encode(&efaio.TxDesc{Op: efaio.OpSend, ReqID: 3 + i, Length: 1, AHN: ah.ahn, QKey: 9,
+		DestQPN: uint16(b.q.qpn), CompReq: true, Phase: a.q.sq.phase,
+		SGL: [efaio.TxNumBufs]efaio.BufDesc{{Length: uint32(len(msg)), LKey: a.a.lkey, Addr: a.a.iova + 2048}}})
+	atomic.StoreUint32(a.q.sq.db, uint32(i)+1)
 }
