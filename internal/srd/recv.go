@@ -150,6 +150,13 @@ func (t *Transport) inputBatch(rx *Inbox, n int, now time.Duration, lazy bool) {
 		rx.opened.Buf = plain[:cap(plain)]
 		t.input(&rx.opened, now, &nonce{salt, ctr})
 	}
+	// The answers the batch's requests queued (answer, onReadReq) are framed only now, so that
+	// an ACK riding with them covers whole datagrams of the peer's (docs/congestion.md,
+	// "Reliability"). Framed at the frame that asked, the ACK covered the datagram's frames up to
+	// that one: the peer, which stamped the whole datagram once, took the rest for lost when no
+	// other ACK came within minRTO (a receiver with no receives posted, RNR-answering SENDs while
+	// its process waited for a core).
+	t.pumpDue()
 	if lazy {
 		t.flushAcks(now, ackDelay)
 	} else {
@@ -447,7 +454,8 @@ func (t *Transport) onReadReq(p *peer, f *wire.Data) {
 	o := t.newMsg(p, kindReadResp)
 	o.hdr = wire.Data{MsgID: f.MsgID, Length: f.Length, Op: wire.OpReadResp, SrcQPN: f.DstQPN, DstQPN: f.SrcQPN}
 	o.src[0], o.nsrc, o.region, o.length, o.done = src, 1, region, uint64(src.Len()), true
-	t.enqueue(p, o)
+	t.queue(p, o)
+	t.pumpLater(p) // (framed once the batch is handled: inputBatch)
 }
 
 // onReadResp places read data, which came in epoch of the responder's stream, at the
@@ -498,7 +506,8 @@ func (t *Transport) answer(p *peer, msgID uint32, st efaio.Status) {
 	o := t.newMsg(p, kindResp)
 	o.hdr = wire.Data{MsgID: msgID, Op: wire.OpResp, Status: uint8(st)}
 	o.done = true
-	t.enqueue(p, o)
+	t.queue(p, o)
+	t.pumpLater(p) // (framed once the batch is handled: inputBatch)
 }
 
 // abortInbound ends every message p has arriving in part: each Inbound is told to Abort.

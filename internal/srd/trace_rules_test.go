@@ -2749,3 +2749,52 @@ func TestTraceDatagramsStampedWhenBegun(t *testing.T) {
 		}
 	}
 }
+
+// congestion.md "Loss detection": an ACK covers whole datagrams of the peer's. The answers the
+// frames of a datagram ask for (RNR RESPs to SENDs, no receive being posted; read data to
+// READ_REQs) are framed after the batch is handled, so the ACK that rides with them covers every
+// frame of the datagram. Framed at the frame that asked, the first answer carried an ACK of that
+// frame alone, and the peer, whose stamp for the whole datagram was the same, counted the rest
+// lost.
+func TestTraceAnswersAckWholeDatagrams(t *testing.T) {
+	for _, op := range []wire.Op{wire.OpSend, wire.OpReadReq} {
+		r := newTrace(t, 2, nil)
+		r.meet()
+		const n = 4
+		first := r.next
+		r.inject(0, func(b []byte) []byte {
+			for range n {
+				d := wire.Data{PSN: r.next, MsgID: uint32(r.next), Op: op, Length: 10, DstQPN: 3, QKey: traceQKey}
+				if op == wire.OpSend {
+					d.Payload = make([]byte, 10)
+				}
+				b = wire.AppendData(b, &d)
+				r.next++
+			}
+			return b
+		})
+		r.drive()
+		acks := r.take(wire.TypeAck)
+		if len(acks) == 0 {
+			t.Fatalf("%v: no ACK of the datagram", op)
+		}
+		for _, a := range acks {
+			if a.f.Ack.Cum != first+n {
+				t.Errorf("%v: an ACK with cumulative point %d, want %d: every ACK covers the whole datagram", op, a.f.Ack.Cum, first+n)
+			}
+		}
+		want := wire.OpReadResp
+		if op == wire.OpSend {
+			want = wire.OpResp
+		}
+		var answers int
+		for _, d := range r.data() {
+			if d.f.Data.Op == want {
+				answers++
+			}
+		}
+		if answers != n {
+			t.Errorf("%v: %d answers (%v), want %d", op, answers, want, n)
+		}
+	}
+}
