@@ -142,9 +142,10 @@ func (s *sfSide) close() {
 	}
 }
 
-// recv posts one receive of size bytes at slot i%sfSlots of the buffer.
+// recv posts one receive of size bytes at slot i of the buffer, counted modulo the slots of
+// size bytes it holds.
 func (s *sfSide) recv(i, size int) error {
-	s.sges[0] = s.mr.SGE(i%sfSlots*size, size)
+	s.sges[0] = s.mr.SGE(i%(len(s.buf)/size)*size, size)
 	s.rwr[0] = verbs.RecvWR{WRID: uint64(i), SGList: s.sges}
 	_, err := s.qp.PostRecv(s.rwr)
 	return err
@@ -254,7 +255,7 @@ func (t softefaTransport) serve(j job) (server, error) {
 	if err != nil {
 		return nil, err
 	}
-	side, err := newSFSide(dev, max(j.size*sfSlots, 1<<20), sfDepth, sfRecvs)
+	side, err := newSFSide(dev, j.size*sfSlots, sfDepth, sfRecvs)
 	if err != nil {
 		dev.Close()
 		return nil, err
