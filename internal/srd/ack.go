@@ -190,7 +190,7 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 		t.settle(p)
 	}
 	s.congestion(tally.newly, lost)
-	t.pump(p)
+	t.pumpLater(p) // (once the batch is handled, as input's other pumps: inputBatch)
 }
 
 // newestAcked is the send time of the latest-sent packet acknowledged on any path.

@@ -251,7 +251,7 @@ func (t *Transport) onChallenge(p *peer, cookie uint64, port uint16, taken bool)
 	if p.rx.started {
 		t.oweAck(p, t.now)
 	}
-	t.pump(p)
+	t.pumpLater(p) // (once the batch is handled, as input's other pumps: inputBatch)
 }
 
 // unprove marks every path of ours to p whose port is not our endpoint's as not proven to p: a

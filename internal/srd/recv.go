@@ -150,12 +150,13 @@ func (t *Transport) inputBatch(rx *Inbox, n int, now time.Duration, lazy bool) {
 		rx.opened.Buf = plain[:cap(plain)]
 		t.input(&rx.opened, now, &nonce{salt, ctr})
 	}
-	// The answers the batch's requests queued (answer, onReadReq) are framed only now, so that
-	// an ACK riding with them covers whole datagrams of the peer's (docs/congestion.md,
-	// "Reliability"). Framed at the frame that asked, the ACK covered the datagram's frames up to
-	// that one: the peer, which stamped the whole datagram once, took the rest for lost when no
-	// other ACK came within minRTO (a receiver with no receives posted, RNR-answering SENDs while
-	// its process waited for a core).
+	// What the batch's frames set going is framed only now: the answers its requests queued
+	// (answer, onReadReq), what its ACKs let out (onAck), a stream that waited for the peer
+	// (onChallenge, a first answer). So an ACK riding with it covers whole datagrams of the
+	// peer's (docs/congestion.md, "Reliability"). Framed at the frame that set it going, the ACK
+	// covered the datagram's frames up to that one: the peer, which stamped the whole datagram
+	// once, took the rest for lost when no other ACK came within minRTO (a receiver with no
+	// receives posted, RNR-answering SENDs while its process waited for a core).
 	t.pumpDue()
 	if lazy {
 		t.flushAcks(now, ackDelay)
@@ -307,7 +308,7 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		}
 	}
 	if first && p.heard && len(p.tx.queue) > 0 {
-		t.pump(p) // the stream that waited for the peer's first answer (hello)
+		t.pumpLater(p) // the stream that waited for the peer's first answer (hello)
 	}
 }
 

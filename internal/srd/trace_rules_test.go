@@ -2750,20 +2750,50 @@ func TestTraceDatagramsStampedWhenBegun(t *testing.T) {
 	}
 }
 
-// congestion.md "Loss detection": an ACK covers whole datagrams of the peer's. The answers the
-// frames of a datagram ask for (RNR RESPs to SENDs, no receive being posted; read data to
-// READ_REQs) are framed after the batch is handled, so the ACK that rides with them covers every
-// frame of the datagram. Framed at the frame that asked, the first answer carried an ACK of that
-// frame alone, and the peer, whose stamp for the whole datagram was the same, counted the rest
-// lost.
+// congestion.md "Reliability" (Acknowledgements): an ACK covers whole datagrams of the peer's.
+// What a datagram's frames set going is framed once the batch is handled: answers (RNR RESPs to
+// SENDs with no receive posted, read data to READ_REQs) and what an ACK frame in the middle of the
+// datagram lets out of the window. So the ACK riding with it covers every frame of the datagram,
+// and its horizon lies above every RESP. Framed at the frame that set it going, the first answer
+// carried an ACK of the datagram's frames up to that one, and the peer, whose stamp for the whole
+// datagram was the same, counted the rest lost.
 func TestTraceAnswersAckWholeDatagrams(t *testing.T) {
-	for _, op := range []wire.Op{wire.OpSend, wire.OpReadReq} {
+	for _, c := range []string{"SEND", "READ_REQ", "ACK in between"} {
 		r := newTrace(t, 2, nil)
-		r.meet()
+		r.hear()
+		var mid []byte // the frames the datagram carries after its first two DATA frames
+		if c == "ACK in between" {
+			// More requests than the initial window: the ACK in the datagram lets the rest out.
+			r.batch(r.q, func(now time.Duration) {
+				for i := range 2 * initialCwnd {
+					req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 64}
+					req.Src[0], req.NSrc = mem.Own(r.buf[:64]), 1
+					if _, st := r.tr.Request(now, config.GIDFromAddr(tracePeer), &req, uint16(i)); st != efaio.StatusOK {
+						t.Fatalf("request %d: status %d", i, st)
+					}
+				}
+			})
+			r.collect()
+			d := r.data()
+			if len(d) == 0 || len(d) >= 2*initialCwnd {
+				t.Fatalf("%d of %d requests sent at once, want the window's", len(d), 2*initialCwnd)
+			}
+			mid = wire.AppendAck(nil, &wire.Ack{Cum: d[len(d)-1].f.Data.PSN + 1, Highest: d[len(d)-1].f.Data.PSN, Path: d[0].h.Path})
+			for i := range 4 {
+				r.recv(uint16(100 + i))
+			}
+		}
+		op := wire.OpSend
+		if c == "READ_REQ" {
+			op = wire.OpReadReq
+		}
 		const n = 4
 		first := r.next
 		r.inject(0, func(b []byte) []byte {
-			for range n {
+			for i := range n {
+				if i == n/2 {
+					b = append(b, mid...)
+				}
 				d := wire.Data{PSN: r.next, MsgID: uint32(r.next), Op: op, Length: 10, DstQPN: 3, QKey: traceQKey}
 				if op == wire.OpSend {
 					d.Payload = make([]byte, 10)
@@ -2774,27 +2804,40 @@ func TestTraceAnswersAckWholeDatagrams(t *testing.T) {
 			return b
 		})
 		r.drive()
+		sent := r.data()
 		acks := r.take(wire.TypeAck)
 		if len(acks) == 0 {
-			t.Fatalf("%v: no ACK of the datagram", op)
+			t.Fatalf("%s: no ACK of the datagram", c)
 		}
 		for _, a := range acks {
 			if a.f.Ack.Cum != first+n {
-				t.Errorf("%v: an ACK with cumulative point %d, want %d: every ACK covers the whole datagram", op, a.f.Ack.Cum, first+n)
+				t.Errorf("%s: an ACK with cumulative point %d, want %d: every ACK covers the whole datagram", c, a.f.Ack.Cum, first+n)
 			}
 		}
-		want := wire.OpReadResp
-		if op == wire.OpSend {
-			want = wire.OpResp
-		}
 		var answers int
-		for _, d := range r.data() {
-			if d.f.Data.Op == want {
+		for _, d := range sent {
+			switch op := d.f.Data.Op; {
+			case op == wire.OpResp:
+				answers++
+				for _, a := range acks { // (an answered SEND's message id is its PSN)
+					if covers := wire.PSN(d.f.Data.MsgID).Less(a.f.Ack.Cum); covers && (!a.f.Ack.HasHorizon || !d.f.Data.PSN.Less(a.f.Ack.Horizon)) {
+						t.Errorf("%s: an ACK with horizon %d (%v) covers the SENDs answered by the RESP at PSN %d", c, a.f.Ack.Horizon, a.f.Ack.HasHorizon, d.f.Data.PSN)
+					}
+				}
+			case op == wire.OpReadResp:
 				answers++
 			}
 		}
-		if answers != n {
-			t.Errorf("%v: %d answers (%v), want %d", op, answers, want, n)
+		if len(sent) > 0 && !slices.ContainsFunc(acks, func(a traceFrame) bool { return a.dgram == sent[0].dgram }) {
+			t.Errorf("%s: no ACK rides with what the datagram set going", c)
+		}
+		switch want := n; {
+		case c == "ACK in between":
+			if answers != 0 || len(sent) == 0 {
+				t.Errorf("%s: %d answers and %d DATA frames sent, want none and the requests the ACK let out", c, answers, len(sent))
+			}
+		case answers != want:
+			t.Errorf("%s: %d answers, want %d", c, answers, want)
 		}
 	}
 }
