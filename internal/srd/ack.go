@@ -77,8 +77,12 @@ func (p *peer) ack() wire.Ack {
 
 // onAck takes an acknowledgement of our stream: it frees acknowledged packets, samples the RTT,
 // counts as lost the packets that later ones overtook, adjusts the window and sends what it
-// allows.
-func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Duration) {
+// allows: at once, or, if afterData (the ACK came after DATA frames of the peer's stream in its
+// datagram), once the batch is handled (inputBatch), so that an ACK riding with what it sends
+// covers the whole datagram (docs/congestion.md, "Reliability"). At once otherwise: an ACK
+// riding then covers only earlier datagrams, and sent later, the data would take an ACK along
+// more often, on its own path, which may have gone dark (TestSimPathsDown).
+func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Duration, afterData bool) {
 	s := &p.tx
 	switch {
 	case s.next.Less(a.Cum):
@@ -190,7 +194,11 @@ func (t *Transport) onAck(p *peer, a *wire.Ack, epoch wire.Epoch, now time.Durat
 		t.settle(p)
 	}
 	s.congestion(tally.newly, lost)
-	t.pumpLater(p) // (once the batch is handled, as input's other pumps: inputBatch)
+	if afterData {
+		t.pumpLater(p)
+	} else {
+		t.pump(p)
+	}
 }
 
 // newestAcked is the send time of the latest-sent packet acknowledged on any path.

@@ -253,7 +253,7 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 			t.onData(p, &h, &f.Data, now)
 		case wire.TypeAck:
 			if h.RxEpoch == p.tx.epoch {
-				t.onAck(p, &f.Ack, h.TxEpoch, now)
+				t.onAck(p, &f.Ack, h.TxEpoch, now, data)
 			}
 		case wire.TypeProbe:
 			// One PROBE a datagram is answered (a sender probes each path in a datagram of its
