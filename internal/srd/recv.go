@@ -151,8 +151,8 @@ func (t *Transport) inputBatch(rx *Inbox, n int, now time.Duration, lazy bool) {
 		t.input(&rx.opened, now, &nonce{salt, ctr})
 	}
 	// What the batch's frames set going is framed only now: the answers its requests queued
-	// (answer, onReadReq), what its ACKs let out (onAck), a stream that waited for the peer
-	// (onChallenge, a first answer). So an ACK riding with it covers whole datagrams of the
+	// (answer, onReadReq), what an ACK after DATA frames let out (onAck), a stream that waited
+	// for the peer (onChallenge, a first answer). So an ACK riding with it covers whole datagrams of the
 	// peer's (docs/congestion.md, "Reliability"). Framed at the frame that set it going, the ACK
 	// covered the datagram's frames up to that one: the peer, which stamped the whole datagram
 	// once, took the rest for lost when no other ACK came within minRTO (a receiver with no
