@@ -38,6 +38,11 @@ type CQ struct {
 	curUD bool // the current entry's QP is UD
 	wrid  uint64
 	bad   atomic.Uint64 // CQEs dropped as invalid
+	// booked is the request-id books whose pool lock a Poll holds from one entry to the next
+	// (put): a batch of completions of one QP's queue takes the lock once. nil outside a Poll,
+	// and in a StartPoll session, whose caller may post between entries.
+	booked   *wq
+	batching bool // a Poll is consuming entries: put may keep booked's lock
 
 	polling atomic.Bool // a StartPoll session is open (the lock is held): EndPoll ends it
 

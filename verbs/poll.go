@@ -56,6 +56,7 @@ func (cq *CQ) poll(wc []WC) (int, error) {
 	defer cq.unlock()
 	n := 0
 	var err error
+	cq.batching = true
 	for n < len(wc) {
 		err = cq.next()
 		if err != nil {
@@ -64,6 +65,8 @@ func (cq *CQ) poll(wc []WC) (int, error) {
 		cq.fill(&wc[n])
 		n++
 	}
+	cq.batching = false
+	cq.unbook()
 	if n == 0 && err != nil && err != errEmpty {
 		return 0, err
 	}
@@ -129,11 +132,34 @@ func (cq *CQ) take(slot []byte, hdr uint32) error {
 			return cq.invalid("CQE req_id %#x of QP %d from another generation", c.ReqID, c.QPN)
 		}
 		cq.wrid = wq.wrid[idx]
-		if !wq.put(idx) {
+		if !cq.put(wq, idx) {
 			return cq.invalid("CQE req_id %#x of QP %d for no outstanding WR", c.ReqID, c.QPN)
 		}
 	}
 	return nil
+}
+
+// put returns the WR index idx to w's pool (wq.put). Within a Poll it keeps w's pool lock for
+// the entries that follow, until an entry of other books or the Poll's end (unbook): no user code
+// runs meanwhile, and the lock order is the CQ's lock, then the pool's, then the graves'.
+func (cq *CQ) put(w *wq, idx uint16) bool {
+	if !cq.batching {
+		return w.put(idx)
+	}
+	if cq.booked != w {
+		cq.unbook()
+		w.poolMu.Lock()
+		cq.booked = w
+	}
+	return w.putLocked(idx)
+}
+
+// unbook lets go of the pool lock put kept, if any.
+func (cq *CQ) unbook() {
+	if cq.booked != nil {
+		cq.booked.poolMu.Unlock()
+		cq.booked = nil
+	}
 }
 
 // qpRef is what polling needs of a QP: its request-id books and its type.

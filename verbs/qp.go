@@ -120,7 +120,14 @@ func (w *wq) get() uint16 {
 // put returns idx to the pool and counts the WR completed. An index that is not out (a stale or
 // forged completion) changes nothing: put reports false.
 func (w *wq) put(idx uint16) bool {
-	if !w.unget(idx) {
+	w.poolMu.Lock()
+	defer w.poolMu.Unlock()
+	return w.putLocked(idx)
+}
+
+// putLocked is put, with the pool's lock held (CQ.put holds it across a Poll's entries).
+func (w *wq) putLocked(idx uint16) bool {
+	if !w.ungetLocked(idx) {
 		return false
 	}
 	w.completed.Add(1)
@@ -131,6 +138,10 @@ func (w *wq) put(idx uint16) bool {
 func (w *wq) unget(idx uint16) bool {
 	w.poolMu.Lock()
 	defer w.poolMu.Unlock()
+	return w.ungetLocked(idx)
+}
+
+func (w *wq) ungetLocked(idx uint16) bool {
 	if int(idx) >= len(w.out) || !w.out[idx] {
 		return false
 	}
