@@ -152,7 +152,8 @@ func (t *Transport) inputBatch(rx *Inbox, n int, now time.Duration, lazy bool) {
 	}
 	// What the batch's frames set going is framed only now: the answers its requests queued
 	// (answer, onReadReq), what an ACK after DATA frames let out (onAck), a stream that waited
-	// for the peer (onChallenge, a first answer). So an ACK riding with it covers whole datagrams of the
+	// for the peer (onChallenge, a first answer); the timer's answered PING resends after the
+	// datagram's frames (input). So an ACK riding with it covers whole datagrams of the
 	// peer's (docs/congestion.md, "Reliability"). Framed at the frame that set it going, the ACK
 	// covered the datagram's frames up to that one: the peer, which stamped the whole datagram
 	// once, took the rest for lost when no other ACK came within minRTO (a receiver with no
@@ -240,7 +241,7 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 		t.resetTx(p, efaio.StatusRemoteAbort, resetBehind)
 	}
 	f := &t.frame // (not on the stack: the host's methods take pointers into it)
-	probed, data := false, false
+	probed, data, ponged := false, false, false
 	var probeNonce uint32
 	for len(frames) > 0 {
 		if frames, err = wire.NextFrame(frames, f); err != nil {
@@ -273,7 +274,7 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 				}
 			}
 			if s := &p.tx; s.rtoAt != 0 && f.Nonce == pingNonce(s.rtoLine) {
-				t.onPong(p, now)
+				ponged = true // (answered after the frames: what it sends may carry an ACK)
 			}
 		case wire.TypeReset, wire.TypeCookie:
 			// Handled by the incarnation check and by admit.
@@ -283,6 +284,9 @@ func (t *Transport) input(pk *link.Packet, now time.Duration, n *nonce) {
 			}
 			t.onChallenge(p, f.Cookie, f.Port, true)
 		}
+	}
+	if ponged && p.tx.rtoAt != 0 { // (unless an ACK after the PROBE_ACK ended the timer's round)
+		t.onPong(p, now)
 	}
 	if probed {
 		// A PING (an even nonce: the peer's retransmission timer asks whether what it sent

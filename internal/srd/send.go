@@ -265,9 +265,12 @@ func (t *Transport) sendRemote(dst [16]byte, r *Request, owner any) (*Msg, efaio
 	return o, efaio.StatusOK
 }
 
-// pumpLater has p's stream pumped at the end of the caller's batch (pumpDue, from Hold) instead
-// of now: a doorbell's list of requests is framed by one pump, with one reading of the clock,
-// rather than one pump a request.
+// pumpLater has p's stream pumped at the end of the caller's batch (pumpDue: from Hold, and from
+// inputBatch for a batch of received datagrams) instead of now: a doorbell's list of requests is
+// framed by one pump, with one reading of the clock, rather than one pump a request; and what a
+// received datagram's frames set going (answers, what an ACK after DATA frames lets out, a
+// stream that waited for a challenge) is framed after all its frames, so that an ACK riding with
+// it covers the datagram whole.
 func (t *Transport) pumpLater(p *peer) {
 	if !p.due {
 		p.due = true
@@ -275,8 +278,8 @@ func (t *Transport) pumpLater(p *peer) {
 	}
 }
 
-// pumpDue pumps the streams that requests were queued on since the last call (pumpLater); a peer
-// forgotten since is skipped.
+// pumpDue pumps the streams noted since the last call (pumpLater); a peer forgotten since is
+// skipped.
 func (t *Transport) pumpDue() {
 	for i := 0; i < len(t.due); i++ { // (len afresh: a stream noted during a pump is pumped too)
 		p := t.due[i]

@@ -2751,51 +2751,82 @@ func TestTraceDatagramsStampedWhenBegun(t *testing.T) {
 }
 
 // congestion.md "Reliability" (Acknowledgements): an ACK covers whole datagrams of the peer's.
-// What a datagram's frames set going is framed once the batch is handled: answers (RNR RESPs to
-// SENDs with no receive posted, read data to READ_REQs) and what an ACK frame in the middle of the
-// datagram lets out of the window. So the ACK riding with it covers every frame of the datagram,
-// and its horizon lies above every RESP. Framed at the frame that set it going, the first answer
-// carried an ACK of the datagram's frames up to that one, and the peer, whose stamp for the whole
-// datagram was the same, counted the rest lost.
+// What a datagram's frames set going is framed once the batch is handled (answers: RNR RESPs to
+// SENDs with no receive posted, read data to READ_REQs; what an ACK frame after DATA frames lets
+// out of the window), and the resend a PROBE_ACK answering the timer's PING makes goes after the
+// datagram's frames: an ACK riding with any of it covers every frame of the datagram, and its
+// horizon lies above every RESP. Framed at the frame that set it going, the first answer carried
+// an ACK of the datagram's frames up to that one, and the peer, whose stamp for the whole datagram
+// was the same, counted the rest lost. An ACK frame at the head of a datagram lets data out at
+// once, before the datagram's DATA: no ACK of that datagram rides with it.
 func TestTraceAnswersAckWholeDatagrams(t *testing.T) {
-	for _, c := range []string{"SEND", "READ_REQ", "ACK in between"} {
+	for _, c := range []struct {
+		name     string
+		op       wire.Op
+		lazy     bool // taken by a busy poll, which leaves the ACK owed
+		ackAt    int  // where an ACK of ours goes among the datagram's 4 DATA frames (-1: none)
+		pong     bool // a PROBE_ACK answering the timer's PING goes between the DATA frames
+		atOnce   bool // what the datagram lets out goes before its DATA is handled
+		answered bool // each DATA frame is answered
+	}{
+		{name: "SEND, no receive", op: wire.OpSend, ackAt: -1, answered: true},
+		{name: "SEND, no receive, busy poll", op: wire.OpSend, ackAt: -1, answered: true, lazy: true},
+		{name: "READ_REQ", op: wire.OpReadReq, ackAt: -1, answered: true},
+		{name: "ACK after DATA", op: wire.OpSend, ackAt: 2},
+		{name: "ACK after DATA, busy poll", op: wire.OpSend, ackAt: 2, lazy: true},
+		{name: "ACK at the head", op: wire.OpSend, ackAt: 0, atOnce: true},
+		{name: "PING answered", op: wire.OpSend, ackAt: -1, pong: true},
+	} {
 		r := newTrace(t, 2, nil)
-		r.hear()
-		var mid []byte // the frames the datagram carries after its first two DATA frames
-		if c == "ACK in between" {
+		var mid []byte // what goes among the datagram's DATA frames
+		switch {
+		case c.ackAt >= 0:
 			// More requests than the initial window: the ACK in the datagram lets the rest out.
+			r.hear()
 			r.batch(r.q, func(now time.Duration) {
 				for i := range 2 * initialCwnd {
 					req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 64}
 					req.Src[0], req.NSrc = mem.Own(r.buf[:64]), 1
 					if _, st := r.tr.Request(now, config.GIDFromAddr(tracePeer), &req, uint16(i)); st != efaio.StatusOK {
-						t.Fatalf("request %d: status %d", i, st)
+						t.Fatalf("%s: request %d: status %d", c.name, i, st)
 					}
 				}
 			})
 			r.collect()
 			d := r.data()
 			if len(d) == 0 || len(d) >= 2*initialCwnd {
-				t.Fatalf("%d of %d requests sent at once, want the window's", len(d), 2*initialCwnd)
+				t.Fatalf("%s: %d of %d requests sent at once, want the window's", c.name, len(d), 2*initialCwnd)
 			}
 			mid = wire.AppendAck(nil, &wire.Ack{Cum: d[len(d)-1].f.Data.PSN + 1, Highest: d[len(d)-1].f.Data.PSN, Path: d[0].h.Path})
+		case c.pong:
+			r.rttSample()
+			var nonce uint32
+			r.onPing = func(n uint32) { nonce = n }
+			r.post(1, efaio.OpSend, 100)
+			r.data()
+			r.awaitPing()
+			mid = wire.AppendProbe(nil, nonce, true)
+		default:
+			r.hear()
+		}
+		if !c.answered {
 			for i := range 4 {
 				r.recv(uint16(100 + i))
 			}
 		}
-		op := wire.OpSend
-		if c == "READ_REQ" {
-			op = wire.OpReadReq
-		}
 		const n = 4
+		at := n / 2 // (the PROBE_ACK's place)
+		if c.ackAt >= 0 {
+			at = c.ackAt
+		}
 		first := r.next
 		r.inject(0, func(b []byte) []byte {
 			for i := range n {
-				if i == n/2 {
+				if i == at {
 					b = append(b, mid...)
 				}
-				d := wire.Data{PSN: r.next, MsgID: uint32(r.next), Op: op, Length: 10, DstQPN: 3, QKey: traceQKey}
-				if op == wire.OpSend {
+				d := wire.Data{PSN: r.next, MsgID: uint32(r.next), Op: c.op, Length: 10, DstQPN: 3, QKey: traceQKey}
+				if c.op == wire.OpSend {
 					d.Payload = make([]byte, 10)
 				}
 				b = wire.AppendData(b, &d)
@@ -2803,41 +2834,47 @@ func TestTraceAnswersAckWholeDatagrams(t *testing.T) {
 			}
 			return b
 		})
-		r.drive()
+		if c.lazy {
+			r.busyPoll()
+			r.advance(time.Millisecond) // the owed ACK's delay
+		} else {
+			r.drive()
+		}
 		sent := r.data()
 		acks := r.take(wire.TypeAck)
-		if len(acks) == 0 {
-			t.Fatalf("%s: no ACK of the datagram", c)
+		if len(acks) == 0 || len(sent) == 0 {
+			t.Fatalf("%s: %d ACKs and %d DATA frames sent, want some of each", c.name, len(acks), len(sent))
 		}
 		for _, a := range acks {
 			if a.f.Ack.Cum != first+n {
-				t.Errorf("%s: an ACK with cumulative point %d, want %d: every ACK covers the whole datagram", c, a.f.Ack.Cum, first+n)
+				t.Errorf("%s: an ACK with cumulative point %d, want %d: every ACK covers the whole datagram", c.name, a.f.Ack.Cum, first+n)
 			}
 		}
-		var answers int
+		riding := slices.ContainsFunc(acks, func(a traceFrame) bool {
+			return slices.ContainsFunc(sent, func(d traceFrame) bool { return d.dgram == a.dgram })
+		})
+		switch {
+		case c.atOnce && riding:
+			t.Errorf("%s: an ACK of the datagram rides with what its head's ACK let out, want that sent at once", c.name)
+		case !c.atOnce && !riding:
+			t.Errorf("%s: no ACK rides with what the datagram set going", c.name)
+		}
+		answers := 0
 		for _, d := range sent {
-			switch op := d.f.Data.Op; {
-			case op == wire.OpResp:
+			switch d.f.Data.Op {
+			case wire.OpResp:
 				answers++
 				for _, a := range acks { // (an answered SEND's message id is its PSN)
 					if covers := wire.PSN(d.f.Data.MsgID).Less(a.f.Ack.Cum); covers && (!a.f.Ack.HasHorizon || !d.f.Data.PSN.Less(a.f.Ack.Horizon)) {
-						t.Errorf("%s: an ACK with horizon %d (%v) covers the SENDs answered by the RESP at PSN %d", c, a.f.Ack.Horizon, a.f.Ack.HasHorizon, d.f.Data.PSN)
+						t.Errorf("%s: an ACK with horizon %d (%v) covers the SEND the RESP at PSN %d answers", c.name, a.f.Ack.Horizon, a.f.Ack.HasHorizon, d.f.Data.PSN)
 					}
 				}
-			case op == wire.OpReadResp:
+			case wire.OpReadResp:
 				answers++
 			}
 		}
-		if len(sent) > 0 && !slices.ContainsFunc(acks, func(a traceFrame) bool { return a.dgram == sent[0].dgram }) {
-			t.Errorf("%s: no ACK rides with what the datagram set going", c)
-		}
-		switch want := n; {
-		case c == "ACK in between":
-			if answers != 0 || len(sent) == 0 {
-				t.Errorf("%s: %d answers and %d DATA frames sent, want none and the requests the ACK let out", c, answers, len(sent))
-			}
-		case answers != want:
-			t.Errorf("%s: %d answers, want %d", c, answers, want)
+		if want := map[bool]int{true: n}[c.answered]; answers != want {
+			t.Errorf("%s: %d answers, want %d", c.name, answers, want)
 		}
 	}
 }

@@ -120,7 +120,7 @@ type Transport struct {
 	strangerFrame wire.Frame        // admit's scratch
 
 	txq    *Queue        // where frames go: the queue of the goroutine holding the device's lock
-	due    []*peer       // streams with requests queued and not pumped since (pumpLater, pumpDue)
+	due    []*peer       // streams to pump at the end of the batch (pumpLater, pumpDue)
 	now    time.Duration // the clock of the call in progress, as its caller gave it (Tick, Input, ...)
 	busy   bool          // some stream may have something outstanding (Busy)
 	linger bool          // idle peers wait to be slimmed (Lingering)
