@@ -57,6 +57,7 @@ func (cq *CQ) poll(wc []WC) (int, error) {
 	n := 0
 	var err error
 	cq.batching = true
+	defer cq.endBatch() // (deferred: a panic must not leave a queue's pool lock held)
 	for n < len(wc) {
 		err = cq.next()
 		if err != nil {
@@ -65,8 +66,6 @@ func (cq *CQ) poll(wc []WC) (int, error) {
 		cq.fill(&wc[n])
 		n++
 	}
-	cq.batching = false
-	cq.unbook()
 	if n == 0 && err != nil && err != errEmpty {
 		return 0, err
 	}
@@ -152,6 +151,12 @@ func (cq *CQ) put(w *wq, idx uint16) bool {
 		cq.booked = w
 	}
 	return w.putLocked(idx)
+}
+
+// endBatch ends a Poll's batch: put takes pool locks per entry again, and the one it kept goes.
+func (cq *CQ) endBatch() {
+	cq.batching = false
+	cq.unbook()
 }
 
 // unbook lets go of the pool lock put kept, if any.
