@@ -35,6 +35,8 @@
 // every call that frames or times anything (Input, Tick, FlushAcks, Request, UD, Frame): the device
 // reads it once per batch, not per packet, and passes the reading to each call of the batch.
 // Request only queues: the batch's requests are framed at its end, by Hold (one pump a stream
-// for a whole doorbell's list), or earlier by Frame or FlushAcks. Idle
+// for a whole doorbell's list), or earlier by Frame or FlushAcks. Input frames what a batch of
+// received datagrams set going (answers, what an ACK after DATA lets out) once the batch is
+// handled, so that an ACK riding with it covers whole datagrams (docs/congestion.md). Idle
 // peers are slimmed on the timer (Tick), which the device keeps running while Busy or Lingering.
 package srd
