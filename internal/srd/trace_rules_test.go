@@ -1205,15 +1205,7 @@ func TestTraceSmallMessagesFillDatagrams(t *testing.T) {
 	r := newTrace(t, 2, func(c *config.Device) { c.PathMTU = 9001 })
 	r.hear()
 	const n = 60 // (within the initial window)
-	r.batch(r.q, func(now time.Duration) {
-		for i := range n {
-			req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 64}
-			req.Src[0], req.NSrc = mem.Own(r.buf[:64]), 1
-			if _, st := r.tr.Request(now, config.GIDFromAddr(tracePeer), &req, uint16(i)); st != efaio.StatusOK {
-				t.Fatalf("request %d: status %d", i, st)
-			}
-		}
-	})
+	r.batch(r.q, func(now time.Duration) { r.queueSends(now, n, 64) })
 	r.collect()
 	d := r.data()
 	if len(d) != n {
@@ -2656,13 +2648,7 @@ func TestTraceRequestsOfABatchFramedTogether(t *testing.T) {
 	r.tr.cfg.Clock = func() time.Duration { reads++; return r.f.Now() }
 	const n = 32
 	r.tr.Use(r.q)
-	for i := range n {
-		req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 64}
-		req.Src[0], req.NSrc = mem.Own(r.buf[:64]), 1
-		if _, st := r.tr.Request(r.f.Now(), config.GIDFromAddr(tracePeer), &req, uint16(i)); st != efaio.StatusOK {
-			t.Fatalf("request: status %d", st)
-		}
-	}
+	r.queueSends(r.f.Now(), n, 64)
 	if r.q.n != 0 {
 		t.Errorf("%d datagrams framed before the batch's end", r.q.n)
 	}
@@ -2725,13 +2711,7 @@ func TestTraceDatagramsStampedWhenBegun(t *testing.T) {
 		r.tr.cfg.Clock = func() time.Duration { reads++; return r.f.Now() + time.Duration(reads)*time.Microsecond }
 		const n = 32
 		r.tr.Use(r.q)
-		for i := range n {
-			req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: uint64(size)}
-			req.Src[0], req.NSrc = mem.Own(r.buf[:size]), 1
-			if _, st := r.tr.Request(r.f.Now(), config.GIDFromAddr(tracePeer), &req, uint16(i)); st != efaio.StatusOK {
-				t.Fatalf("request: status %d", st)
-			}
-		}
+		r.queueSends(r.f.Now(), n, size)
 		r.tr.Hold(r.q)
 		datagrams := r.q.n
 		s := &r.tr.peers[config.GIDFromAddr(tracePeer)].tx
@@ -2783,15 +2763,7 @@ func TestTraceAnswersAckWholeDatagrams(t *testing.T) {
 		case c.ackAt >= 0:
 			// More requests than the initial window: the ACK in the datagram lets the rest out.
 			r.hear()
-			r.batch(r.q, func(now time.Duration) {
-				for i := range 2 * initialCwnd {
-					req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: 64}
-					req.Src[0], req.NSrc = mem.Own(r.buf[:64]), 1
-					if _, st := r.tr.Request(now, config.GIDFromAddr(tracePeer), &req, uint16(i)); st != efaio.StatusOK {
-						t.Fatalf("%s: request %d: status %d", c.name, i, st)
-					}
-				}
-			})
+			r.batch(r.q, func(now time.Duration) { r.queueSends(now, 2*initialCwnd, 64) })
 			r.collect()
 			d := r.data()
 			if len(d) == 0 || len(d) >= 2*initialCwnd {

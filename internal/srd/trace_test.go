@@ -231,6 +231,19 @@ func (r *trace) sends(n int) []traceFrame {
 	return r.data()
 }
 
+// queueSends queues n SENDs of size bytes to the peer (WR ids 0 to n-1) at now, as one doorbell's
+// list does: Request only queues them, and the caller's batch (Hold) frames them.
+func (r *trace) queueSends(now time.Duration, n, size int) {
+	r.t.Helper()
+	for i := range n {
+		req := Request{Op: wire.OpSend, DstQPN: 9, QKey: 0x77, Length: uint64(size)}
+		req.Src[0], req.NSrc = mem.Own(r.buf[:size]), 1
+		if _, st := r.tr.Request(now, config.GIDFromAddr(tracePeer), &req, uint16(i)); st != efaio.StatusOK {
+			r.t.Fatalf("request %d: status %d", i, st)
+		}
+	}
+}
+
 // sendPair posts two SENDs of 100 bytes (WR ids first and first+1) gap apart, lets 100 µs pass
 // (the acknowledgements' RTT) and returns the path both went on: packets one after the other on
 // one path, as the reordering rules need them.
