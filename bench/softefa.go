@@ -463,7 +463,7 @@ func (c *sfClient) close() {
 
 func (t softefaTransport) stream(srv server, size int, d time.Duration, via router) (streamResult, error) {
 	var res streamResult
-	cl, err := t.dial(srv, via, max(size*sfSlots, 1<<20))
+	cl, err := t.dial(srv, via, size*sfSlots)
 	if err != nil {
 		return res, err
 	}

@@ -199,16 +199,16 @@ func (t *Transport) challengeOpens(port uint16) bool { return port == t.pathPort
 // endpoint's carries it in a PROBE at once, and nothing else until the peer answers the PROBE.
 // On a new cookie for one of our ports, what the paths sending from it sent that is not yet
 // acknowledged goes again, at the end of the batch (pumpLater): the peer dropped it. Once per
-// cookie (the peer's cookies change each second): the peer challenges every datagram that
-// reaches it from the port before the cookie does, and resending the whole flight for each of
-// those challenges was a storm (thousands of packets in a short run). A challenge to a port not ours is only echoed, on the
-// paths not echoing one of ours: it may come of a datagram another process of our host sent the
-// peer from a port of its own, naming us, and resending for it would let that process make us
-// send our flight again at will. A challenge in a datagram not taken (!taken: sealed by another
-// run of the peer, or a capture of one replayed) is only echoed, nothing resent and no path
-// unproven: a replay could do either at will, and a new run, once taken, gets our requests again
-// from the start (resetPeer). An ACK goes too if we receive the peer's stream: the peer may have
-// dropped our ACKs as well.
+// cookie (the peer's cookies change each second): the peer challenges every datagram that reaches
+// it from the port before the cookie does, and resending the whole flight for each of those
+// challenges was a storm (thousands of packets in a short run). A challenge to a port not ours is
+// only echoed, on the paths not echoing one of ours: it may come of a datagram another process of
+// our host sent the peer from a port of its own, naming us, and resending for it would let that
+// process make us send our flight again at will. A challenge in a datagram not taken (!taken:
+// sealed by another run of the peer, or a capture of one replayed) is only echoed, nothing resent
+// and no path unproven: a replay could do either at will, and a new run, once taken, gets our
+// requests again from the start (resetPeer). An ACK goes too if we receive the peer's stream: the
+// peer may have dropped our ACKs as well.
 func (t *Transport) onChallenge(p *peer, cookie uint64, port uint16, taken bool) {
 	if len(p.echo) != len(p.paths) {
 		p.echo = make([]pathEcho, len(p.paths))

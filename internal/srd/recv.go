@@ -153,11 +153,10 @@ func (t *Transport) inputBatch(rx *Inbox, n int, now time.Duration, lazy bool) {
 	// What the batch's frames set going is framed only now: the answers its requests queued
 	// (answer, onReadReq), what an ACK after DATA frames let out (onAck), a stream that waited
 	// for the peer (onChallenge, a first answer); the timer's answered PING resends after the
-	// datagram's frames (input). So an ACK riding with it covers whole datagrams of the
-	// peer's (docs/congestion.md, "Reliability"). Framed at the frame that set it going, the ACK
-	// covered the datagram's frames up to that one: the peer, which stamped the whole datagram
-	// once, took the rest for lost when no other ACK came within minRTO (a receiver with no
-	// receives posted, RNR-answering SENDs while its process waited for a core).
+	// datagram's frames (input). So an ACK riding with it covers whole datagrams of the peer's
+	// (docs/congestion.md, "Reliability"): framed at the frame that set it going, the ACK would
+	// cover the datagram's frames up to that one, and the peer, which stamped the whole datagram
+	// once, would take the rest for lost if no other ACK came within minRTO.
 	t.pumpDue()
 	if lazy {
 		t.flushAcks(now, ackDelay)

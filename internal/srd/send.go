@@ -403,12 +403,11 @@ func (t *Transport) pump(p *peer) {
 // before it did), and stamps e with the reading: the packets of one datagram share a stamp, and
 // the datagrams of a pump do not (a pump's first frame may join a datagram an earlier pump of
 // the batch began, under that pump's reading). The loss rules take a packet's stamp for its
-// send time (docs/congestion.md). With one reading for a whole pump, the tail of a long one
-// looked older than it was by the time framing took, and the time rule counted it lost while it
-// was still going out: a 1 MiB WRITE's (softefa demo, 169-416 packets a run), a doorbell's list
-// of 64 8 KiB SENDs (bench bw-8KiB, 85-353), several lists of small SENDs framed in one step on a
-// loaded machine (rate-64B-loaded, 63-252). A list of small SENDs in one datagram is framed with
-// two readings (the pump's, and its datagram's), not one a request.
+// send time (docs/congestion.md): with one reading for a whole pump, the tail of a long one (a
+// 1 MiB WRITE, a list of 64 8 KiB SENDs, several lists of small SENDs framed in one step) looked
+// older than it was by the time framing took, and the time rule counted it lost while it was
+// still going out. A list of small SENDs in one datagram is framed with two readings (the
+// pump's, and its datagram's), not one a request.
 func (t *Transport) restamp(p *peer, e *sentPkt, now time.Duration, began uint64) (time.Duration, uint64) {
 	if t.txq.started == began {
 		return now, began
