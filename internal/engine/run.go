@@ -117,15 +117,28 @@ type scratch struct {
 // inbox takes an inbox from the free list, or makes one (the first uses, and more readers at
 // once than the list holds).
 func (b *busyPoll) inbox(d *Device) *scratch {
+	if in := b.take(); in != nil {
+		return in
+	}
+	return makeScratch(d)
+}
+
+// take takes an inbox from the free list, or returns nil when it is empty.
+func (b *busyPoll) take() *scratch {
 	select {
 	case in := <-b.inboxes:
 		return in
 	default:
-		in := &scratch{Inbox: d.srd.NewInbox()}
-		in.counted = in.Bytes()
-		b.bytes.Add(int64(in.counted))
-		return in
+		return nil
 	}
+}
+
+// makeScratch makes a busy poller's inbox (a variable for the tests).
+var makeScratch = func(d *Device) *scratch {
+	in := &scratch{Inbox: d.srd.NewInbox()}
+	in.counted = in.Bytes()
+	d.busyRx.bytes.Add(int64(in.counted))
+	return in
 }
 
 // ScratchBytes is what the busy pollers' inboxes hold in datagram buffers (some 300 KB each at
@@ -226,7 +239,7 @@ func (d *Device) run() {
 			// Before the timers look for losses: what arrived and is not read yet. A process
 			// short of CPU may wake here before its receive loop does, with the ACKs of every
 			// packet the timer would otherwise send again waiting in the socket.
-			d.pollNetwork(true) // (not PollNetwork: the timer is no busy poller)
+			d.timerRead()
 		}
 		var stop, reset bool
 		d.locked(q, func(now time.Duration) {
@@ -300,7 +313,7 @@ func (d *Device) tickIfDue() {
 	d.ticks.Add(1)  // (before the read, as the engine loop's tick: recheckArms)
 	backlog := true // (until a read leaves nothing behind: then the receive loop reads the rest, below)
 	for range tickReads {
-		if _, more := d.readNetwork(true); !more {
+		if _, more := d.readNetwork(true, true); !more {
 			backlog = false
 			break
 		}
@@ -647,17 +660,38 @@ func init() {
 // pollNetwork is PollNetwork; lazy leaves the batch's ACKs owed (for up to AckDelay, so that the
 // application's answer can carry them), otherwise they go at once, as the receive loop's do.
 func (d *Device) pollNetwork(lazy bool) bool {
-	got, _ := d.readNetwork(lazy)
+	got, _ := d.readNetwork(lazy, true)
 	return got
 }
 
+// timerRead is the engine loop's read before its timer tick looks for losses. It is no busy
+// poll (PollNetwork), and it makes the device's first inbox, if no reader has, and no other: with
+// every inbox out, a reader is at work.
+func (d *Device) timerRead() {
+	d.readNetwork(true, d.busyRx != nil && d.busyRx.bytes.Load() == 0)
+}
+
 // readNetwork is pollNetwork, which also reports whether its read may have left datagrams behind
-// (readInput).
-func (d *Device) readNetwork(lazy bool) (got, more bool) {
+// (readInput). With every inbox out (the readers before it still hand their batches over), a
+// reader that may grow the free list makes one, without holding busyMu: making one maps and
+// zeroes some 300 KB at MTU 9001, which took a millisecond of page faults on this machine kind,
+// and the readers that poll meanwhile must not wait for it. One that may not reads nothing.
+func (d *Device) readNetwork(lazy, grow bool) (got, more bool) {
 	if d.busyRx == nil || !d.busyMu.TryLock() {
 		return false, false
 	}
-	in := d.busyRx.inbox(d)
+	in := d.busyRx.take()
+	if in == nil {
+		d.busyMu.Unlock()
+		if !grow {
+			return false, false
+		}
+		in = makeScratch(d)
+		if !d.busyMu.TryLock() {
+			d.busyRx.done(in)
+			return false, false
+		}
+	}
 	n, more, _ := d.readInput(in.Inbox, lazy)
 	d.busyRx.done(in)
 	return n > 0, more
