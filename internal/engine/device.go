@@ -183,7 +183,7 @@ func NewDevice(cfg config.Device) (*Device, error) {
 	if d.link != nil {
 		if b, ok := d.link.(link.BusyPoller); ok {
 			p := b.NewPoller()
-			d.busyRx = &busyPoll{poller: p, inboxes: make(chan *scratch, 4)} // scratch comes with the first polls
+			d.busyRx = &busyPoll{poller: p, inbox: make(chan *scratch, 1)} // (made by the first reader)
 			d.busyRx.backlog, _ = p.(link.Backlogger)
 			d.park = time.NewTimer(time.Hour)
 			d.park.Stop()

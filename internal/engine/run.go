@@ -99,52 +99,62 @@ type driver struct {
 }
 
 // busyPoll is what PollNetwork reuses from call to call: the link's receiver, which every
-// reader uses in turn under busyMu, and a free list of the readers' scratch (an inbox each: a
-// reader hands its batch to the transport after letting go of busyMu, while the next one reads).
+// reader uses in turn under busyMu, and the readers' inbox, which one reader holds at a time,
+// from its read until it has handed the batch to the transport (after letting go of busyMu). The
+// device's first reader makes it (the receive loop has its own); a busy poll that finds it out
+// reads nothing, as one that finds busyMu taken, and the engine loop's timer waits for it
+// (timerRead). Making a second when two readers met (the timer and the application's poll, once
+// in a ping-pong's 0.4 s) mapped and zeroed some 300 KB at MTU 9001, which took a millisecond of
+// page faults on this machine kind, in the middle of a round trip (docs/performance.md, "Where
+// the time goes").
 type busyPoll struct {
 	poller  link.Poller
 	backlog link.Backlogger // the poller, if it tells whether a read left datagrams behind
-	inboxes chan *scratch
-	bytes   atomic.Int64 // what the inboxes made and not given to the garbage collector hold
+	inbox   chan *scratch   // the inbox, while no reader holds it (capacity 1)
+	made    atomic.Bool     // the inbox is made (or being made)
+	bytes   atomic.Int64    // what the inbox holds
 }
 
-// scratch is a busy poller's inbox, with what it held in datagram buffers when last counted.
+// scratch is the busy pollers' inbox, with what it held in datagram buffers when last counted.
 type scratch struct {
 	*srd.Inbox
 	counted int
 }
 
-// inbox takes an inbox from the free list, or makes one (the first uses, and more readers at
-// once than the list holds).
-func (b *busyPoll) inbox(d *Device) *scratch {
-	if in := b.take(); in != nil {
-		return in
-	}
-	return makeScratch(d)
-}
-
-// take takes an inbox from the free list, or returns nil when it is empty.
-func (b *busyPoll) take() *scratch {
+// takeInbox takes the busy pollers' inbox for the holder of busyMu, or returns nil, having let go
+// of busyMu, when another reader holds the inbox. The first call makes it, letting go of busyMu
+// meanwhile (the readers that poll then must not wait for its page faults), and returns nil if
+// busyMu was taken again by then.
+func (d *Device) takeInbox() *scratch {
+	b := d.busyRx
 	select {
-	case in := <-b.inboxes:
+	case in := <-b.inbox:
 		return in
 	default:
+	}
+	d.busyMu.Unlock()
+	if b.made.Load() || !b.made.CompareAndSwap(false, true) { // (a load: the inbox is out)
 		return nil
 	}
-}
-
-// makeScratch makes a busy poller's inbox (a variable for the tests).
-var makeScratch = func(d *Device) *scratch {
-	in := &scratch{Inbox: d.srd.NewInbox()}
-	in.counted = in.Bytes()
-	d.busyRx.bytes.Add(int64(in.counted))
+	in := makeScratch(d)
+	b.bytes.Add(int64(in.counted))
+	if !d.busyMu.TryLock() {
+		b.done(in)
+		return nil
+	}
 	return in
 }
 
-// ScratchBytes is what the busy pollers' inboxes hold in datagram buffers (some 300 KB each at
-// MTU 9001, and their queues' as they grow). How many a device keeps, up to the free list's 4,
-// depends on how many goroutines have read at once: a test that measures the memory of
-// something else takes it off.
+// makeScratch makes the busy pollers' inbox (a variable for the tests).
+var makeScratch = func(d *Device) *scratch {
+	in := &scratch{Inbox: d.srd.NewInbox()}
+	in.counted = in.Bytes()
+	return in
+}
+
+// ScratchBytes is what the busy pollers' inbox holds in datagram buffers (some 300 KB at MTU
+// 9001, and its queue's as it grows), once a reader has made it: a test that measures the
+// memory of something else takes it off.
 func (d *Device) ScratchBytes() int64 {
 	if d.busyRx == nil {
 		return 0
@@ -152,16 +162,12 @@ func (d *Device) ScratchBytes() int64 {
 	return d.busyRx.bytes.Load()
 }
 
-// done gives an inbox back to the free list (or to the garbage collector when it is full).
+// done gives the inbox back.
 func (b *busyPoll) done(in *scratch) {
 	n := in.Bytes()
 	b.bytes.Add(int64(n - in.counted))
 	in.counted = n
-	select {
-	case b.inboxes <- in:
-	default:
-		b.bytes.Add(-int64(n))
-	}
+	b.inbox <- in
 }
 
 // Drive moves a driven device (config.Device.Driven) one step, on the caller's goroutine: it
@@ -313,7 +319,7 @@ func (d *Device) tickIfDue() {
 	d.ticks.Add(1)  // (before the read, as the engine loop's tick: recheckArms)
 	backlog := true // (until a read leaves nothing behind: then the receive loop reads the rest, below)
 	for range tickReads {
-		if _, more := d.readNetwork(true, true); !more {
+		if _, more := d.readNetwork(true); !more {
 			backlog = false
 			break
 		}
@@ -467,18 +473,18 @@ func (d *Device) sendOwedAcks() {
 	if d.busyRx == nil || !d.srd.AcksOwed() {
 		return
 	}
-	in := d.busyRx.inbox(d)
-	d.flushOwed(in.Inbox, 0)
-	d.busyRx.done(in)
+	q := d.takeTxq()
+	d.flushOwed(q, 0)
+	d.putTxq(q)
 }
 
-// flushOwed sends the ACKs owed for at least minAge from rx's queue, if the device is free
-// (TryLock); rx is the caller's.
-func (d *Device) flushOwed(rx *srd.Inbox, minAge time.Duration) {
+// flushOwed sends the ACKs owed for at least minAge from q, if the device is free (TryLock); q is
+// the caller's.
+func (d *Device) flushOwed(q *srd.Queue, minAge time.Duration) {
 	if !d.srd.AcksOwed() || !d.mu.TryLock() {
 		return
 	}
-	d.unlockAfter(rx.Out, func(now time.Duration) {
+	d.unlockAfter(q, func(now time.Duration) {
 		if !d.closed {
 			d.srd.FlushAcks(now, minAge)
 		}
@@ -529,10 +535,11 @@ func (q *QP) TalksToPeers() bool { return q.remote.Load() }
 // does nothing, and reports false, when another goroutine is doing the same, or the device is
 // closed, driven, or has no link that can be polled beside its receive loop (link.BusyPoller).
 //
-// busyMu is the busy poller's owner token (its receiver and scratch), taken with TryLock: a
-// goroutine that finds another already polling has nothing to add (they read the same socket) and
-// goes back to its CQ instead of waiting, so holding the token across the receive and the send
-// blocks nobody. When nothing came, the owed ACKs are flushed only if mu is free (TryLock): a
+// busyMu is the busy pollers' token for the link's receiver, taken with TryLock: a goroutine that
+// finds another already polling has nothing to add (they read the same socket) and goes back to
+// its CQ instead of waiting, and so does one that finds the readers' inbox out (busyPoll): the
+// holder of busyMu reads, then holds it until it holds mu, and the inbox until its batch is
+// handed over, so holding them blocks nobody. When nothing came, the owed ACKs are flushed only if mu is free (TryLock): a
 // holder of mu flushes what is due at the end of its own batch.
 //
 // A goroutine that busy-polls keeps the receive loop from spinning (rxOrdered): two threads
@@ -660,37 +667,45 @@ func init() {
 // pollNetwork is PollNetwork; lazy leaves the batch's ACKs owed (for up to AckDelay, so that the
 // application's answer can carry them), otherwise they go at once, as the receive loop's do.
 func (d *Device) pollNetwork(lazy bool) bool {
-	got, _ := d.readNetwork(lazy, true)
+	got, _ := d.readNetwork(lazy)
 	return got
 }
 
-// timerRead is the engine loop's read before its timer tick looks for losses. It is no busy
-// poll (PollNetwork), and it makes the device's first inbox, if no reader has, and no other: with
-// every inbox out, a reader is at work.
+// timerRead is the engine loop's read before its timer's tick (no busy poll: PollNetwork). While
+// another reader holds the inbox it waits for it, then for busyMu: the holder, which has read and
+// hands its batch over, may be off its core, with ACKs of packets the tick would count lost
+// arriving meanwhile. The busy polls never wait for the inbox, and take busyMu first, with
+// TryLock, so the timer's wait for busyMu while it holds the inbox blocks no one who holds busyMu.
 func (d *Device) timerRead() {
-	d.readNetwork(true, d.busyRx != nil && d.busyRx.bytes.Load() == 0)
+	b := d.busyRx
+	if b == nil {
+		return
+	}
+	var in *scratch
+	select {
+	case in = <-b.inbox:
+	default:
+		if b.made.CompareAndSwap(false, true) {
+			in = makeScratch(d)
+			b.bytes.Add(int64(in.counted))
+		} else {
+			in = <-b.inbox // (a reader gives it back once its batch is handed over)
+		}
+	}
+	d.busyMu.Lock()
+	d.readInput(in.Inbox, true)
+	b.done(in)
 }
 
 // readNetwork is pollNetwork, which also reports whether its read may have left datagrams behind
-// (readInput). With every inbox out (the readers before it still hand their batches over), a
-// reader that may grow the free list makes one, without holding busyMu: making one maps and
-// zeroes some 300 KB at MTU 9001, which took a millisecond of page faults on this machine kind,
-// and the readers that poll meanwhile must not wait for it. One that may not reads nothing.
-func (d *Device) readNetwork(lazy, grow bool) (got, more bool) {
+// (readInput). It reads nothing while another reader holds busyMu or the inbox (busyPoll).
+func (d *Device) readNetwork(lazy bool) (got, more bool) {
 	if d.busyRx == nil || !d.busyMu.TryLock() {
 		return false, false
 	}
-	in := d.busyRx.take()
+	in := d.takeInbox()
 	if in == nil {
-		d.busyMu.Unlock()
-		if !grow {
-			return false, false
-		}
-		in = makeScratch(d)
-		if !d.busyMu.TryLock() {
-			d.busyRx.done(in)
-			return false, false
-		}
+		return false, false
 	}
 	n, more, _ := d.readInput(in.Inbox, lazy)
 	d.busyRx.done(in)
@@ -707,7 +722,7 @@ func (d *Device) readInput(in *srd.Inbox, lazy bool) (n int, more bool, err erro
 	n, err = d.busyRx.poller.TryReceive(in.Pkts)
 	if n == 0 || err != nil {
 		d.busyMu.Unlock()
-		d.flushOwed(in, srd.AckDelay) // nothing came: the ACKs the last poll left owed may be due
+		d.flushOwed(in.Out, srd.AckDelay) // nothing came: the ACKs the last poll left owed may be due
 		return 0, false, err
 	}
 	if d.busyRx.backlog != nil {
