@@ -518,11 +518,10 @@ func TestOneQPManyPeers(t *testing.T) {
 			}
 		}
 		// The least of three readings, each after a collection, less the devices' busy-poll
-		// scratch: a device keeps as many inboxes of datagram buffers (some 300 KB each, and
-		// their queues') as goroutines have held at once (busy polls, the engine timer's poll,
-		// a poster flushing ACKs), up to 4, which a run may make during the count or not. One
-		// more on the hub read as 160 bytes a peer: CI runs gave 1,100-1,136 now and then
-		// against 957 alone (2026-12-05 and 06).
+		// scratch: the inbox of datagram buffers (some 300 KB, and its queue's) that a device's
+		// first read makes, during the count or not. One more inbox on the hub read as 160
+		// bytes a peer: CI runs gave 1,100-1,136 now and then against 957 alone (2026-12-05
+		// and 06).
 		devs := append([]*end{hub, warm}, ends...)
 		heap := func() float64 {
 			var ms runtime.MemStats

@@ -109,7 +109,7 @@ type Device struct {
 
 	drv *driver // config.Device.Driven: the state Drive reuses; nil otherwise
 
-	busyMu sync.Mutex   // held by a goroutine in PollNetwork
+	busyMu sync.Mutex   // the link's receiver, held by its reader (PollNetwork, readInput)
 	busyAt atomic.Int64 // monoNow() of an application goroutine's last busy poll (markBusy)
 	polled atomic.Bool  // an application goroutine polled lately: the rules are rxOrdered's (Polled, markBusy)
 	busyRx *busyPoll    // nil: the device cannot be busy-polled

@@ -100,13 +100,13 @@ type driver struct {
 
 // busyPoll is what PollNetwork reuses from call to call: the link's receiver, which every
 // reader uses in turn under busyMu, and the readers' inbox, which one reader holds at a time,
-// from its read until it has handed the batch to the transport (after letting go of busyMu). The
-// device's first reader makes it (the receive loop has its own); a busy poll that finds it out
-// reads nothing, as one that finds busyMu taken, and the engine loop's timer waits for it
-// (timerRead). Making a second when two readers met (the timer and the application's poll, once
-// in a ping-pong's 0.4 s) mapped and zeroed some 300 KB at MTU 9001, which took a millisecond of
-// page faults on this machine kind, in the middle of a round trip (docs/performance.md, "Where
-// the time goes").
+// from before its read until the datagrams its batch produced are sent (it lets go of busyMu
+// once it holds mu). The device's first reader makes it (the receive loop has its own); a busy
+// poll that finds it out reads nothing, as one that finds busyMu taken, and the engine loop's
+// timer waits for it (timerRead). Making a second when two readers met (the timer and the
+// application's poll, once in a ping-pong's 0.4 s) mapped and zeroed some 300 KB at MTU 9001,
+// which took a millisecond of page faults on this machine kind, in the middle of a round trip
+// (docs/performance.md, "Where the time goes").
 type busyPoll struct {
 	poller  link.Poller
 	backlog link.Backlogger // the poller, if it tells whether a read left datagrams behind
@@ -319,9 +319,13 @@ func (d *Device) tickIfDue() {
 	d.ticks.Add(1)  // (before the read, as the engine loop's tick: recheckArms)
 	backlog := true // (until a read leaves nothing behind: then the receive loop reads the rest, below)
 	for range tickReads {
-		if _, more := d.readNetwork(true); !more {
+		got, more := d.readNetwork(true)
+		if !more {
 			backlog = false
 			break
+		}
+		if !got {
+			break // (another reader holds the receiver or the inbox: the receive loop reads)
 		}
 	}
 	var worked, busy bool
@@ -539,8 +543,9 @@ func (q *QP) TalksToPeers() bool { return q.remote.Load() }
 // finds another already polling has nothing to add (they read the same socket) and goes back to
 // its CQ instead of waiting, and so does one that finds the readers' inbox out (busyPoll): the
 // holder of busyMu reads, then holds it until it holds mu, and the inbox until its batch is
-// handed over, so holding them blocks nobody. When nothing came, the owed ACKs are flushed only if mu is free (TryLock): a
-// holder of mu flushes what is due at the end of its own batch.
+// handed over and sent; only the engine loop's timer waits for them (timerRead). When nothing
+// came, the owed ACKs are flushed only if mu is free (TryLock): a holder of mu flushes what is
+// due at the end of its own batch.
 //
 // A goroutine that busy-polls keeps the receive loop from spinning (rxOrdered): two threads
 // spinning for one device take the cores other processes need. It also runs the engine loop's
@@ -688,8 +693,12 @@ func (d *Device) timerRead() {
 		if b.made.CompareAndSwap(false, true) {
 			in = makeScratch(d)
 			b.bytes.Add(int64(in.counted))
-		} else {
-			in = <-b.inbox // (a reader gives it back once its batch is handed over)
+			break
+		}
+		select {
+		case in = <-b.inbox: // (a reader gives it back once its batch is sent)
+		case <-d.done:
+			return
 		}
 	}
 	d.busyMu.Lock()
@@ -698,14 +707,18 @@ func (d *Device) timerRead() {
 }
 
 // readNetwork is pollNetwork, which also reports whether its read may have left datagrams behind
-// (readInput). It reads nothing while another reader holds busyMu or the inbox (busyPoll).
+// (readInput). It reads nothing while another reader holds busyMu or the inbox (busyPoll), and
+// then reports that it may have (got false, more true).
 func (d *Device) readNetwork(lazy bool) (got, more bool) {
-	if d.busyRx == nil || !d.busyMu.TryLock() {
+	if d.busyRx == nil {
 		return false, false
+	}
+	if !d.busyMu.TryLock() {
+		return false, true
 	}
 	in := d.takeInbox()
 	if in == nil {
-		return false, false
+		return false, true
 	}
 	n, more, _ := d.readInput(in.Inbox, lazy)
 	d.busyRx.done(in)

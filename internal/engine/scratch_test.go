@@ -14,11 +14,14 @@ import (
 	"github.com/softefa/softefa/link/memlink"
 )
 
-// scratchRig is a device on a memory link whose engine loop's timer does not tick while a test
-// runs, with makeScratch counting the inboxes made for it and reporting each to made, if made is
-// not nil, then waiting for goOn.
+// scratchRig is a device whose receive loop does not read (gatedLink) and whose engine loop's
+// timer does not tick while a test runs, with a peer to send it datagrams, and makeScratch
+// counting the inboxes made for it and reporting each to made, if made is not nil, then waiting
+// for goOn.
 type scratchRig struct {
 	d          *Device
+	g          *gatedLink
+	peer       *memlink.Node
 	dev        atomic.Pointer[Device] // d, for makeScratch
 	makes      atomic.Int32
 	made, goOn chan struct{}
@@ -39,8 +42,10 @@ func newScratchRig(t *testing.T) *scratchRig {
 		return real(d)
 	}
 	f := memlink.New(1)
-	n := f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1)
-	cfg := config.Device{Addr: n.LocalAddr(), Link: n, Paths: 1, PollMin: time.Hour, PollMax: time.Hour}
+	r.g = &gatedLink{Node: f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1), gate: make(chan struct{})}
+	r.peer = f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
+	t.Cleanup(func() { r.peer.Close() })
+	cfg := config.Device{Addr: r.g.LocalAddr(), Link: r.g, Paths: 1, PollMin: time.Hour, PollMax: time.Hour, RxSpin: -1}
 	r.d = newAccessRigOn(t, cfg).d
 	r.dev.Store(r.d)
 	if r.d.busyRx == nil {
@@ -49,34 +54,80 @@ func newScratchRig(t *testing.T) *scratchRig {
 	return r
 }
 
+// send sends the device a datagram of 40 bytes (which it drops, once it reads it).
+func (r *scratchRig) send(t *testing.T) {
+	if err := r.peer.Send([]link.Packet{{Buf: make([]byte, 40), N: 40, Addr: r.g.LocalAddr()}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// queued is how many datagrams wait for the device.
+func (r *scratchRig) queued() int { n, _ := r.g.Queued(); return n }
+
+// hold takes the inbox, as a reader that has read would hold it.
+func (r *scratchRig) hold(t *testing.T) *scratch {
+	r.d.busyMu.Lock()
+	in := r.d.takeInbox()
+	if in == nil {
+		t.Fatal("no inbox to take")
+	}
+	r.d.busyMu.Unlock()
+	return in
+}
+
+// gatedLink is a memlink node whose receive loop does not read until the link closes (its
+// WaitReadable waits for that first), and which counts the datagrams timerRead reads.
+type gatedLink struct {
+	*memlink.Node
+	gate      chan struct{}
+	once      sync.Once
+	timerRead atomic.Int32
+}
+
+func (g *gatedLink) NewPoller() link.Poller { return g }
+
+func (g *gatedLink) TryReceive(pkts []link.Packet) (int, error) {
+	n, err := g.Node.NewPoller().TryReceive(pkts)
+	if calledBy("timerRead") {
+		g.timerRead.Add(int32(n))
+	}
+	return n, err
+}
+
+func (g *gatedLink) WaitReadable() error {
+	<-g.gate
+	return g.Node.WaitReadable()
+}
+
+func (g *gatedLink) Close() error {
+	g.once.Do(func() { close(g.gate) })
+	return g.Node.Close()
+}
+
 // The busy pollers share one inbox, made by the device's first read: a busy poll that finds it
 // held by another reads nothing and makes none. Making a second cost a millisecond of page faults
 // in the middle of a ping-pong (docs/performance.md, "Where the time goes").
 func TestBusyPollersShareOneInbox(t *testing.T) {
 	r := newScratchRig(t)
-	r.d.pollNetwork(true)
-	if n := r.makes.Load(); n != 1 {
-		t.Fatalf("the first read made %d inboxes, want 1", n)
+	r.send(t)
+	if !r.d.pollNetwork(true) || r.makes.Load() != 1 {
+		t.Fatalf("the first read made %d inboxes and read %d datagrams, want 1 and 1", r.makes.Load(), 1-r.queued())
 	}
 	bytes := r.d.ScratchBytes()
 	if bytes == 0 {
 		t.Fatal("the inbox is not counted")
 	}
-	r.d.busyMu.Lock()
-	held := r.d.takeInbox() // (another reader's)
-	r.d.busyMu.Unlock()
-	if held == nil {
-		t.Fatal("the inbox was not given back")
-	}
+	held := r.hold(t) // (another reader's)
+	r.send(t)
 	for _, read := range []struct {
 		name string
-		read func() bool
+		read func() (got, more bool)
 	}{
-		{"an application's poll", r.d.PollNetwork},
-		{"a tick's read", func() bool { got, _ := r.d.readNetwork(true); return got }},
+		{"an application's poll", func() (bool, bool) { return r.d.PollNetwork(), true }},
+		{"a tick's read", func() (bool, bool) { return r.d.readNetwork(true) }},
 	} {
-		if read.read() {
-			t.Fatalf("%s read with the inbox held", read.name)
+		if got, more := read.read(); got || !more || r.queued() != 1 {
+			t.Fatalf("%s with the inbox held: got %v, more %v, %d datagrams left of 1", read.name, got, more, r.queued())
 		}
 		if !r.d.busyMu.TryLock() {
 			t.Fatalf("%s left busyMu held", read.name)
@@ -90,9 +141,8 @@ func TestBusyPollersShareOneInbox(t *testing.T) {
 		t.Fatalf("scratch went from %d to %d bytes", bytes, got)
 	}
 	r.d.busyRx.done(held)
-	r.d.pollNetwork(true)
-	if n := r.makes.Load(); n != 1 {
-		t.Fatalf("%d inboxes made once the inbox was back, want 1", n)
+	if !r.d.pollNetwork(true) || r.makes.Load() != 1 {
+		t.Fatalf("once the inbox was back: %d inboxes made, %d datagrams left, want 1 and 0", r.makes.Load(), r.queued())
 	}
 }
 
@@ -125,14 +175,15 @@ func TestInboxMadeOutsideBusyMu(t *testing.T) {
 // reads nothing, leaving busyMu to its holder.
 func TestInboxMadeWhileBusyMuTaken(t *testing.T) {
 	r := newScratchRig(t)
+	r.send(t)
 	r.made, r.goOn = make(chan struct{}), make(chan struct{})
 	got := make(chan bool)
 	go func() { got <- r.d.pollNetwork(true) }()
 	<-r.made
 	r.d.busyMu.Lock() // (another reader's)
 	close(r.goOn)
-	if <-got {
-		t.Fatal("the read read without busyMu")
+	if <-got || r.queued() != 1 {
+		t.Fatalf("the read read without busyMu (%d datagrams left of 1)", r.queued())
 	}
 	if r.d.busyMu.TryLock() {
 		t.Fatal("busyMu was let go of by a reader that did not hold it")
@@ -143,62 +194,32 @@ func TestInboxMadeWhileBusyMuTaken(t *testing.T) {
 	r.d.busyMu.Unlock()
 }
 
-// gatedLink is a memlink node whose receive loop does not read until the link closes (its
-// WaitReadable waits for that first), and which counts the datagrams timerRead reads.
-type gatedLink struct {
-	*memlink.Node
-	gate      chan struct{}
-	once      sync.Once
-	timerRead atomic.Int32
-}
-
-func (g *gatedLink) NewPoller() link.Poller { return g }
-
-func (g *gatedLink) TryReceive(pkts []link.Packet) (int, error) {
-	n, err := g.Node.NewPoller().TryReceive(pkts)
-	if calledBy("timerRead") {
-		g.timerRead.Add(int32(n))
+// The engine loop's timer makes the device's inbox when no reader has, and reads: before its
+// tick looks for losses, what waits in the socket is read.
+func TestTimerReadMakesTheFirstInbox(t *testing.T) {
+	r := newScratchRig(t)
+	r.send(t)
+	r.d.timerRead()
+	if n, read := r.makes.Load(), r.g.timerRead.Load(); n != 1 || read != 1 {
+		t.Fatalf("the timer's read on a device with no inbox made %d and read %d datagrams, want 1 and 1", n, read)
 	}
-	return n, err
-}
-
-func (g *gatedLink) WaitReadable() error {
-	<-g.gate
-	return g.Node.WaitReadable()
-}
-
-func (g *gatedLink) Close() error {
-	g.once.Do(func() { close(g.gate) })
-	return g.Node.Close()
 }
 
 // The engine loop's timer, finding the inbox held by a reader, waits for it and then reads: the
 // holder may be off its core, with ACKs arriving that the tick would otherwise not see.
 func TestTimerReadWaitsForTheInbox(t *testing.T) {
-	f := memlink.New(1)
-	g := &gatedLink{Node: f.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), 1), gate: make(chan struct{})}
-	cfg := config.Device{Addr: g.LocalAddr(), Link: g, Paths: 1, PollMin: time.Hour, PollMax: time.Hour, RxSpin: -1}
-	d := newAccessRigOn(t, cfg).d
-	d.pollNetwork(true) // (makes the inbox)
-	d.busyMu.Lock()
-	held := d.takeInbox()
-	d.busyMu.Unlock()
-	if held == nil {
-		t.Fatal("no inbox")
-	}
-	peer := f.Listen(netip.MustParseAddrPort("10.0.0.2:4791"), 1)
-	defer peer.Close()
-	if err := peer.Send([]link.Packet{{Buf: make([]byte, 40), N: 40, Addr: g.LocalAddr()}}); err != nil {
-		t.Fatal(err)
-	}
+	r := newScratchRig(t)
+	r.d.pollNetwork(true) // (makes the inbox)
+	held := r.hold(t)
+	r.send(t)
 	done := make(chan struct{})
 	go func() {
-		d.timerRead()
+		r.d.timerRead()
 		close(done)
 	}()
 	waiting := false
-	for range 1_000_000 {
-		if waiting = blockedIn("timerRead", "chan receive"); waiting {
+	for range 10_000 {
+		if waiting = blockedIn("timerRead", "select"); waiting {
 			break
 		}
 		select {
@@ -211,10 +232,30 @@ func TestTimerReadWaitsForTheInbox(t *testing.T) {
 	if !waiting {
 		t.Fatal("the timer's read is not waiting for the inbox")
 	}
-	d.busyRx.done(held)
+	r.d.busyRx.done(held)
 	<-done
-	if n := g.timerRead.Load(); n != 1 {
+	if n := r.g.timerRead.Load(); n != 1 {
 		t.Fatalf("the timer's read read %d datagrams, want the 1 waiting", n)
+	}
+}
+
+// A busy poller's tick that cannot read (another reader holds the inbox) has the receive loop
+// read, as a tick whose reads leave datagrams behind does, rather than pushing its park on.
+func TestTickThatCannotReadResumesTheReceiveLoop(t *testing.T) {
+	r := newScratchRig(t)
+	r.d.pollNetwork(true) // (makes the inbox)
+	held := r.hold(t)
+	defer r.d.busyRx.done(held)
+	r.send(t)
+	r.d.fastPoll.Store(true)
+	r.d.tickAt.Store(int64(r.d.sinceStart() - 2*time.Hour)) // (a tick is due)
+	ticks := r.d.ticks.Load()
+	r.d.tickIfDue()
+	if r.d.ticks.Load() == ticks {
+		t.Fatal("no tick")
+	}
+	if len(r.d.rxResume) != 1 {
+		t.Fatal("the receive loop was not resumed")
 	}
 }
 
