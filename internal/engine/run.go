@@ -245,7 +245,9 @@ func (d *Device) run() {
 			// Before the timers look for losses: what arrived and is not read yet. A process
 			// short of CPU may wake here before its receive loop does, with the ACKs of every
 			// packet the timer would otherwise send again waiting in the socket.
-			d.timerRead()
+			if !d.timerRead() {
+				return // (closed)
+			}
 		}
 		var stop, reset bool
 		d.locked(q, func(now time.Duration) {
@@ -303,7 +305,8 @@ func (d *Device) claimTick(now, every time.Duration) bool {
 // PollMin (fastPoll), three quarters of PollMin after the last tick, so that the poller comes
 // before the loop's timer. Like the loop's tick it reads the network first, and on while its
 // reads leave datagrams behind, as the receive loop's look does, which the tick stands for (up to
-// tickReads reads: then the receive loop's park ends, and it reads the rest); then it steps every
+// tickReads reads: then the receive loop's park ends, and it reads the rest; a read refused, with
+// another reader at work, ends them); then it steps every
 // QP and runs the transport's timers. While that leaves work to time, it pushes the loop's timer
 // on to PollMin after this tick; and it pushes a park of the receive loop to busyPark after it (at
 // least PollMin): while the application polls, its thread does the device's periodic work and
@@ -318,14 +321,18 @@ func (d *Device) tickIfDue() {
 	}
 	d.ticks.Add(1)  // (before the read, as the engine loop's tick: recheckArms)
 	backlog := true // (until a read leaves nothing behind: then the receive loop reads the rest, below)
-	for range tickReads {
+	for i := range tickReads {
 		got, more := d.readNetwork(true)
 		if !more {
 			backlog = false
 			break
 		}
 		if !got {
-			break // (another reader holds the receiver or the inbox: the receive loop reads)
+			// Refused: another reader holds the receiver or the inbox, and reads. Refused at
+			// the first read, the tick is one whose read found nothing; after reads that left
+			// datagrams behind, the receive loop reads the rest.
+			backlog = backlog && i > 0
+			break
 		}
 	}
 	var worked, busy bool
@@ -543,8 +550,8 @@ func (q *QP) TalksToPeers() bool { return q.remote.Load() }
 // finds another already polling has nothing to add (they read the same socket) and goes back to
 // its CQ instead of waiting, and so does one that finds the readers' inbox out (busyPoll): the
 // holder of busyMu reads, then holds it until it holds mu, and the inbox until its batch is
-// handed over and sent; only the engine loop's timer waits for them (timerRead). When nothing
-// came, the owed ACKs are flushed only if mu is free (TryLock): a holder of mu flushes what is
+// handed over and sent; only the engine loop's timer waits for the inbox (timerRead), and it and
+// the receive loop wait for busyMu. When nothing came, the owed ACKs are flushed only if mu is free (TryLock): a holder of mu flushes what is
 // due at the end of its own batch.
 //
 // A goroutine that busy-polls keeps the receive loop from spinning (rxOrdered): two threads
@@ -681,10 +688,11 @@ func (d *Device) pollNetwork(lazy bool) bool {
 // hands its batch over, may be off its core, with ACKs of packets the tick would count lost
 // arriving meanwhile. The busy polls never wait for the inbox, and take busyMu first, with
 // TryLock, so the timer's wait for busyMu while it holds the inbox blocks no one who holds busyMu.
-func (d *Device) timerRead() {
+// It reports false, having read nothing, when the device closed while it waited.
+func (d *Device) timerRead() bool {
 	b := d.busyRx
 	if b == nil {
-		return
+		return true
 	}
 	var in *scratch
 	select {
@@ -698,17 +706,18 @@ func (d *Device) timerRead() {
 		select {
 		case in = <-b.inbox: // (a reader gives it back once its batch is sent)
 		case <-d.done:
-			return
+			return false
 		}
 	}
 	d.busyMu.Lock()
 	d.readInput(in.Inbox, true)
 	b.done(in)
+	return true
 }
 
 // readNetwork is pollNetwork, which also reports whether its read may have left datagrams behind
 // (readInput). It reads nothing while another reader holds busyMu or the inbox (busyPoll), and
-// then reports that it may have (got false, more true).
+// then reports that datagrams may be left (got false, more true).
 func (d *Device) readNetwork(lazy bool) (got, more bool) {
 	if d.busyRx == nil {
 		return false, false

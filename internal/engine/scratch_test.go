@@ -51,7 +51,32 @@ func newScratchRig(t *testing.T) *scratchRig {
 	if r.d.busyRx == nil {
 		t.Fatal("the device has no busy poller")
 	}
+	// The receive loop waits in gatedLink's WaitReadable before the test goes on: a loop that
+	// had not got there would park beside the test's polls, and read after the park.
+	for i := 0; !r.d.RxOnSocket(); i++ {
+		if i == 1_000_000 {
+			t.Fatal("the receive loop is not waiting on the link")
+		}
+		runtime.Gosched()
+	}
 	return r
+}
+
+// within runs f on a goroutine of its own and fails the test if it has not returned within 10
+// seconds (it would otherwise hang the test), closing the device to let it go if it can.
+func (r *scratchRig) within(t *testing.T, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		f()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		go r.d.Close()
+		t.Fatalf("%s did not return", what)
+	}
 }
 
 // send sends the device a datagram of 40 bytes (which it drops, once it reads it).
@@ -194,12 +219,25 @@ func TestInboxMadeWhileBusyMuTaken(t *testing.T) {
 	r.d.busyMu.Unlock()
 }
 
+// A busy poll that finds busyMu taken reads nothing and reports that datagrams may be left.
+func TestReadRefusedByBusyMu(t *testing.T) {
+	r := newScratchRig(t)
+	r.d.pollNetwork(true) // (makes the inbox)
+	r.send(t)
+	r.d.busyMu.Lock() // (another reader's)
+	got, more := r.d.readNetwork(true)
+	r.d.busyMu.Unlock()
+	if got || !more || r.queued() != 1 {
+		t.Fatalf("with busyMu taken: got %v, more %v, %d datagrams left of 1", got, more, r.queued())
+	}
+}
+
 // The engine loop's timer makes the device's inbox when no reader has, and reads: before its
 // tick looks for losses, what waits in the socket is read.
 func TestTimerReadMakesTheFirstInbox(t *testing.T) {
 	r := newScratchRig(t)
 	r.send(t)
-	r.d.timerRead()
+	r.within(t, "the timer's read", func() { r.d.timerRead() })
 	if n, read := r.makes.Load(), r.g.timerRead.Load(); n != 1 || read != 1 {
 		t.Fatalf("the timer's read on a device with no inbox made %d and read %d datagrams, want 1 and 1", n, read)
 	}
@@ -239,9 +277,10 @@ func TestTimerReadWaitsForTheInbox(t *testing.T) {
 	}
 }
 
-// A busy poller's tick that cannot read (another reader holds the inbox) has the receive loop
-// read, as a tick whose reads leave datagrams behind does, rather than pushing its park on.
-func TestTickThatCannotReadResumesTheReceiveLoop(t *testing.T) {
+// A busy poller's tick whose first read is refused (another reader holds the inbox, and reads)
+// is one whose read found nothing: it does not wake the receive loop. (Two threads polling one
+// device had each other's ticks refused, and woke the loop on about every other tick.)
+func TestTickRefusedItsReadLeavesTheReceiveLoop(t *testing.T) {
 	r := newScratchRig(t)
 	r.d.pollNetwork(true) // (makes the inbox)
 	held := r.hold(t)
@@ -254,8 +293,38 @@ func TestTickThatCannotReadResumesTheReceiveLoop(t *testing.T) {
 	if r.d.ticks.Load() == ticks {
 		t.Fatal("no tick")
 	}
-	if len(r.d.rxResume) != 1 {
-		t.Fatal("the receive loop was not resumed")
+	if len(r.d.rxResume) != 0 {
+		t.Fatal("the receive loop was resumed")
+	}
+	if r.queued() != 1 {
+		t.Fatalf("%d datagrams left of 1", r.queued())
+	}
+}
+
+// The timer's wait for the inbox ends when the device closes, and it reports that it read
+// nothing.
+func TestTimerReadEndsAtClose(t *testing.T) {
+	r := newScratchRig(t)
+	r.d.pollNetwork(true) // (makes the inbox)
+	held := r.hold(t)
+	defer r.d.busyRx.done(held)
+	r.send(t)
+	var read bool
+	done := make(chan struct{})
+	go func() {
+		read = r.d.timerRead()
+		close(done)
+	}()
+	for i := 0; !blockedIn("timerRead", "select"); i++ {
+		if i == 10_000 {
+			t.Fatal("the timer's read is not waiting for the inbox")
+		}
+		runtime.Gosched()
+	}
+	r.within(t, "Close", func() { r.d.Close() })
+	r.within(t, "the timer's read", func() { <-done })
+	if read || r.g.timerRead.Load() != 0 {
+		t.Fatalf("the timer's read at Close reported %v and read %d datagrams", read, r.g.timerRead.Load())
 	}
 }
 
