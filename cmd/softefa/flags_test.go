@@ -205,9 +205,50 @@ func TestPerfListenUnspecified(t *testing.T) {
 		t.Fatal(err)
 	}
 	serr := make(chan error, 1)
-	go func() { serr <- perfServe(so, ln, false) }()
+	go func() { serr <- perfServe(so, ln, udpPort(so.listen, ln), false) }()
 	var out bytes.Buffer
 	co, err := parsePerf([]string{"send_lat", "--connect", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), "-s", "64", "-n", "20", "--json"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := within(t, func() error { return perf(co) }); err != nil {
+		t.Fatalf("client: %v", err)
+	}
+	if err := within(t, func() error { return <-serr }); err != nil {
+		t.Fatalf("server: %v", err)
+	}
+	if !strings.Contains(out.String(), `"iterations":20`) {
+		t.Fatalf("client: %s", out.String())
+	}
+}
+
+// A server whose --listen port is 0 has the kernel choose its device's UDP port too: a UDP
+// port of the TCP listener's number may be another program's (CI saw "address already in use"
+// from perf --loopback). The client reaches the device through the GID in the hello.
+func TestPerfServerPortZero(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	if p := udpPort("127.0.0.1:0", ln); p != 0 {
+		t.Fatalf("udpPort with --listen port 0: %d", p)
+	}
+	if p := udpPort(ln.Addr().String(), ln); p != port {
+		t.Fatalf("udpPort with --listen port %d: %d", port, p)
+	}
+	// The listener's number taken for UDP, by this test or by whoever had it.
+	if u, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}); err == nil {
+		defer u.Close()
+	}
+	so, err := parsePerf([]string{"send_lat", "--server", "--listen", "127.0.0.1:0", "-s", "64"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serr := make(chan error, 1)
+	go func() { serr <- perfServe(so, ln, udpPort(so.listen, ln), false) }()
+	var out bytes.Buffer
+	co, err := parsePerf([]string{"send_lat", "--connect", ln.Addr().String(), "-s", "64", "-n", "20", "--json"}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +274,7 @@ func TestPerfServerOtherTest(t *testing.T) {
 		t.Fatal(err)
 	}
 	serr := make(chan error, 1)
-	go func() { serr <- perfServe(so, ln, false) }()
+	go func() { serr <- perfServe(so, ln, 0, false) }()
 	co, err := parsePerf([]string{"send_lat", "--connect", ln.Addr().String(), "-s", "64", "-n", "5"}, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
@@ -270,7 +311,7 @@ func TestPerfKeyMismatch(t *testing.T) {
 			co.key = key
 		}
 		serr := make(chan error, 1)
-		go func() { serr <- perfServe(so, ln, false) }()
+		go func() { serr <- perfServe(so, ln, 0, false) }()
 		err = within(t, func() error { return perf(co) })
 		if err == nil || !strings.Contains(err.Error(), "give both the key") {
 			t.Errorf("server key %v: client: %v", serverKey, err)

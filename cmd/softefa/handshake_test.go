@@ -142,7 +142,7 @@ func TestPerfServerDropsSilentClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	serr := make(chan error, 1)
-	go func() { serr <- perfServe(so, ln, true) }()
+	go func() { serr <- perfServe(so, ln, 0, true) }()
 	checkDropped(t, ln.Addr().String())
 	ln.Close()
 	if err := within(t, func() error { return <-serr }); !errors.Is(err, net.ErrClosed) {
@@ -160,7 +160,7 @@ func TestPingpongServerDropsSilentClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	serr := make(chan error, 1)
-	go func() { serr <- pingServe(so, ln, true) }()
+	go func() { serr <- pingServe(so, ln, 0, true) }()
 	checkDropped(t, ln.Addr().String())
 	ln.Close()
 	if err := within(t, func() error { return <-serr }); !errors.Is(err, net.ErrClosed) {

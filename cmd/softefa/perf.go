@@ -97,7 +97,8 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 	fs.BoolVar(&o.loopback, "loopback", false, "run server and client in this process over UDP on 127.0.0.1")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:18515", "server: the TCP address for the exchange and the device's UDP port; with an\n"+
 		"unspecified host (0.0.0.0, ::, none) the device binds the address each client reached, a\n"+
-		"concrete UDP endpoint for its GID")
+		"concrete UDP endpoint for its GID; with port 0 the kernel chooses the device's UDP port as it\n"+
+		"chooses the TCP one (the client learns it from the GID)")
 	fs.StringVar(&o.connect, "connect", "", "client: the server's address")
 	fs.IntVar(&o.size, "s", 0, "message size in bytes; default, as perftest: 2 for the latency tests and 65536 for write_bw\n"+
 		"and read_bw, but 8192 for send_bw, as a SEND carries at most the device's 8192-byte MTU\n"+
@@ -246,7 +247,7 @@ func perf(o *perfOpts) error {
 		so := *o
 		so.metricsSrv = nil // the client's device is the one measured
 		o.connect = ln.Addr().String()
-		return serveBeside(ln, func() error { return perfServe(&so, ln, false) }, func() error { return perfClient(o) })
+		return serveBeside(ln, func() error { return perfServe(&so, ln, 0, false) }, func() error { return perfClient(o) })
 	}
 	if o.server {
 		ln, err := net.Listen("tcp", o.listen)
@@ -254,7 +255,7 @@ func perf(o *perfOpts) error {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "softefa perf: %s server waiting for a client on %s\n", o.test, ln.Addr())
-		return perfServe(o, ln, true)
+		return perfServe(o, ln, udpPort(o.listen, ln), true)
 	}
 	return perfClient(o)
 }
@@ -295,6 +296,17 @@ func exchangeErr(what string, timeout time.Duration, err error) error {
 
 // deviceAddr is the UDP endpoint of the device on c's side of an exchange: c's local address,
 // which is concrete even when the listener's is unspecified (0.0.0.0, ::), with port.
+// udpPort is the UDP port of a server's device: its listener's port, as --listen says, unless
+// listen asked for the kernel's choice (port 0). Then the kernel chooses the device's port too:
+// a UDP port of the listener's number may be another program's (a test run's, now and then),
+// and the client learns the device's endpoint from the GID in the hello.
+func udpPort(listen string, ln net.Listener) int {
+	if _, p, err := net.SplitHostPort(listen); err == nil && p == "0" {
+		return 0
+	}
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
 func deviceAddr(c net.Conn, port int) string {
 	ip := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 	return netip.AddrPortFrom(ip, uint16(port)).String()
@@ -339,15 +351,15 @@ func parseGID(s string) (verbs.GID, error) {
 // perfServe answers one client: it creates its device on the address the client reached,
 // tells the client its QPs, and plays the passive side until the client is done. With retry, a
 // client that says nothing within the timeout, or not a usable hello, is dropped and the
-// server waits for another.
-func perfServe(o *perfOpts, ln net.Listener, retry bool) error {
+// server waits for another. Its device binds UDP port port (udpPort).
+func perfServe(o *perfOpts, ln net.Listener, port int, retry bool) error {
 	defer ln.Close()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			return err
 		}
-		err = perfServeConn(o, ln, c)
+		err = perfServeConn(o, port, c)
 		var cf clientFault
 		if !retry || !errors.As(err, &cf) {
 			return err
@@ -356,7 +368,7 @@ func perfServe(o *perfOpts, ln net.Listener, retry bool) error {
 	}
 }
 
-func perfServeConn(o *perfOpts, ln net.Listener, c net.Conn) error {
+func perfServeConn(o *perfOpts, port int, c net.Conn) error {
 	defer c.Close()
 	who := c.RemoteAddr().String()
 	_ = c.SetDeadline(time.Now().Add(o.timeout))
@@ -376,7 +388,7 @@ func perfServeConn(o *perfOpts, ln net.Listener, c net.Conn) error {
 		_ = w.Encode(hello{Err: err.Error()})
 		return clientFault{fmt.Errorf("server: client %s: %w", who, err)}
 	}
-	e, err := endpointFor(o, deviceAddr(c, ln.Addr().(*net.TCPAddr).Port), &h)
+	e, err := endpointFor(o, deviceAddr(c, port), &h)
 	if err != nil {
 		_ = w.Encode(hello{Err: err.Error()})
 		return err

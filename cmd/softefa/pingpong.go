@@ -33,7 +33,8 @@ func parsePingpong(args []string, out io.Writer) (*pingOpts, error) {
 	fs.BoolVar(&o.loopback, "loopback", false, "run both sides in this process over UDP on 127.0.0.1")
 	fs.BoolVar(&o.ud, "ud", false, "UD QPs instead of SRD (a server takes the client's choice)")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:18516", "server: the TCP address for the exchange and the device's UDP port (an unspecified\n"+
-		"host, 0.0.0.0 or ::, binds the device on the address each client reached)")
+		"host, 0.0.0.0 or ::, binds the device on the address each client reached; with port 0 the\n"+
+		"kernel chooses the device's UDP port as it chooses the TCP one)")
 	fs.StringVar(&o.connect, "connect", "", "client: the server's address")
 	fs.IntVar(&o.size, "s", 4096, "message size, 1 to 8192 bytes (a server takes the client's)")
 	fs.IntVar(&o.iters, "n", 1000, "iterations (a server takes the client's)")
@@ -77,7 +78,7 @@ func pingpong(o *pingOpts) error {
 		if err != nil {
 			return err
 		}
-		return serveBeside(ln, func() error { return pingServe(o, ln, false) }, func() error { return pingClient(o, ln.Addr().String()) })
+		return serveBeside(ln, func() error { return pingServe(o, ln, 0, false) }, func() error { return pingClient(o, ln.Addr().String()) })
 	}
 	if o.server {
 		ln, err := net.Listen("tcp", o.listen)
@@ -85,21 +86,21 @@ func pingpong(o *pingOpts) error {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "softefa pingpong: server waiting for a client on %s\n", ln.Addr())
-		return pingServe(o, ln, true)
+		return pingServe(o, ln, udpPort(o.listen, ln), true)
 	}
 	return pingClient(o, o.connect)
 }
 
 // pingServe answers one client; with retry, a client that fails the exchange (silent past the
 // timeout, or not a pingpong client) is dropped and the server waits for another.
-func pingServe(o *pingOpts, ln net.Listener, retry bool) error {
+func pingServe(o *pingOpts, ln net.Listener, port int, retry bool) error {
 	defer ln.Close()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			return err
 		}
-		err = pingSide(o, c, deviceAddr(c, ln.Addr().(*net.TCPAddr).Port), false)
+		err = pingSide(o, c, deviceAddr(c, port), false)
 		var cf clientFault
 		if !retry || !errors.As(err, &cf) {
 			return err
