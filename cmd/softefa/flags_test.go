@@ -195,17 +195,17 @@ func TestPerfLatencyDuration(t *testing.T) {
 // A server listening on an unspecified address gives its device the concrete address the
 // client reached it at, and the test runs.
 func TestPerfListenUnspecified(t *testing.T) {
-	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	so, err := parsePerf([]string{"send_lat", "--server", "--listen", "0.0.0.0:0", "-s", "64"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, udp, err := listenServer(so.listen)
 	if err != nil {
 		t.Fatal(err)
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
-	so, err := parsePerf([]string{"send_lat", "--server", "--listen", ln.Addr().String(), "-s", "64"}, &bytes.Buffer{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	serr := make(chan error, 1)
-	go func() { serr <- perfServe(so, ln, udpPort(so.listen, ln), false) }()
+	go func() { serr <- perfServe(so, ln, udp, false) }()
 	var out bytes.Buffer
 	co, err := parsePerf([]string{"send_lat", "--connect", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), "-s", "64", "-n", "20", "--json"}, &out)
 	if err != nil {
@@ -226,27 +226,39 @@ func TestPerfListenUnspecified(t *testing.T) {
 // port of the TCP listener's number may be another program's (CI saw "address already in use"
 // from perf --loopback). The client reaches the device through the GID in the hello.
 func TestPerfServerPortZero(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	for _, listen := range []string{"127.0.0.1:0", "127.0.0.1:00", ":0"} {
+		if ln, port, err := listenServer(listen); err != nil || port != 0 {
+			t.Fatalf("--listen %s: UDP port %d, %v", listen, port, err)
+		} else {
+			ln.Close()
+		}
+	}
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	if p := udpPort("127.0.0.1:0", ln); p != 0 {
-		t.Fatalf("udpPort with --listen port 0: %d", p)
-	}
-	if p := udpPort(ln.Addr().String(), ln); p != port {
-		t.Fatalf("udpPort with --listen port %d: %d", port, p)
-	}
-	// The listener's number taken for UDP, by this test or by whoever had it.
-	if u, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}); err == nil {
-		defer u.Close()
+	given := probe.Addr().String()
+	probe.Close()
+	if ln, port, err := listenServer(given); err == nil {
+		if want := ln.Addr().(*net.TCPAddr).Port; port != want {
+			t.Fatalf("--listen %s: UDP port %d, want %d", given, port, want)
+		}
+		ln.Close()
 	}
 	so, err := parsePerf([]string{"send_lat", "--server", "--listen", "127.0.0.1:0", "-s", "64"}, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	ln, port, err := listenServer(so.listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The listener's number taken for UDP, by this test or by whoever had it.
+	if u, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: ln.Addr().(*net.TCPAddr).Port}); err == nil {
+		defer u.Close()
+	}
 	serr := make(chan error, 1)
-	go func() { serr <- perfServe(so, ln, udpPort(so.listen, ln), false) }()
+	go func() { serr <- perfServe(so, ln, port, false) }()
 	var out bytes.Buffer
 	co, err := parsePerf([]string{"send_lat", "--connect", ln.Addr().String(), "-s", "64", "-n", "20", "--json"}, &out)
 	if err != nil {

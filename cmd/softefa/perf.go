@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -97,8 +98,8 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 	fs.BoolVar(&o.loopback, "loopback", false, "run server and client in this process over UDP on 127.0.0.1")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:18515", "server: the TCP address for the exchange and the device's UDP port; with an\n"+
 		"unspecified host (0.0.0.0, ::, none) the device binds the address each client reached, a\n"+
-		"concrete UDP endpoint for its GID; with port 0 the kernel chooses the device's UDP port as it\n"+
-		"chooses the TCP one (the client learns it from the GID)")
+		"concrete UDP endpoint for its GID; with port 0 the kernel chooses a UDP port for the device\n"+
+		"apart from the TCP one (an IPv4 client learns it from the GID)")
 	fs.StringVar(&o.connect, "connect", "", "client: the server's address")
 	fs.IntVar(&o.size, "s", 0, "message size in bytes; default, as perftest: 2 for the latency tests and 65536 for write_bw\n"+
 		"and read_bw, but 8192 for send_bw, as a SEND carries at most the device's 8192-byte MTU\n"+
@@ -240,22 +241,22 @@ func perf(o *perfOpts) error {
 	defer m.stop()
 	o.metricsSrv = m
 	if o.loopback {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		ln, port, err := listenServer("127.0.0.1:0")
 		if err != nil {
 			return err
 		}
 		so := *o
 		so.metricsSrv = nil // the client's device is the one measured
 		o.connect = ln.Addr().String()
-		return serveBeside(ln, func() error { return perfServe(&so, ln, 0, false) }, func() error { return perfClient(o) })
+		return serveBeside(ln, func() error { return perfServe(&so, ln, port, false) }, func() error { return perfClient(o) })
 	}
 	if o.server {
-		ln, err := net.Listen("tcp", o.listen)
+		ln, port, err := listenServer(o.listen)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "softefa perf: %s server waiting for a client on %s\n", o.test, ln.Addr())
-		return perfServe(o, ln, udpPort(o.listen, ln), true)
+		return perfServe(o, ln, port, true)
 	}
 	return perfClient(o)
 }
@@ -294,19 +295,27 @@ func exchangeErr(what string, timeout time.Duration, err error) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-// deviceAddr is the UDP endpoint of the device on c's side of an exchange: c's local address,
-// which is concrete even when the listener's is unspecified (0.0.0.0, ::), with port.
-// udpPort is the UDP port of a server's device: its listener's port, as --listen says, unless
-// listen asked for the kernel's choice (port 0). Then the kernel chooses the device's port too:
-// a UDP port of the listener's number may be another program's (a test run's, now and then),
-// and the client learns the device's endpoint from the GID in the hello.
-func udpPort(listen string, ln net.Listener) int {
-	if _, p, err := net.SplitHostPort(listen); err == nil && p == "0" {
-		return 0
+// listenServer listens for clients on listen (--listen) and returns the UDP port of the server's
+// device: the listener's port, as --listen says, unless listen asks for the kernel's choice
+// (port 0, or --loopback). Then the device's port is the kernel's choice too, a port of its own
+// apart from the TCP one: a UDP port of the listener's number may be another program's (a test
+// run's, now and then), and an IPv4 client learns the device's endpoint from the GID in the
+// hello.
+func listenServer(listen string) (net.Listener, int, error) {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, 0, err
 	}
-	return ln.Addr().(*net.TCPAddr).Port
+	if _, p, err := net.SplitHostPort(listen); err == nil {
+		if n, err := strconv.ParseUint(p, 10, 16); err == nil && n == 0 {
+			return ln, 0, nil
+		}
+	}
+	return ln, ln.Addr().(*net.TCPAddr).Port, nil
 }
 
+// deviceAddr is the UDP endpoint of the device on c's side of an exchange: c's local address,
+// which is concrete even when the listener's is unspecified (0.0.0.0, ::), with port.
 func deviceAddr(c net.Conn, port int) string {
 	ip := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 	return netip.AddrPortFrom(ip, uint16(port)).String()
@@ -351,7 +360,8 @@ func parseGID(s string) (verbs.GID, error) {
 // perfServe answers one client: it creates its device on the address the client reached,
 // tells the client its QPs, and plays the passive side until the client is done. With retry, a
 // client that says nothing within the timeout, or not a usable hello, is dropped and the
-// server waits for another. Its device binds UDP port port (udpPort).
+// server waits for another. Its device binds UDP port `port` (0: the kernel's choice;
+// listenServer).
 func perfServe(o *perfOpts, ln net.Listener, port int, retry bool) error {
 	defer ln.Close()
 	for {

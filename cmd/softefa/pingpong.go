@@ -34,7 +34,7 @@ func parsePingpong(args []string, out io.Writer) (*pingOpts, error) {
 	fs.BoolVar(&o.ud, "ud", false, "UD QPs instead of SRD (a server takes the client's choice)")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:18516", "server: the TCP address for the exchange and the device's UDP port (an unspecified\n"+
 		"host, 0.0.0.0 or ::, binds the device on the address each client reached; with port 0 the\n"+
-		"kernel chooses the device's UDP port as it chooses the TCP one)")
+		"kernel chooses a UDP port for the device apart from the TCP one)")
 	fs.StringVar(&o.connect, "connect", "", "client: the server's address")
 	fs.IntVar(&o.size, "s", 4096, "message size, 1 to 8192 bytes (a server takes the client's)")
 	fs.IntVar(&o.iters, "n", 1000, "iterations (a server takes the client's)")
@@ -74,25 +74,26 @@ func runPingpong(args []string) error {
 
 func pingpong(o *pingOpts) error {
 	if o.loopback {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		ln, port, err := listenServer("127.0.0.1:0")
 		if err != nil {
 			return err
 		}
-		return serveBeside(ln, func() error { return pingServe(o, ln, 0, false) }, func() error { return pingClient(o, ln.Addr().String()) })
+		return serveBeside(ln, func() error { return pingServe(o, ln, port, false) }, func() error { return pingClient(o, ln.Addr().String()) })
 	}
 	if o.server {
-		ln, err := net.Listen("tcp", o.listen)
+		ln, port, err := listenServer(o.listen)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "softefa pingpong: server waiting for a client on %s\n", ln.Addr())
-		return pingServe(o, ln, udpPort(o.listen, ln), true)
+		return pingServe(o, ln, port, true)
 	}
 	return pingClient(o, o.connect)
 }
 
-// pingServe answers one client; with retry, a client that fails the exchange (silent past the
-// timeout, or not a pingpong client) is dropped and the server waits for another.
+// pingServe answers one client, its device on UDP port `port` (0: the kernel's choice;
+// listenServer); with retry, a client that fails the exchange (silent past the timeout, or not a
+// pingpong client) is dropped and the server waits for another.
 func pingServe(o *pingOpts, ln net.Listener, port int, retry bool) error {
 	defer ln.Close()
 	for {
