@@ -315,10 +315,43 @@ func listenServer(listen string) (net.Listener, int, error) {
 }
 
 // deviceAddr is the UDP endpoint of the device on c's side of an exchange: c's local address,
-// which is concrete even when the listener's is unspecified (0.0.0.0, ::), with port.
-func deviceAddr(c net.Conn, port int) string {
-	ip := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+// which is concrete even when the listener's is unspecified (0.0.0.0, ::), with port. An IPv6
+// GID is an address alone, and the devices it names share one port number (config.GIDFromAddr):
+// on IPv6 both devices bind the port the client reached, the server's listener's.
+func deviceAddr(c net.Conn, port int, server bool) string {
+	la := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	ip := la.Addr().Unmap()
+	switch {
+	case ip.Is4():
+	case server:
+		port = int(la.Port())
+	default:
+		port = int(c.RemoteAddr().(*net.TCPAddr).AddrPort().Port())
+	}
 	return netip.AddrPortFrom(ip, uint16(port)).String()
+}
+
+// errSharedV6 is the refusal of two ends on one IPv6 address: their devices would have one GID
+// (an IPv6 GID carries no port) and each would send to itself.
+var errSharedV6 = errors.New("the server is on this end's own IPv6 address: an IPv6 GID carries no port, so the two ends need addresses of their own (or use IPv4)")
+
+// checkEnds refuses, before a client makes its device, an exchange between two ends on one IPv6
+// address (errSharedV6).
+func checkEnds(c net.Conn) error {
+	la := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+	if la.Is6() && la == ra {
+		return errSharedV6
+	}
+	return nil
+}
+
+// checkPeerGID refuses a peer whose GID is the local device's own (errSharedV6).
+func checkPeerGID(own, peer verbs.GID) error {
+	if own == peer {
+		return fmt.Errorf("GID %v: %w", netip.AddrFrom16(peer), errSharedV6)
+	}
+	return nil
 }
 
 // clientFault is an exchange that failed on the client's account (silence, a bad hello): a
@@ -398,7 +431,7 @@ func perfServeConn(o *perfOpts, port int, c net.Conn) error {
 		_ = w.Encode(hello{Err: err.Error()})
 		return clientFault{fmt.Errorf("server: client %s: %w", who, err)}
 	}
-	e, err := endpointFor(o, deviceAddr(c, port), &h)
+	e, err := endpointFor(o, deviceAddr(c, port, true), &h)
 	if err != nil {
 		_ = w.Encode(hello{Err: err.Error()})
 		return err
@@ -553,11 +586,10 @@ func perfClient(o *perfOpts) error {
 	// The exchange before and after the test is bounded by the timeout, the test itself by the
 	// timeout per completion.
 	_ = c.SetDeadline(time.Now().Add(o.timeout))
-	local := "127.0.0.1:0"
-	if la, ok := c.LocalAddr().(*net.TCPAddr); ok {
-		local = net.JoinHostPort(la.IP.String(), "0")
+	if err := checkEnds(c); err != nil {
+		return err
 	}
-	e, err := endpointFor(o, local, nil)
+	e, err := endpointFor(o, deviceAddr(c, 0, false), nil)
 	if err != nil {
 		return err
 	}
@@ -581,6 +613,9 @@ func perfClient(o *perfOpts) error {
 	peer, err := parseGID(sh.GID)
 	if err != nil {
 		return fmt.Errorf("server %s: GID %q: %w", o.connect, sh.GID, err)
+	}
+	if err := checkPeerGID(e.dev.GID(), peer); err != nil {
+		return err
 	}
 	if err := e.connect(peer); err != nil {
 		return err

@@ -101,7 +101,7 @@ func pingServe(o *pingOpts, ln net.Listener, port int, retry bool) error {
 		if err != nil {
 			return err
 		}
-		err = pingSide(o, c, deviceAddr(c, port), false)
+		err = pingSide(o, c, deviceAddr(c, port, true), false)
 		var cf clientFault
 		if !retry || !errors.As(err, &cf) {
 			return err
@@ -115,7 +115,11 @@ func pingClient(o *pingOpts, addr string) error {
 	if err != nil {
 		return err
 	}
-	return pingSide(o, c, deviceAddr(c, 0), true)
+	if err := checkEnds(c); err != nil {
+		c.Close()
+		return err
+	}
+	return pingSide(o, c, deviceAddr(c, 0, false), true)
 }
 
 // pingSide runs the client or the server over the exchange connection c, with the device on
@@ -185,6 +189,9 @@ func pingSide(o *pingOpts, c net.Conn, local string, client bool) error {
 		}
 	}
 	gid, err := parseGID(peer.GID)
+	if err == nil && client {
+		err = checkPeerGID(e.dev.GID(), gid)
+	}
 	if err == nil {
 		err = e.connect(gid)
 	}
