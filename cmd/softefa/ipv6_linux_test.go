@@ -61,9 +61,14 @@ func TestPerfIPv6TwoHosts(t *testing.T) {
 			break
 		}
 	}
-	go io.Copy(&errBuf, stderr)
+	rest := make(chan struct{})
+	go func() { io.Copy(&errBuf, stderr); close(rest) }()
 	cl := in(b, "perf send_lat --connect [fd00::1]:18515 -s 64 -n 200 --timeout 5s --json")
 	out, err := cl.Output()
+	if err != nil {
+		srv.Process.Kill() // (a server whose client failed waits for another)
+	}
+	<-rest
 	if err != nil {
 		t.Fatalf("client: %v: %s (server: %s)", err, out, errBuf.String())
 	}
