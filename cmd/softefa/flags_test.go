@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -357,15 +358,18 @@ func TestPerfProcs(t *testing.T) {
 }
 
 // On IPv6 both ends' devices bind the port the client reached (an IPv6 GID carries no port, so
-// the devices it names share one port number); on IPv4 the port given, which the GID carries.
+// the devices it names share one port number); on IPv4 the port given, which the GID carries,
+// also on a dual-stack listener reached over IPv4 (its addresses v4-mapped), where checkEnds
+// lets two ends on one address be.
 func TestDeviceAddrIPv6Port(t *testing.T) {
-	for _, host := range []string{"127.0.0.1", "::1"} {
-		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	for _, tc := range []struct{ listen, host string }{{"127.0.0.1", "127.0.0.1"}, {"::1", "::1"}, {"::", "127.0.0.1"}} {
+		host := tc.host
+		ln, err := net.Listen("tcp", net.JoinHostPort(tc.listen, "0"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer ln.Close()
-		cc, err := net.Dial("tcp", ln.Addr().String())
+		cc, err := net.Dial("tcp", net.JoinHostPort(host, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -382,8 +386,11 @@ func TestDeviceAddrIPv6Port(t *testing.T) {
 		for _, a := range []string{deviceAddr(sc, 0, true), deviceAddr(cc, 0, false)} {
 			ap := netip.MustParseAddrPort(a)
 			if ap.Addr().String() != host || int(ap.Port()) != want {
-				t.Errorf("%s: device address %s, want port %d", host, a, want)
+				t.Errorf("%s on %s: device address %s, want port %d", host, tc.listen, a, want)
 			}
+		}
+		if err := checkEnds(cc); (err != nil) != (host == "::1") {
+			t.Errorf("%s on %s: checkEnds: %v", host, tc.listen, err)
 		}
 	}
 }
@@ -400,7 +407,7 @@ func TestPerfRefusesSharedIPv6Address(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = perfServe(so, ln, port, false) }()
+	go func() { _ = perfServe(so, ln, port, true) }() // (it drops a refused client and waits for another)
 	defer ln.Close()
 	co, err := parsePerf([]string{"send_lat", "--connect", ln.Addr().String(), "-s", "64", "-n", "20"}, &bytes.Buffer{})
 	if err != nil {
@@ -408,5 +415,20 @@ func TestPerfRefusesSharedIPv6Address(t *testing.T) {
 	}
 	if err := within(t, func() error { return perf(co) }); !errors.Is(err, errSharedV6) {
 		t.Fatalf("client on the server's IPv6 address: %v", err)
+	}
+	// A client from before the check says hello all the same: the server refuses it.
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(hangGuard))
+	h := hello{Test: "send_lat", Size: 64, Iters: 20, QPs: 1, Depth: 64, GID: "::1", QPNs: []uint32{1}}
+	if err := json.NewEncoder(c).Encode(h); err != nil {
+		t.Fatal(err)
+	}
+	var sh hello
+	if err := json.NewDecoder(c).Decode(&sh); err != nil || !strings.Contains(sh.Err, errSharedV6.Error()) {
+		t.Fatalf("the server's answer to a client on its own IPv6 address: %+v, %v", sh, err)
 	}
 }

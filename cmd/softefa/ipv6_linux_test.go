@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
 // perf between two IPv6 hosts: two network namespaces joined by a veth pair, fd00::1 and
@@ -64,13 +65,21 @@ func TestPerfIPv6TwoHosts(t *testing.T) {
 	rest := make(chan struct{})
 	go func() { io.Copy(&errBuf, stderr); close(rest) }()
 	cl := in(b, "perf send_lat --connect [fd00::1]:18515 -s 64 -n 200 --timeout 5s --json")
+	var clErr bytes.Buffer
+	cl.Stderr = &clErr
 	out, err := cl.Output()
 	if err != nil {
 		srv.Process.Kill() // (a server whose client failed waits for another)
 	}
-	<-rest
+	select {
+	case <-rest:
+	case <-time.After(hangGuard):
+		srv.Process.Kill()
+		<-rest
+		t.Fatalf("the server did not end: %s", errBuf.String())
+	}
 	if err != nil {
-		t.Fatalf("client: %v: %s (server: %s)", err, out, errBuf.String())
+		t.Fatalf("client: %v: %s%s (server: %s)", err, out, clErr.String(), errBuf.String())
 	}
 	if !strings.Contains(string(out), `"iterations":200`) {
 		t.Fatalf("client: %s", out)

@@ -99,7 +99,8 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:18515", "server: the TCP address for the exchange and the device's UDP port; with an\n"+
 		"unspecified host (0.0.0.0, ::, none) the device binds the address each client reached, a\n"+
 		"concrete UDP endpoint for its GID; with port 0 the kernel chooses a UDP port for the device\n"+
-		"apart from the TCP one (an IPv4 client learns it from the GID)")
+		"apart from the TCP one (an IPv4 client learns it from the GID); over IPv6 both devices bind\n"+
+		"the listener's port (an IPv6 GID carries none)")
 	fs.StringVar(&o.connect, "connect", "", "client: the server's address")
 	fs.IntVar(&o.size, "s", 0, "message size in bytes; default, as perftest: 2 for the latency tests and 65536 for write_bw\n"+
 		"and read_bw, but 8192 for send_bw, as a SEND carries at most the device's 8192-byte MTU\n"+
@@ -300,7 +301,7 @@ func exchangeErr(what string, timeout time.Duration, err error) error {
 // (port 0, or --loopback). Then the device's port is the kernel's choice too, a port of its own
 // apart from the TCP one: a UDP port of the listener's number may be another program's (a test
 // run's, now and then), and an IPv4 client learns the device's endpoint from the GID in the
-// hello.
+// hello. (Over IPv6 deviceAddr binds the listener's port whatever this says.)
 func listenServer(listen string) (net.Listener, int, error) {
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
@@ -333,10 +334,11 @@ func deviceAddr(c net.Conn, port int, server bool) string {
 
 // errSharedV6 is the refusal of two ends on one IPv6 address: their devices would have one GID
 // (an IPv6 GID carries no port) and each would send to itself.
-var errSharedV6 = errors.New("the server is on this end's own IPv6 address: an IPv6 GID carries no port, so the two ends need addresses of their own (or use IPv4)")
+var errSharedV6 = errors.New("the two ends are on one IPv6 address: an IPv6 GID carries no port, so they need addresses of their own (on one host, use IPv4)")
 
-// checkEnds refuses, before a client makes its device, an exchange between two ends on one IPv6
-// address (errSharedV6).
+// checkEnds refuses, before either end makes its device, an exchange between two ends on one
+// IPv6 address (errSharedV6). The server checks too: a client from before the check would measure
+// its own device.
 func checkEnds(c net.Conn) error {
 	la := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 	ra := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
@@ -426,6 +428,9 @@ func perfServeConn(o *perfOpts, port int, c net.Conn) error {
 	}
 	if err == nil && h.Key != (o.key != nil) {
 		err = keyMismatch(o.key != nil)
+	}
+	if err == nil {
+		err = checkEnds(c)
 	}
 	if err != nil {
 		_ = w.Encode(hello{Err: err.Error()})

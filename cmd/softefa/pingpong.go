@@ -34,7 +34,8 @@ func parsePingpong(args []string, out io.Writer) (*pingOpts, error) {
 	fs.BoolVar(&o.ud, "ud", false, "UD QPs instead of SRD (a server takes the client's choice)")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:18516", "server: the TCP address for the exchange and the device's UDP port (an unspecified\n"+
 		"host, 0.0.0.0 or ::, binds the device on the address each client reached; with port 0 the\n"+
-		"kernel chooses a UDP port for the device apart from the TCP one)")
+		"kernel chooses a UDP port for the device apart from the TCP one, on IPv4: over IPv6 both\n"+
+		"devices bind the listener's port, as an IPv6 GID carries none)")
 	fs.StringVar(&o.connect, "connect", "", "client: the server's address")
 	fs.IntVar(&o.size, "s", 4096, "message size, 1 to 8192 bytes (a server takes the client's)")
 	fs.IntVar(&o.iters, "n", 1000, "iterations (a server takes the client's)")
@@ -150,6 +151,10 @@ func pingSide(o *pingOpts, c net.Conn, local string, client bool) error {
 		if peer.Test != "srd" && peer.Test != "ud" || o.size < 1 || o.size > maxSendSize || o.iters < 1 || len(peer.QPNs) != 1 {
 			err := fmt.Errorf("not a pingpong client's hello (%q, %d bytes, %d iterations, %d QPs)",
 				peer.Test, peer.Size, peer.Iters, len(peer.QPNs))
+			_ = enc.Encode(hello{Err: err.Error()})
+			return fault("the hello of", err)
+		}
+		if err := checkEnds(c); err != nil {
 			_ = enc.Encode(hello{Err: err.Error()})
 			return fault("the hello of", err)
 		}
