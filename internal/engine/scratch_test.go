@@ -255,21 +255,7 @@ func TestTimerReadWaitsForTheInbox(t *testing.T) {
 		r.d.timerRead()
 		close(done)
 	}()
-	waiting := false
-	for range 10_000 {
-		if waiting = blockedIn("timerRead", "select"); waiting {
-			break
-		}
-		select {
-		case <-done:
-			t.Fatal("the timer's read returned with the inbox held")
-		default:
-		}
-		runtime.Gosched()
-	}
-	if !waiting {
-		t.Fatal("the timer's read is not waiting for the inbox")
-	}
+	awaitTimerWaiting(t, done)
 	r.d.busyRx.done(held)
 	<-done
 	if n := r.g.timerRead.Load(); n != 1 {
@@ -315,17 +301,31 @@ func TestTimerReadEndsAtClose(t *testing.T) {
 		read = r.d.timerRead()
 		close(done)
 	}()
-	for i := 0; !blockedIn("timerRead", "select"); i++ {
-		if i == 10_000 {
-			t.Fatal("the timer's read is not waiting for the inbox")
-		}
-		runtime.Gosched()
-	}
+	awaitTimerWaiting(t, done)
 	r.within(t, "Close", func() { r.d.Close() })
 	r.within(t, "the timer's read", func() { <-done })
 	if read || r.g.timerRead.Load() != 0 {
 		t.Fatalf("the timer's read at Close reported %v and read %d datagrams", read, r.g.timerRead.Load())
 	}
+}
+
+// awaitTimerWaiting returns once a goroutine in timerRead waits for the inbox, and fails the
+// test if done (closed when that goroutine's timerRead returns) closes first, or 10,000 looks
+// do not find it waiting.
+func awaitTimerWaiting(t *testing.T, done <-chan struct{}) {
+	t.Helper()
+	for range 10_000 {
+		if blockedIn("timerRead", "select") {
+			return
+		}
+		select {
+		case <-done:
+			t.Fatal("the timer's read returned with the inbox held")
+		default:
+		}
+		runtime.Gosched()
+	}
+	t.Fatal("the timer's read is not waiting for the inbox")
 }
 
 // blockedIn reports whether a goroutine is blocked in state (as runtime.Stack prints it) with a
