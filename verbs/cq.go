@@ -42,7 +42,8 @@ type CQ struct {
 	// (put): a batch of completions of one QP's queue takes the lock once. nil outside a Poll,
 	// and in a StartPoll session, whose caller may post between entries.
 	booked   *wq
-	batching bool // a Poll is consuming entries: put may keep booked's lock
+	bookedN  uint32 // WRs of booked completed in this batch, counted at once (unbook)
+	batching bool   // a Poll is consuming entries: put may keep booked's lock
 
 	polling atomic.Bool // a StartPoll session is open (the lock is held): EndPoll ends it
 

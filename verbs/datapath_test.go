@@ -148,6 +148,17 @@ func TestRDMAReadWriteAndWriteImm(t *testing.T) {
 	if !bytes.Equal(b.buf[2048:4048], a.buf[100:2100]) {
 		t.Fatal("write data differs")
 	}
+	// Each QP counts its WRs, the write-imm's receive among b's receives; the device sums them.
+	if c := a.qp.Counters(); c.RDMAReadWRs != 1 || c.RDMAReadBytes != 1000 || c.RDMAWriteWRs != 1 || c.RDMAWriteBytes != 2000 {
+		t.Errorf("requester's QP counters %+v", c)
+	}
+	if c := b.qp.Counters(); c.RecvWRs != 1 || c.RecvBytes != 0 || c.RDMAWriteWRs != 0 {
+		t.Errorf("responder's QP counters %+v", c)
+	}
+	if c := a.ctx.Counters(); c.RDMAReadWRs != 1 || c.RDMAReadBytes != 1000 || c.RDMAWriteWRs != 1 ||
+		c.RDMAWriteBytes != 2000 || c.RecvWRs != 1 || c.RDMAReadRespBytes != 1000 || c.RDMAWriteRecvBytes != 2000 {
+		t.Errorf("device counters %+v", c)
+	}
 }
 
 // Each error outcome is a per-WR status; the QP and the peer stay usable afterwards.

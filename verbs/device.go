@@ -370,14 +370,14 @@ type Counters struct {
 
 // Counters returns a snapshot of the device's counters.
 func (c *Context) Counters() Counters {
-	e := c.e.Counters()
+	e, w := c.e.Counters(), c.e.WRCounts()
 	return Counters{
 		TxBytes: e.TxBytes.Load(), TxPkts: e.TxPkts.Load(), RxBytes: e.RxBytes.Load(), RxPkts: e.RxPkts.Load(),
-		RxDrops: e.RxDrops.Load(), SendBytes: e.SendBytes.Load(), SendWRs: e.SendWRs.Load(),
-		RecvBytes: e.RecvBytes.Load(), RecvWRs: e.RecvWRs.Load(), RDMAReadWRs: e.RDMAReadWRs.Load(),
-		RDMAReadBytes: e.RDMAReadBytes.Load(), RDMAReadWRErr: e.RDMAReadWRErr.Load(),
-		RDMAReadRespBytes: e.RDMAReadRespBytes.Load(), RDMAWriteWRs: e.RDMAWriteWRs.Load(),
-		RDMAWriteBytes: e.RDMAWriteBytes.Load(), RDMAWriteWRErr: e.RDMAWriteWRErr.Load(),
+		RxDrops: e.RxDrops.Load(), SendBytes: w.SendBytes, SendWRs: w.SendWRs,
+		RecvBytes: w.RecvBytes, RecvWRs: w.RecvWRs, RDMAReadWRs: w.RDMAReadWRs,
+		RDMAReadBytes: w.RDMAReadBytes, RDMAReadWRErr: e.RDMAReadWRErr.Load(),
+		RDMAReadRespBytes: e.RDMAReadRespBytes.Load(), RDMAWriteWRs: w.RDMAWriteWRs,
+		RDMAWriteBytes: w.RDMAWriteBytes, RDMAWriteWRErr: e.RDMAWriteWRErr.Load(),
 		RDMAWriteRecvBytes: e.RDMAWriteRecvBytes.Load(), CQOverruns: e.CQOverruns.Load(),
 		RetransBytes: e.RetransBytes.Load(), RetransPkts: e.RetransPkts.Load(),
 		RetransTimeoutEvents: e.RetransTimeoutEvents.Load(), UnresponsiveRemoteEvents: e.UnresponsiveRemoteEvents.Load(),

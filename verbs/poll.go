@@ -150,7 +150,11 @@ func (cq *CQ) put(w *wq, idx uint16) bool {
 		w.poolMu.Lock()
 		cq.booked = w
 	}
-	return w.putLocked(idx)
+	if !w.ungetLocked(idx) {
+		return false
+	}
+	cq.bookedN++
+	return true
 }
 
 // endBatch ends a Poll's batch: put takes pool locks per entry again, and the one it kept goes.
@@ -159,9 +163,11 @@ func (cq *CQ) endBatch() {
 	cq.unbook()
 }
 
-// unbook lets go of the pool lock put kept, if any.
+// unbook counts the WRs put took back as completed, and lets go of the pool lock it kept, if any.
 func (cq *CQ) unbook() {
 	if cq.booked != nil {
+		cq.booked.completed.Add(cq.bookedN)
+		cq.bookedN = 0
 		cq.booked.poolMu.Unlock()
 		cq.booked = nil
 	}

@@ -122,11 +122,6 @@ func (w *wq) get() uint16 {
 func (w *wq) put(idx uint16) bool {
 	w.poolMu.Lock()
 	defer w.poolMu.Unlock()
-	return w.putLocked(idx)
-}
-
-// putLocked is put, with the pool's lock held (CQ.put holds it across a Poll's entries).
-func (w *wq) putLocked(idx uint16) bool {
 	if !w.ungetLocked(idx) {
 		return false
 	}
@@ -570,7 +565,8 @@ func rounddownPow2(n uint32) uint32 {
 	return 1 << (bits.Len32(n) - 1)
 }
 
-// QPCounters are one QP's counters.
+// QPCounters are one QP's counters. RecvWRs counts the receive WRs an RDMA write with immediate
+// took as well as those of SENDs; RecvBytes only the latter's bytes.
 type QPCounters struct {
 	SendWRs, SendBytes, RecvWRs, RecvBytes                   uint64
 	RDMAReadWRs, RDMAReadBytes, RDMAWriteWRs, RDMAWriteBytes uint64
@@ -578,11 +574,4 @@ type QPCounters struct {
 }
 
 // Counters returns a snapshot of the QP's counters.
-func (qp *QP) Counters() QPCounters {
-	c := qp.e.Counters()
-	return QPCounters{
-		SendWRs: c.SendWRs.Load(), SendBytes: c.SendBytes.Load(), RecvWRs: c.RecvWRs.Load(), RecvBytes: c.RecvBytes.Load(),
-		RDMAReadWRs: c.RDMAReadWRs.Load(), RDMAReadBytes: c.RDMAReadBytes.Load(),
-		RDMAWriteWRs: c.RDMAWriteWRs.Load(), RDMAWriteBytes: c.RDMAWriteBytes.Load(), WRErrors: c.WRErrors.Load(),
-	}
-}
+func (qp *QP) Counters() QPCounters { return QPCounters(qp.e.Counters()) }

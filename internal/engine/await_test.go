@@ -59,7 +59,7 @@ func (d *Device) awaitCQ(cq *CQ, slot uint32, budget time.Duration) {
 	if slot >= cq.depth {
 		return
 	}
-	d.pollWhile(func() bool { return cq.written.Load()&(cq.depth-1) == slot }, budget, false)
+	d.pollWhile(func() bool { return cq.Written()&(cq.depth-1) == slot }, budget, false)
 }
 
 // AwaitRecv, a program's thread lingering after a post for the answer to it (docs/cabi.md,
@@ -105,14 +105,14 @@ func testAwaitRecv(t *testing.T) {
 	}
 
 	b.d.AwaitRecv(b.q, 0, time.Hour)
-	if n := b.q.counts.RecvWRs.Load(); n != 1 {
+	if n := b.q.Recvs(); n != 1 {
 		t.Fatalf("the receiver has completed %d receives after the wait, want 1", n)
 	}
 	if got := string(b.inA[:len(msg)]); got != msg {
 		t.Errorf("the receive buffer holds %q, want %q", got, msg)
 	}
-	if b.q.recvCQ.written.Load() != 1 {
-		t.Errorf("the receiver's CQ holds %d entries after the wait, want 1", b.q.recvCQ.written.Load())
+	if b.q.recvCQ.Written() != 1 {
+		t.Errorf("the receiver's CQ holds %d entries after the wait, want 1", b.q.recvCQ.Written())
 	}
 	b.d.AwaitRecv(b.q, 1, 0) // nothing more comes: with no budget, one poll and back
 	if b.q.TalksToPeers() {
@@ -244,7 +244,7 @@ func TestFlushAcksLeavesNoneOwed(t *testing.T) {
 	}
 	// b speaks first, and both drive until its SEND has completed.
 	post(b, a, 1)
-	for b.q.sendCQ.written.Load() == 0 {
+	for b.q.sendCQ.Written() == 0 {
 		waiting("completion of b's SEND")
 		a.d.Drive()
 		b.d.Drive()
@@ -252,7 +252,7 @@ func TestFlushAcksLeavesNoneOwed(t *testing.T) {
 	// a's SEND reaches b through a busy poll's lazy input: the ACK stays owed.
 	post(a, b, 2)
 	a.d.Drive()
-	for b.q.recvCQ.written.Load() < 2 { // (one CQ for both queues: the first entry is b's SEND)
+	for b.q.recvCQ.Written() < 2 { // (one CQ for both queues: the first entry is b's SEND)
 		waiting("receive of a's SEND at b")
 		dr := b.d.drv
 		b.d.locked(dr.q, func(now time.Duration) {
@@ -268,7 +268,7 @@ func TestFlushAcksLeavesNoneOwed(t *testing.T) {
 	if b.d.srd.AcksOwed() {
 		t.Fatal("an ACK is still owed after FlushAcks")
 	}
-	for a.q.sendCQ.written.Load() < 2 {
+	for a.q.sendCQ.Written() < 2 {
 		waiting("completion of a's SEND")
 		a.d.Drive() // only b's flushed ACK can complete it: the clock stands still
 	}
@@ -303,13 +303,13 @@ func TestReadIntoDeregisteredRegion(t *testing.T) {
 		a.d.Drive()
 		b.d.Drive()
 	}
-	if got := a.q.sendCQ.written.Load(); got != 0 {
+	if got := a.q.sendCQ.Written(); got != 0 {
 		t.Fatalf("%d completions before the requester took the read data: the test would prove nothing", got)
 	}
 	if err := a.d.DeregMR(a.a); err != nil {
 		t.Fatal(err)
 	}
-	if got := a.q.sendCQ.written.Load(); got != 1 {
+	if got := a.q.sendCQ.Written(); got != 1 {
 		t.Fatalf("%d completions at the dereg, want 1", got)
 	}
 	e := efaio.CQE(a.q.sendCQ.ring[:a.q.sendCQ.esz])
@@ -325,7 +325,7 @@ func TestReadIntoDeregisteredRegion(t *testing.T) {
 		a.d.Drive()
 		b.d.Drive()
 	}
-	if got := a.q.sendCQ.written.Load(); got != 1 {
+	if got := a.q.sendCQ.Written(); got != 1 {
 		t.Errorf("%d completions after the read data came, want still 1", got)
 	}
 	if !bytes.Equal(a.inA[:64], make([]byte, 64)) {
@@ -353,7 +353,7 @@ func TestSQDrainedByNetworkCompletion(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(time.Minute)
-	for a.q.sendCQ.written.Load() == 0 {
+	for a.q.sendCQ.Written() == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("no completion of the SEND after a minute")
 		}
@@ -416,8 +416,8 @@ func TestQPAwait(t *testing.T) {
 	if !<-got {
 		t.Fatal("Await for a receive that came returned false")
 	}
-	if b.q.recvCQ.written.Load() != 1 {
-		t.Fatalf("the receiver's CQ holds %d entries after the wait, want 1", b.q.recvCQ.written.Load())
+	if b.q.recvCQ.Written() != 1 {
+		t.Fatalf("the receiver's CQ holds %d entries after the wait, want 1", b.q.recvCQ.Written())
 	}
 	if got := string(b.inA[:len(msg)]); got != msg {
 		t.Errorf("the receive buffer holds %q, want %q", got, msg)

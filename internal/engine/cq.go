@@ -25,8 +25,7 @@ type CQ struct {
 	db    *uint32
 	flags int
 
-	pc      uint16        // CQEs produced, modulo 2^16
-	written atomic.Uint32 // pc, readable without the device's lock (the tests wait on it)
+	pc      uint16 // CQEs produced, modulo 2^16
 	phase   uint8
 	unpaced bool   // CQInit.Unpaced: the doorbell's consumer count is not read for overrun
 	refs    int    // QPs using this CQ
@@ -160,8 +159,12 @@ func (d *Device) ArmCQ(cq *CQ) {
 }
 
 // Written is how many entries the CQ has written (modulo 2^16), each whole when counted (for
-// tests that must not poll).
-func (cq *CQ) Written() uint32 { return cq.written.Load() }
+// tests that must not poll). It takes the device lock.
+func (cq *CQ) Written() uint32 {
+	cq.d.mu.Lock()
+	defer cq.d.mu.Unlock()
+	return uint32(cq.pc)
+}
 
 // checkArm reads the doorbell and latches the arm it shows; entries written and not yet polled
 // raise the armed event at once. Called with the device's lock held.
@@ -199,7 +202,7 @@ func (cq *CQ) Overrun() bool {
 	return cq.overrun
 }
 
-// Await blocks until q has completed a receive past seen (its RecvWRs count), timeout fires or
+// Await blocks until q has completed a receive past seen (its Recvs count), timeout fires or
 // interrupt is ready, and reports whether the receive came. It is for a consumer in another
 // process (the host device: the program's thread sleeps in the device instead of spinning on its
 // ring, and lends its core to the work it waits for); unlike AwaitRecv it polls nothing and uses
@@ -216,23 +219,24 @@ func (q *QP) Await(seen uint64, timeout <-chan time.Time, interrupt <-chan struc
 	}
 	// (a receive counted after the load below finds waiters set and signals: both are
 	// sequentially consistent atomics; countRecv)
-	for q.counts.RecvWRs.Load() == seen {
+	for q.recvs.Load() == seen {
 		select {
 		case <-cq.wake:
 		case <-timeout:
-			return q.counts.RecvWRs.Load() != seen
+			return q.recvs.Load() != seen
 		case <-interrupt:
-			return q.counts.RecvWRs.Load() != seen
+			return q.recvs.Load() != seen
 		}
 	}
 	return true
 }
 
-// countRecv counts a receive WR of q completed (its entry written first: a thread that sees the
-// count move finds the entry) and wakes a goroutine blocked in Await on q's receive CQ.
+// countRecv counts a receive WR of q completed, with d.mu held (its entry written first: a thread
+// that sees the count move finds the entry), and wakes a goroutine blocked in Await on q's
+// receive CQ. A receive WR that an RDMA write with immediate took counts too, with no bytes.
 func (q *QP) countRecv(length uint64) {
-	q.counts.RecvWRs.Add(1)
-	q.counts.RecvBytes.Add(length)
+	q.counts.RecvBytes += length
+	q.recvs.Add(1)
 	if cq := q.recvCQ; cq != nil && cq.waiters.Load() != 0 {
 		cq.signal()
 	}
@@ -264,7 +268,6 @@ func (cq *CQ) post(c *efaio.Completion) {
 	slot.EncodeBody(c)
 	atomic.StoreUint32((*uint32)(unsafe.Pointer(&slot[0])), efaio.HeaderWord(c))
 	cq.pc++
-	cq.written.Store(uint32(cq.pc))
 	if uint32(cq.pc)&(cq.depth-1) == 0 {
 		cq.phase ^= 1
 	}

@@ -33,7 +33,7 @@ func TestDestroyCarriesOutRungWQEs(t *testing.T) {
 	if err := r.d.DestroyQP(r.q); err != nil {
 		t.Fatal(err)
 	}
-	if got := r.d.counts.SendWRs.Load(); got != 1 {
+	if got := r.d.WRCounts().SendWRs; got != 1 {
 		t.Errorf("%d SEND WRs carried out, want 1", got)
 	}
 	if got := string(r.inA[:len(msg)]); got != msg {
@@ -86,7 +86,7 @@ func TestResetDiscardsWRsOnTheNetwork(t *testing.T) {
 		now += r.d.cfg.TransportTimeout / 4
 		r.d.Drive()
 	}
-	if got := cq.written.Load(); got != 0 {
+	if got := cq.Written(); got != 0 {
 		t.Errorf("%d completions for a SEND discarded by RESET, want 0", got)
 	}
 }
@@ -130,7 +130,7 @@ func TestPartReceivedSendEndsWithItsQP(t *testing.T) {
 			if err := c.stop(r); err != nil {
 				t.Fatal(err)
 			}
-			if got := cq.written.Load(); got != 1 {
+			if got := cq.Written(); got != 1 {
 				t.Fatalf("%d receive completions at the %s, want 1", got, c.name)
 			}
 			e := efaio.CQE(cq.ring[:cq.esz])
@@ -143,7 +143,7 @@ func TestPartReceivedSendEndsWithItsQP(t *testing.T) {
 			if !done || st == efaio.StatusOK {
 				t.Errorf("the last segment: done %v, status %d; want done and a failure for the sender", done, st)
 			}
-			if got := cq.written.Load(); got != 1 {
+			if got := cq.Written(); got != 1 {
 				t.Errorf("%d receive completions after the rest arrived, want still 1", got)
 			}
 			if got := string(r.inA[:30]); got != strings.Repeat("a", 10)+strings.Repeat("\x00", 20) {
@@ -166,7 +166,7 @@ func TestDestroyCarriesOutRungWQEsToAPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	postSend(a, b, ah, "first")
-	for deadline := time.Now().Add(10 * time.Second); a.q.sendCQ.written.Load() == 0; a.d.Drive() {
+	for deadline := time.Now().Add(10 * time.Second); a.q.sendCQ.Written() == 0; a.d.Drive() {
 		if time.Now().After(deadline) {
 			t.Fatal("the first SEND was not answered in 10 s")
 		}

@@ -84,6 +84,7 @@ type Device struct {
 	events    []AsyncEvent
 	closed    bool
 	counts    Counters
+	retired   QPCounters   // the destroyed QPs' counts, summed (WRCounts)
 	pending   pendingQueue // QPs whose doorbells a provider rang (own lock)
 
 	// SRD over the link (package srd); nil without a link: the device reaches only itself.
@@ -253,18 +254,32 @@ var (
 	AddrFromGID = config.AddrFromGID
 )
 
-// Counters are the device's port counters, with EFA's names (efa_verbs.c port stats).
+// Counters are the device's port counters, with EFA's names (efa_verbs.c port stats), but for
+// those of work requests, which its QPs count (WRCounts).
 type Counters struct {
-	srd.Counters                                                     // the transport's
-	SendBytes, SendWRs, RecvBytes, RecvWRs                           atomic.Uint64
-	RDMAReadWRs, RDMAReadBytes, RDMAReadWRErr, RDMAReadRespBytes     atomic.Uint64
-	RDMAWriteWRs, RDMAWriteBytes, RDMAWriteWRErr, RDMAWriteRecvBytes atomic.Uint64
-	CQOverruns                                                       atomic.Uint64
-	EngineWakeups                                                    atomic.Uint64 // times the engine loop woke, by a kick or its timer (softefa's own)
+	srd.Counters                       // the transport's
+	RDMAReadWRErr, RDMAReadRespBytes   atomic.Uint64
+	RDMAWriteWRErr, RDMAWriteRecvBytes atomic.Uint64
+	CQOverruns                         atomic.Uint64
+	EngineWakeups                      atomic.Uint64 // times the engine loop woke, by a kick or its timer (softefa's own)
 }
 
 // Counters returns the device's live counters.
 func (d *Device) Counters() *Counters { return &d.counts }
+
+// WRCounts returns the device's work-request counters (EFA's send_wrs, recv_bytes, rdma_read_wrs
+// and the like): those of its QPs, live and destroyed, summed. Its WRErrors, which EFA does not
+// count per device, are the send WRs completed with an error. It takes the device lock.
+func (d *Device) WRCounts() QPCounters {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := d.retired
+	for _, q := range d.qpList {
+		qc := q.countsLocked()
+		c.add(&qc)
+	}
+	return c
+}
 
 // PathStat is one path's scoreboard towards one peer.
 type PathStat = srd.PathStat

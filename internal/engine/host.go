@@ -50,7 +50,7 @@ func (d *Device) sendRemote(q *QP, w *efaio.TxDesc, m *message, tries int, now t
 	}
 	sw.idx = len(q.out)
 	q.out = append(q.out, sw) // before Request: the transport's Done finds it there
-	q.outN.Store(int32(len(q.out)))
+	q.publishOut()
 	msg, st := d.srd.Request(now, m.dstGID, &r, sw)
 	if st != efaio.StatusOK {
 		q.dropOut(sw)
@@ -134,8 +134,17 @@ func (q *QP) dropOut(sw *sendWR) {
 	q.out[sw.idx].idx = sw.idx
 	q.out[last] = nil
 	q.out = q.out[:last]
-	q.outN.Store(int32(last))
+	q.publishOut()
 	sw.q = nil
+}
+
+// publishOut stores len(q.out) in q.outN, up to 2: AwaitRecv asks only whether it is 0, 1 or
+// more. The store is made only when that moved, as it is a locked instruction: a stream, with
+// more than one WR out all along, makes none.
+func (q *QP) publishOut() {
+	if n := int32(min(len(q.out), 2)); q.outN.Load() != n {
+		q.outN.Store(n)
+	}
 }
 
 // host is the device as its transport sees it (srd.Host).

@@ -24,7 +24,7 @@ func (r *accessRig) recvCompletions(t *testing.T) []efaio.Completion {
 	t.Helper()
 	cq := r.q.recvCQ
 	var out []efaio.Completion
-	for i := range cq.written.Load() {
+	for i := range cq.Written() {
 		e := efaio.CQE(cq.ring[int(i)*cq.esz : int(i+1)*cq.esz])
 		var c efaio.Completion
 		if err := e.Decode(binary.LittleEndian.Uint32(e), &c); err != nil {

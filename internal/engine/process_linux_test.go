@@ -52,7 +52,7 @@ func (r *wrRig) next(t *testing.T, other *wrRig, now *time.Duration) efaio.Compl
 	t.Helper()
 	deadline := time.Now().Add(time.Minute) // (a lost datagram would need timers: the test would spin)
 	cq := r.q.sendCQ
-	for cq.written.Load() <= uint32(r.cqes) {
+	for cq.Written() <= uint32(r.cqes) {
 		if time.Now().After(deadline) {
 			t.Fatal("no completion after a minute")
 		}

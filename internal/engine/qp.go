@@ -56,7 +56,7 @@ type QP struct {
 
 	parked   []parkedWR   // sends waiting to retry after RNR
 	out      []*sendWR    // sends on the network, waiting for the peer's answer
-	outN     atomic.Int32 // len(out), for a thread lingering without mu (AwaitRecv)
+	outN     atomic.Int32 // len(out) up to 2, for a thread lingering without mu (AwaitRecv; publishOut)
 	answered atomic.Int64 // device clock when a linger last took its receive (AwaitRecv)
 	drainReq bool         // raise SQ_DRAINED when nothing is in flight
 	kicked   atomic.Bool
@@ -70,18 +70,51 @@ type QP struct {
 	fenceSend, fenceRecv uint16
 
 	scratch efaio.TxDesc // decode buffer, so that the data path does not allocate
-	counts  QPCounters
+
+	// counts is guarded by d.mu, as everything that counts holds it: the data path counts
+	// without a locked instruction. Its RecvWRs stays 0; recvs is that count, atomic, for
+	// threads that wait for a receive without the lock (Await, AwaitRecv).
+	counts QPCounters
+	recvs  atomic.Uint64
 }
 
 // QPCounters are one QP's counters, with EFA's names where EFA has them.
 type QPCounters struct {
-	SendWRs, SendBytes, RecvWRs, RecvBytes                   atomic.Uint64
-	RDMAReadWRs, RDMAReadBytes, RDMAWriteWRs, RDMAWriteBytes atomic.Uint64
-	WRErrors                                                 atomic.Uint64 // send WRs completed with an error
+	SendWRs, SendBytes, RecvWRs, RecvBytes                   uint64
+	RDMAReadWRs, RDMAReadBytes, RDMAWriteWRs, RDMAWriteBytes uint64
+	WRErrors                                                 uint64 // send WRs completed with an error
 }
 
-// Counters returns the QP's live counters.
-func (q *QP) Counters() *QPCounters { return &q.counts }
+// add adds o's counts to c's.
+func (c *QPCounters) add(o *QPCounters) {
+	c.SendWRs += o.SendWRs
+	c.SendBytes += o.SendBytes
+	c.RecvWRs += o.RecvWRs
+	c.RecvBytes += o.RecvBytes
+	c.RDMAReadWRs += o.RDMAReadWRs
+	c.RDMAReadBytes += o.RDMAReadBytes
+	c.RDMAWriteWRs += o.RDMAWriteWRs
+	c.RDMAWriteBytes += o.RDMAWriteBytes
+	c.WRErrors += o.WRErrors
+}
+
+// Counters returns a snapshot of q's counters. It takes the device lock.
+func (q *QP) Counters() QPCounters {
+	q.d.mu.Lock()
+	defer q.d.mu.Unlock()
+	return q.countsLocked()
+}
+
+// countsLocked is Counters, with d.mu held.
+func (q *QP) countsLocked() QPCounters {
+	c := q.counts
+	c.RecvWRs = q.recvs.Load()
+	return c
+}
+
+// Recvs returns how many receive WRs q has completed, without the device lock: the completions
+// are written before the count moves, so a thread that sees it move finds them.
+func (q *QP) Recvs() uint64 { return q.recvs.Load() }
 
 type sendQueue struct {
 	ring  []byte
@@ -334,8 +367,10 @@ func (d *Device) destroyQP(q *QP, now time.Duration) error {
 		d.polledQPs--
 	}
 	q.parked, q.out = nil, nil
-	q.outN.Store(0)
+	q.publishOut()
 	q.dead = true
+	c := q.countsLocked()
+	d.retired.add(&c)
 	delete(d.qps, q.qpn)
 	for i, x := range d.qpList {
 		if x == q {

@@ -402,8 +402,6 @@ func (d *Device) finish(in *inbound) efaio.Status {
 		}, m.srcGID)
 		// Counted after the entry is written: a thread waiting for the count (AwaitRecv, on
 		// another goroutine than the one receiving) finds the entry when it sees the count move.
-		d.counts.RecvWRs.Add(1)
-		d.counts.RecvBytes.Add(m.length)
 		in.t.countRecv(m.length)
 	case m.op == efaio.OpRDMAWrite:
 		d.counts.RDMAWriteRecvBytes.Add(m.length)
@@ -414,9 +412,11 @@ func (d *Device) finish(in *inbound) efaio.Status {
 			}
 			if in.hasWR {
 				c.ReqID = in.wr.reqID
-				d.counts.RecvWRs.Add(1)
 			}
 			in.t.completeRecv(&c, m.srcGID)
+			if in.hasWR {
+				in.t.countRecv(0) // (a receive WR completed: its bytes count as written, above)
+			}
 		}
 	}
 	return efaio.StatusOK

@@ -451,7 +451,7 @@ func (d *Device) recheckArms() {
 
 // AwaitRecv is made on the thread of a program that has just posted a send on q after a receive
 // of q completed (a ping-pong: docs/cabi.md, "Lingering after a post"): the thread polls the
-// network, as PollNetwork does, until q has completed a receive past seen (its RecvWRs count) or
+// network, as PollNetwork does, until q has completed a receive past seen (its Recvs count) or
 // budget has passed. When the post left only itself on the network (a ping-pong, not a stream),
 // the wait also lasts until the peer has acknowledged it: the program looks for both completions
 // next (libfabric's fi_pingpong waits for its send's before it looks for the answer), and an ACK
@@ -470,8 +470,8 @@ func (d *Device) AwaitRecv(q *QP, seen uint64, budget time.Duration) {
 	lazy := last != 0 && d.clock()-time.Duration(last) < srd.AckDelay
 	d.sendOwedAcks()
 	alone := q.outN.Load() <= 1
-	d.pollWhile(func() bool { return q.counts.RecvWRs.Load() == seen || alone && q.outN.Load() > 0 }, budget, lazy)
-	if q.counts.RecvWRs.Load() != seen {
+	d.pollWhile(func() bool { return q.recvs.Load() == seen || alone && q.outN.Load() > 0 }, budget, lazy)
+	if q.recvs.Load() != seen {
 		q.answered.Store(max(int64(d.clock()), 1))
 	} else {
 		q.answered.Store(0)

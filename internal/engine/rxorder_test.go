@@ -111,7 +111,7 @@ func TestReceiveLoopDrainsReaderBeforeWaiting(t *testing.T) {
 	b.d.Ring(b.q)
 	atomic.StoreUint32(a.q.sq.db, sends)
 	a.d.Ring(a.q)
-	for b.q.recvCQ.written.Load() < sends {
+	for b.q.recvCQ.Written() < sends {
 		runtime.Gosched()
 	}
 	if n := bn.waitedHolding.Load(); n != 0 {
@@ -198,7 +198,7 @@ func TestReceiveLoopResumesOnArm(t *testing.T) {
 	}
 	b.d.ArmCQ(b.q.recvCQ)
 	sendOne(t, a, b)
-	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.written.Load() < 1; runtime.Gosched() {
+	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.Written() < 1; runtime.Gosched() {
 		if time.Now().After(deadline) {
 			t.Fatal("the SEND was not taken: the receive loop still parks after the arm")
 		}
@@ -239,7 +239,7 @@ func TestReceiveLoopLeavesTheParkWhenThePollerStops(t *testing.T) {
 	look(t, b, bn) // nobody polled in this one
 	waitRx(t, b, func() bool { return b.d.rxWaits.Load() == rxOnSocket }, "leave its park after a park in which nobody polled")
 	sendNth(t, a, b, 1)
-	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 2 }, "take the SEND that came after")
+	waitRx(t, b, func() bool { return b.q.recvCQ.Written() == 2 }, "take the SEND that came after")
 }
 
 // Polls that find completions, and no read of the socket by the application (a sender's polls
@@ -252,7 +252,7 @@ func TestReceiveLoopParksBesideAPollThatFoundCompletions(t *testing.T) {
 	waitRx(t, b, func() bool { return settled(a, b) }, "take the first SEND and wait on the socket")
 	b.d.Polled() // (and busyAt never set: no poll of the application read the socket)
 	sendNth(t, a, b, 1)
-	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 2 && b.d.parkedRx() }, "take the SEND and park")
+	waitRx(t, b, func() bool { return b.q.recvCQ.Written() == 2 && b.d.parkedRx() }, "take the SEND and park")
 }
 
 // A poll made before a long wait on the socket (longer than pollStale, here any) is no busy
@@ -266,7 +266,7 @@ func TestReceiveLoopForgetsPollsBeforeALongWait(t *testing.T) {
 	waitRx(t, b, func() bool { return settled(a, b) }, "take the first SEND and wait on the socket")
 	b.d.Polled() // while the loop waits
 	sendNth(t, a, b, 1)
-	waitRx(t, b, func() bool { return b.q.recvCQ.written.Load() == 2 && b.d.rxWaits.Load() == rxOnSocket }, "take the SEND and wait on the socket again")
+	waitRx(t, b, func() bool { return b.q.recvCQ.Written() == 2 && b.d.rxWaits.Load() == rxOnSocket }, "take the SEND and wait on the socket again")
 }
 
 // A look that fills its batch goes on: more datagrams wait than one read takes, and the loop
@@ -281,7 +281,7 @@ func TestReceiveLoopReadsOnAfterALookThatFilledItsBatch(t *testing.T) {
 // settled reports whether b took a's first SEND and a its completion (nothing is outstanding:
 // nothing more comes to b's socket), and b's receive loop waits on the socket.
 func settled(a, b *accessRig) bool {
-	return b.q.recvCQ.written.Load() == 1 && a.q.recvCQ.written.Load() == 1 && b.d.rxWaits.Load() == rxOnSocket
+	return b.q.recvCQ.Written() == 1 && a.q.recvCQ.Written() == 1 && b.d.rxWaits.Load() == rxOnSocket
 }
 
 // parkablePair makes devices a and b on fabric f (b's node bn; set tunes b's configuration), and,
@@ -373,7 +373,7 @@ func waitRx(t *testing.T, b *accessRig, cond func() bool, want string) {
 // another than the SEND.)
 func lookUntilTaken(t *testing.T, b *accessRig, bn *emptyReads, n uint32, poll func()) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.written.Load() < n; {
+	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.Written() < n; {
 		if time.Now().After(deadline) {
 			t.Fatal("the receive loop's looks never took the SEND")
 		}
@@ -437,7 +437,7 @@ func parkedBesidePoller(t *testing.T, rxSpin time.Duration, short int) (a, b *ac
 	b = newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bl, Paths: 1, RxSpin: rxSpin,
 		PollMin: time.Hour, PollMax: time.Hour})
 	sendOne(t, a, b)
-	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.written.Load() < 1; runtime.Gosched() {
+	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.Written() < 1; runtime.Gosched() {
 		if time.Now().After(deadline) {
 			t.Fatal("the first SEND was not taken")
 		}
@@ -455,9 +455,9 @@ func parkedBesidePoller(t *testing.T, rxSpin time.Duration, short int) (a, b *ac
 // waitParkedWith waits until b has written n receive completions and its receive loop parks.
 func waitParkedWith(t *testing.T, b *accessRig, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.written.Load() < uint32(n) || !b.d.parkedRx(); runtime.Gosched() {
+	for deadline := time.Now().Add(10 * time.Second); b.q.recvCQ.Written() < uint32(n) || !b.d.parkedRx(); runtime.Gosched() {
 		if time.Now().After(deadline) {
-			t.Fatalf("the receive loop does not park beside a busy poller (%d receive completions, want %d)", b.q.recvCQ.written.Load(), n)
+			t.Fatalf("the receive loop does not park beside a busy poller (%d receive completions, want %d)", b.q.recvCQ.Written(), n)
 		}
 	}
 }
@@ -481,7 +481,7 @@ func emptyReadsAfterTraffic(t *testing.T, polled bool) int64 {
 		b.d.busyAt.Store(future)
 	}
 	sendOne(t, a, b)
-	for b.q.recvCQ.written.Load() < 1 {
+	for b.q.recvCQ.Written() < 1 {
 		if polled {
 			b.d.PollNetwork() // the poller takes the SEND
 			b.d.busyAt.Store(future)
@@ -508,7 +508,7 @@ func TestReceiveLoopUnpolledTakesAtOnce(t *testing.T) {
 		b := newAccessRigOn(t, config.Device{Addr: bn.LocalAddr(), Link: bn, Paths: 1})
 		sendOne(t, a, b)
 		synctest.Wait()
-		if b.q.recvCQ.written.Load() < 1 || b.d.parkedRx() {
+		if b.q.recvCQ.Written() < 1 || b.d.parkedRx() {
 			t.Fatalf("the SEND was not taken (receive loop parked: %v) with no poller", b.d.parkedRx())
 		}
 	})
@@ -529,7 +529,7 @@ func TestReceiveLoopDoesNotParkBesideASleeper(t *testing.T) {
 	defer b.d.EndSleep()
 	b.d.busyAt.Store(monoNow() + int64(time.Hour)) // another goroutine polls, and never stops
 	sendOne(t, a, b)                               // it wakes the loop, which then waits again: on the socket, not parked
-	for b.q.recvCQ.written.Load() < 1 || b.d.rxWaits.Load() == rxRunning {
+	for b.q.recvCQ.Written() < 1 || b.d.rxWaits.Load() == rxRunning {
 		runtime.Gosched()
 	}
 	if b.d.parkedRx() {
@@ -621,7 +621,7 @@ func TestBusyPollerLetsAnIdleDeviceStop(t *testing.T) {
 			time.Sleep(100 * time.Microsecond)
 		}
 		synctest.Wait()
-		if b.q.recvCQ.written.Load() != 1 {
+		if b.q.recvCQ.Written() != 1 {
 			t.Fatal("the SEND did not arrive")
 		}
 		if n := a.d.ticks.Load() - ticks; n > 2 {

@@ -187,36 +187,32 @@ func (d *Device) deliver(q *QP, w *efaio.TxDesc, m *message, tries int, now time
 	return d.sendRemote(q, w, m, tries, now)
 }
 
+// count counts w's outcome st in q's counters (and the device's, for the RDMA errors that only
+// it counts). It runs under d.mu: q's counts are plain fields (QP.counts).
 func (d *Device) count(q *QP, w *efaio.TxDesc, m *message, st efaio.Status) {
-	c, qc := &d.counts, &q.counts
+	qc := &q.counts
 	if st != efaio.StatusOK {
-		qc.WRErrors.Add(1)
+		qc.WRErrors++
 	}
 	switch w.Op {
 	case efaio.OpSend:
 		if st == efaio.StatusOK {
-			c.SendWRs.Add(1)
-			c.SendBytes.Add(m.length)
-			qc.SendWRs.Add(1)
-			qc.SendBytes.Add(m.length)
+			qc.SendWRs++
+			qc.SendBytes += m.length
 		}
 	case efaio.OpRDMARead:
-		c.RDMAReadWRs.Add(1)
-		qc.RDMAReadWRs.Add(1)
+		qc.RDMAReadWRs++
 		if st != efaio.StatusOK {
-			c.RDMAReadWRErr.Add(1)
+			d.counts.RDMAReadWRErr.Add(1)
 		} else {
-			c.RDMAReadBytes.Add(m.length)
-			qc.RDMAReadBytes.Add(m.length)
+			qc.RDMAReadBytes += m.length
 		}
 	case efaio.OpRDMAWrite:
-		c.RDMAWriteWRs.Add(1)
-		qc.RDMAWriteWRs.Add(1)
+		qc.RDMAWriteWRs++
 		if st != efaio.StatusOK {
-			c.RDMAWriteWRErr.Add(1)
+			d.counts.RDMAWriteWRErr.Add(1)
 		} else {
-			c.RDMAWriteBytes.Add(m.length)
-			qc.RDMAWriteBytes.Add(m.length)
+			qc.RDMAWriteBytes += m.length
 		}
 	}
 }

@@ -116,8 +116,8 @@ func TestRingTrappedOwnDevice(t *testing.T) {
 	cq, _ := h.createCQ(64, 32, 0)
 	qp, _ := h.createQP(pd, cq, uapi.QPTypeDriver, 16*64, 16*16)
 	o := h.f.objs[qp].(*qpObj)
-	for range 2 * lingerAfter {
-		o.qp.Counters().RecvWRs.Add(1) // (a receive since the last ring)
+	for i := range 2 * lingerAfter {
+		o.rungRecvs.Store(uint64(100 + i)) // a receive since the last ring (the count moved)
 		h.f.RingTrapped(qp)
 	}
 	if n := o.answers.Load(); n != 0 {

@@ -182,7 +182,7 @@ type qpObj struct {
 	dbUntrap  bool   // a mapping of the SQ doorbell page does not trap (TrapDoorbells); guarded by File.mu
 	dbTrapped bool   // a mapping of it was reported trapping (TrapDoorbells); guarded by File.mu
 	asyncSent atomic.Uint32
-	rungRecvs atomic.Uint64 // the QP's RecvWRs count at its last trapped ring (File.RingTrapped)
+	rungRecvs atomic.Uint64 // the QP's receive count (Recvs) at its last trapped ring (File.RingTrapped)
 	answers   atomic.Int32  // trapped rings in a row a receive followed, up to lingerAfter (lingers)
 	dead      bool          // destroyed; guarded by File.mu
 }

@@ -19,7 +19,7 @@ func (f *File) RingTrapped(h uint32) {
 	if o == nil || !o.qp.TalksToPeers() {
 		return
 	}
-	seen := o.qp.Counters().RecvWRs.Load()
+	seen := o.qp.Recvs()
 	if o.lingers(o.rungRecvs.Swap(seen) != seen) && f.d.linger > 0 {
 		f.d.lingered.Add(1)
 		f.d.e.AwaitRecv(o.qp, seen, f.d.linger)
@@ -42,7 +42,7 @@ func (f *File) KickAwait(h uint32, wait bool, t *time.Timer, interrupt <-chan st
 	if o == nil || f.d.linger <= 0 {
 		return false
 	}
-	seen := o.qp.Counters().RecvWRs.Load()
+	seen := o.qp.Recvs()
 	if o.lingers(o.rungRecvs.Swap(seen) != seen) && wait {
 		f.d.lingered.Add(1)
 		t.Reset(f.d.linger)

@@ -437,7 +437,7 @@ func (d *Device) hwCounters() []struct {
 	name string
 	v    uint64
 } {
-	c := d.e.Counters()
+	c, w := d.e.Counters(), d.e.WRCounts()
 	return []struct {
 		name string
 		v    uint64
@@ -445,11 +445,11 @@ func (d *Device) hwCounters() []struct {
 		{"tx_bytes", c.TxBytes.Load()}, {"tx_pkts", c.TxPkts.Load()},
 		{"rx_bytes", c.RxBytes.Load()}, {"rx_pkts", c.RxPkts.Load()},
 		{"rx_drops", c.RxDrops.Load()},
-		{"send_bytes", c.SendBytes.Load()}, {"send_wrs", c.SendWRs.Load()},
-		{"recv_bytes", c.RecvBytes.Load()}, {"recv_wrs", c.RecvWRs.Load()},
-		{"rdma_read_wrs", c.RDMAReadWRs.Load()}, {"rdma_read_bytes", c.RDMAReadBytes.Load()},
+		{"send_bytes", w.SendBytes}, {"send_wrs", w.SendWRs},
+		{"recv_bytes", w.RecvBytes}, {"recv_wrs", w.RecvWRs},
+		{"rdma_read_wrs", w.RDMAReadWRs}, {"rdma_read_bytes", w.RDMAReadBytes},
 		{"rdma_read_wr_err", c.RDMAReadWRErr.Load()}, {"rdma_read_resp_bytes", c.RDMAReadRespBytes.Load()},
-		{"rdma_write_wrs", c.RDMAWriteWRs.Load()}, {"rdma_write_bytes", c.RDMAWriteBytes.Load()},
+		{"rdma_write_wrs", w.RDMAWriteWRs}, {"rdma_write_bytes", w.RDMAWriteBytes},
 		{"rdma_write_wr_err", c.RDMAWriteWRErr.Load()}, {"rdma_write_recv_bytes", c.RDMAWriteRecvBytes.Load()},
 		{"retrans_bytes", c.RetransBytes.Load()}, {"retrans_pkts", c.RetransPkts.Load()},
 		{"retrans_timeout_events", c.RetransTimeoutEvents.Load()},
