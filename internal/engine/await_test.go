@@ -427,9 +427,9 @@ func TestQPAwait(t *testing.T) {
 	}
 }
 
-// awaitOut waits until q has n sends on the network. Ring serves a post on the caller's goroutine
-// only when the device is free; when the engine loop holds it (a busy machine), the loop serves
-// it a moment later.
+// awaitOut waits until q has n sends on the network, n at most 2 (QP.outN counts no further).
+// Ring serves a post on the caller's goroutine only when the device is free; when the engine
+// loop holds it (a busy machine), the loop serves it a moment later.
 func awaitOut(t *testing.T, q *QP, n int) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); q.outN.Load() != int32(n); runtime.Gosched() {

@@ -139,8 +139,8 @@ func (q *QP) dropOut(sw *sendWR) {
 }
 
 // publishOut stores len(q.out) in q.outN, up to 2: AwaitRecv asks only whether it is 0, 1 or
-// more. The store is made only when that moved, as it is a locked instruction: a stream, with
-// more than one WR out all along, makes none.
+// more. The store is made only when that moved, as it is a locked instruction on amd64: a
+// stream, with more than one WR out all along, makes none.
 func (q *QP) publishOut() {
 	if n := int32(min(len(q.out), 2)); q.outN.Load() != n {
 		q.outN.Store(n)
