@@ -75,6 +75,9 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"perf", "send_bw", "--loopback", "-l", "0"}, "-l"},
 		{[]string{"perf", "send_bw", "--loopback", "-l", "5000"}, "-l"},
 		{[]string{"perf", "send_lat", "--loopback", "-l", "8"}, "-l"},
+		{[]string{"perf", "send_lat", "--loopback", "-w", "-1"}, "-w"},
+		{[]string{"perf", "send_lat", "--loopback", "-w", "1048577"}, "-w"},
+		{[]string{"perf", "send_bw", "--loopback", "-w", "10"}, "-w"},
 		{[]string{"perf", "write_bw", "--loopback", "--timeout", "0s"}, "--timeout"},
 		{[]string{"perf", "write_bw", "--loopback", "--timeout", "-1s"}, "--timeout"},
 		{[]string{"perf", "write_bw", "--loopback", "--metrics", busy.Addr().String()}, "--metrics"},
@@ -192,6 +195,23 @@ func TestPerfLatencyDuration(t *testing.T) {
 	res := perfJSON(t, "send_lat", "--loopback", "-s", "64", "-D", "1ns", "--json")
 	if n, _ := res["iterations"].(float64); n > 1 || res["errors"] != 0.0 {
 		t.Fatalf("-D 1ns: %v", res)
+	}
+}
+
+// The warm-up's round trips (-w) come before the timed ones and are not among them; the first
+// is reported on its own.
+func TestPerfWarmup(t *testing.T) {
+	for _, test := range []string{"send_lat", "write_lat", "read_lat"} {
+		res := perfJSON(t, test, "--loopback", "-s", "64", "-n", "5", "-w", "3", "--json")
+		if res["iterations"] != 5.0 || res["warmup"] != 3.0 || res["errors"] != 0.0 {
+			t.Errorf("%s -n 5 -w 3: %v", test, res)
+		}
+		if first, _ := res["warmup_first_us"].(float64); first <= 0 {
+			t.Errorf("%s -w 3: the first warm-up round trip took %v us", test, res["warmup_first_us"])
+		}
+	}
+	if res := perfJSON(t, "send_lat", "--loopback", "-s", "64", "-n", "5", "-w", "0", "--json"); res["warmup_first_us"] != 0.0 {
+		t.Errorf("-w 0: %v", res)
 	}
 }
 
