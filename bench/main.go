@@ -90,7 +90,7 @@ func run(args []string) error {
 	fs.StringVar(&o.out, "out", "", "write results.json and SVG plots into this directory")
 	fs.IntVar(&o.runs, "runs", 3, "runs per measurement (the figure is their median)")
 	fs.DurationVar(&o.duration, "duration", 2*time.Second, "length of each bandwidth or rate run")
-	fs.IntVar(&o.iters, "iters", 20000, "round trips per latency run")
+	fs.IntVar(&o.iters, "iters", 20000, "timed round trips per latency run (after 1,000 untimed)")
 	only := fs.String("only", "", "comma-separated transports to run (udp, udp-1pkt, tcp, quic-go, kcp-go, softefa)")
 	fs.StringVar(&o.fabric, "softefa", "", "the softefa binary for `softefa fabric` (default: built from ../cmd/softefa)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")

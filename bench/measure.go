@@ -215,7 +215,8 @@ func pingRun(md mode, t transport, size, n int, via router) (pingResult, error) 
 }
 
 // pingWarmup is how many round trips of each ping-pong run are not timed, as OSU's latency
-// benchmark skips its first 1,000 for small messages: the first ones of a run pay for its
+// benchmark skips its first ones (1,000 for small messages in its 4.x releases, 100 now): the
+// first ones of a run pay for its
 // start (a connection's or a peer's first contact, code and memory touched for the first
 // time, the processes' first collections), a millisecond or more on this machine kind
 // (docs/performance.md), for every transport alike. The retransmission counts are the whole

@@ -108,8 +108,9 @@ func parsePerf(args []string, out io.Writer) (*perfOpts, error) {
 		"and read_bw, but 8192 for send_bw, as a SEND carries at most the device's 8192-byte MTU\n"+
 		"(max_msg_sz); RDMA up to 1 GiB")
 	fs.IntVar(&o.iters, "n", 1000, "iterations")
-	fs.IntVar(&o.warmup, "w", 10, "warm-up round trips before the timed ones, not counted, as fabtests' -w (latency tests;\n"+
-		"the first, with a peer the device has not met, is reported on its own line)")
+	fs.IntVar(&o.warmup, "w", 10, "warm-up round trips before the timed ones, not among their figures, as fabtests' -w\n"+
+		"(latency tests; the first, with a peer the device has not met, is reported on a line of its\n"+
+		"own, as the figures are: half a round trip for the ping-pongs; errors counts theirs too)")
 	fs.Var((*secondsFlag)(&o.duration), "D", "run for this long instead of -n iterations: seconds as perftest (2), or a Go duration (1m30s)")
 	fs.IntVar(&o.qps, "q", 1, "number of QPs, 1 to 64 (bandwidth tests)")
 	fs.IntVar(&o.txDepth, "t", 256, "tx depth: WRs outstanding per QP, 1 to 4096 (bandwidth tests; perftest's default is 128)")
@@ -760,9 +761,9 @@ func (e *endpoint) latency(o *perfOpts, sh *hello) (*result, error) {
 		}
 	}
 	// trip makes round trip i and returns half its time for the ping-pongs (our send's
-	// completion and the answer's arrival), all of it for read_lat; errors counts the
-	// completions with an error status.
-	trip := func(i int, errors *int) (time.Duration, error) {
+	// completion and the answer's arrival), all of it for read_lat; it counts the completions
+	// with an error status in res.errors.
+	trip := func(i int) (time.Duration, error) {
 		t0 := time.Now()
 		err := e.post(qp, uint64(i), sh.QPNs[0], func(x *verbs.QPEx) {
 			switch o.test {
@@ -786,7 +787,7 @@ func (e *endpoint) latency(o *perfOpts, sh *hello) (*result, error) {
 			wcs, err := e.poll(o.timeout)
 			for _, wc := range wcs {
 				if wc.Status != verbs.WCSuccess {
-					*errors++
+					res.errors++
 				}
 				if wc.Opcode == verbs.WCRecv || wc.Opcode == verbs.WCRecvRDMAWithImm {
 					if err := e.recv(qp, wc.WRID, 0, o.size); err != nil {
@@ -805,28 +806,37 @@ func (e *endpoint) latency(o *perfOpts, sh *hello) (*result, error) {
 		}
 		return d, nil
 	}
+	// Room for every sample kept, and the heap collected, before the clock starts: a slice
+	// grown by append as samples come, and the start-up's garbage, each brought a collection
+	// into the run, and with one processor the collector held the process up for 2 ms or more
+	// (the peer's retransmission timer fired: the run's maximum).
+	settle := func() {
+		res.lat.reserve(o.iters, o.duration > 0)
+		runtime.GC()
+	}
 	// The warm-up: the first round trip with a peer the device has not met pays for the first
-	// contact (address validation) and for the code and memory the process touches for the
-	// first time, a millisecond or more on this machine kind (docs/performance.md); it is
-	// reported, not timed with the rest.
+	// contact (address validation) and for the code and memory the processes touch for the
+	// first time, up to a millisecond or more on this machine kind (docs/performance.md); it is
+	// reported, not timed with the rest. The collection comes before the last warm-up round
+	// trip, not between it and the clock: a pause there would leave the server asleep
+	// (passiveSpin) for the first timed one.
 	for i := range o.warmup {
-		d, err := trip(i, &res.errors)
+		if i == o.warmup-1 {
+			settle()
+		}
+		d, err := trip(i)
 		if err != nil {
 			return res, err
 		}
 		if i == 0 {
 			res.warmFirst = d
-			if !o.json {
-				fmt.Fprintf(os.Stderr, "softefa perf: warm-up: %d round trips, the first %.2f usec (-w)\n", o.warmup, float64(d)/1e3)
-			}
 		}
 	}
-	// Room for every sample kept, and the heap collected, before the clock starts: a slice
-	// grown by append as samples come, and the start-up's garbage, each brought a collection
-	// into the run, and with one processor the collector held the process up for 2 ms or more
-	// (the peer's retransmission timer fired: the run's maximum).
-	res.lat.reserve(o.iters, o.duration > 0)
-	runtime.GC()
+	if o.warmup == 0 {
+		settle()
+	} else if !o.json {
+		fmt.Fprintf(os.Stderr, "softefa perf: warm-up of %d round trips (-w): the first took %.2f usec\n", o.warmup, float64(res.warmFirst)/1e3)
+	}
 	start := time.Now()
 	more := func(i int) bool {
 		if o.duration > 0 {
@@ -835,7 +845,7 @@ func (e *endpoint) latency(o *perfOpts, sh *hello) (*result, error) {
 		return i < o.iters
 	}
 	for i := 0; more(i); i++ {
-		d, err := trip(i, &res.errors)
+		d, err := trip(i)
 		if err != nil {
 			res.elapsed = time.Since(start)
 			return res, err
