@@ -56,6 +56,7 @@ func targets(figs []figure) []target {
 		{"rate 64 B vs udp-1pkt", sf(wRate, "rate") / v("udp-1pkt", wRate, "rate"), "≥", 5, "×"},
 		{"ping-pong 64 B p50 (≤ raw UDP + 3 µs)", sf(wLat, "p50"), "≤", v("udp", wLat, "p50") + 3, "µs"},
 		{"ping-pong 64 B p99 (≤ 1.3× raw UDP)", sf(wLat, "p99"), "≤", 1.3 * v("udp", wLat, "p99"), "µs"},
+		{"ping-pong 64 B p99.9 (≤ 3× own p99)", sf(wLat, "p99.9") / sf(wLat, "p99"), "≤", 3, "×"},
 		{"1% loss p99 (≤ 2× own loss-free, fabric)", sf(wLatLoss, "p99"), "≤", 2 * sf(wLatFab, "p99"), "µs"},
 		// Loaded/idle ratios: softefa's may be at worst half TCP's (goodput, rate) or twice it (p99).
 		{"loaded bw ×idle (≥ TCP's / 2)", vsIdle("softefa", wBW, "goodput"), "≥", vsIdle("tcp", wBW, "goodput") / 2, "×"},
