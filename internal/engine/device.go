@@ -188,6 +188,7 @@ func NewDevice(cfg config.Device) (*Device, error) {
 			d.busyRx.backlog, _ = p.(link.Backlogger)
 			d.park = time.NewTimer(time.Hour)
 			d.park.Stop()
+			parkable.add(d)
 		}
 		d.wg.Add(1)
 		go d.rxLoop()
@@ -214,6 +215,8 @@ func (d *Device) Close() error {
 		return nil
 	}
 	close(d.done)
+	parkable.remove(d)
+	lastPolled.CompareAndSwap(d, nil)
 	if d.link != nil {
 		d.link.Close()
 	}

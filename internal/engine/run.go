@@ -2,6 +2,8 @@ package engine
 
 import (
 	"runtime"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -578,11 +580,25 @@ func (d *Device) Polled() {
 }
 
 // markPolled sets polled: a load, and a store only when it was clear (once a park of the loop).
+// A poll of another device than the last one polled in the process ends that one's park
+// (lastPolled).
 func (d *Device) markPolled() {
 	if !d.polled.Load() {
 		d.polled.Store(true)
 	}
+	if prev := lastPolled.Load(); prev != d && lastPolled.CompareAndSwap(prev, d) && prev != nil {
+		prev.EndBusy()
+	}
 }
+
+// lastPolled is the device an application goroutine of the process polled last (markPolled).
+// A goroutine that drives two devices (softefa demo plays both ends) polls one's CQ, finds a
+// completion, and then polls the other's, whose completion needs the first device to read its
+// socket: the poll's evidence that an application polls the first is gone, and its receive
+// loop must not stay parked until the park ends. A goroutine that polls two devices by turns
+// keeps neither loop parked: each reads as it did before parking existed. A load a poll, and a
+// store when the device polled changes.
+var lastPolled atomic.Pointer[Device]
 
 // markBusy notes that an application's goroutine busy-polls the device now (rxOrdered).
 func (d *Device) markBusy() {
@@ -622,9 +638,46 @@ func (d *Device) NeverPark() { d.noPark.Store(true) }
 // BeginSleep and EndSleep bracket an application goroutine's sleep until a completion event
 // (verbs' CompChannel.GetCQEvent): while one sleeps, the receive loop does not park, whatever
 // other goroutines poll, since the sleeper's completion comes only from the loop.
+//
+// The sleeper may also have been what kept another device's receive loop parked: a goroutine
+// that drives two devices (softefa demo plays both ends) polls one's CQ, finds a completion
+// (Polled), and then waits on the other's, whose completion needs the first device to read its
+// socket. So a sleep ends the park of every device of the process (EndBusy); a device still
+// polled by another goroutine parks again at that goroutine's next poll.
 func (d *Device) BeginSleep() {
 	d.sleepers.Add(1)
-	d.EndBusy()
+	parkable.endBusy()
+}
+
+// parkable lists the process's devices whose receive loop may park beside a busy poller.
+var parkable devices
+
+type devices struct {
+	mu   sync.Mutex
+	list []*Device
+}
+
+func (s *devices) add(d *Device) {
+	s.mu.Lock()
+	s.list = append(s.list, d)
+	s.mu.Unlock()
+}
+
+func (s *devices) remove(d *Device) {
+	s.mu.Lock()
+	if i := slices.Index(s.list, d); i >= 0 {
+		s.list = slices.Delete(s.list, i, i+1)
+	}
+	s.mu.Unlock()
+}
+
+// endBusy ends every listed device's park (Device.EndBusy).
+func (s *devices) endBusy() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, d := range s.list {
+		d.EndBusy()
+	}
 }
 
 // EndSleep ends what BeginSleep began.

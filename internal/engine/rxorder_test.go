@@ -675,6 +675,36 @@ func tickingRig(t *testing.T, short int) (f *memlink.Fabric, an *emptyReads, a *
 	return f, an, a
 }
 
+// A poll of another device of the process ends a device's park, and so does a sleep until a
+// completion event of another device: the goroutine whose poll parked the loop has gone to the
+// other (softefa demo drives both ends from one goroutine, and a's completion there needs b's
+// socket read). The park lasts an hour and the bubble's clock does not move: only the rule
+// ends it.
+func TestPollOfAnotherDeviceEndsThePark(t *testing.T) {
+	defer busyPark.Store(busyPark.Swap(int64(time.Hour)))
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // (with one processor the loop never parks)
+	for _, how := range []string{"poll", "sleep"} {
+		t.Run(how, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f, an, a := tickingRig(t, 0)
+				cn := f.Listen(netip.MustParseAddrPort("10.0.0.4:4791"), 1)
+				c := newAccessRigOn(t, config.Device{Addr: cn.LocalAddr(), Link: cn, Paths: 1, RxSpin: -1})
+				parkBesidePoller(t, f, an, a)
+				if how == "poll" {
+					c.d.Polled()
+				} else {
+					c.d.BeginSleep()
+					defer c.d.EndSleep()
+				}
+				synctest.Wait()
+				if a.d.parkedRx() {
+					t.Fatalf("a's receive loop stays parked after a %s on another device", how)
+				}
+			})
+		})
+	}
+}
+
 // parkBesidePoller has a's receive loop park beside a busy poller: a first stray datagram ends
 // its long wait on the socket (which forgets the polls before it), a second finds it polled. (The
 // first goes again until the loop itself has read one: a tick of the engine loop due at the same
