@@ -265,7 +265,8 @@ func (ch *CompChannel) GetCQEvent(ctx context.Context) (*CQ, error) {
 		ch.mu.Unlock()
 		// The caller sleeps until an event: the device's receive loop, which alone can bring
 		// it, takes the socket over now rather than at the end of a park, and does not park
-		// while the caller sleeps (engine.Device.BeginSleep).
+		// while the caller sleeps; so do the parked loops of the process's other devices,
+		// which the caller may have been polling (engine.Device.BeginSleep).
 		e := ch.ctx.e
 		e.BeginSleep()
 		select {

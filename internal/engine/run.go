@@ -643,7 +643,7 @@ func (d *Device) NeverPark() { d.noPark.Store(true) }
 // that drives two devices (softefa demo plays both ends) polls one's CQ, finds a completion
 // (Polled), and then waits on the other's, whose completion needs the first device to read its
 // socket. So a sleep ends the park of every device of the process (EndBusy); a device still
-// polled by another goroutine parks again at that goroutine's next poll.
+// polled by another goroutine parks again once its loop finds that goroutine's polls.
 func (d *Device) BeginSleep() {
 	d.sleepers.Add(1)
 	parkable.endBusy()
