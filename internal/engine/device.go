@@ -113,6 +113,7 @@ type Device struct {
 	busyMu sync.Mutex   // the link's receiver, held by its reader (PollNetwork, readInput)
 	busyAt atomic.Int64 // monoNow() of an application goroutine's last busy poll (markBusy)
 	polled atomic.Bool  // an application goroutine polled lately: the rules are rxOrdered's (Polled, markBusy)
+	marked atomic.Bool  // the device is in polledSince (written under its lock)
 	busyRx *busyPoll    // nil: the device cannot be busy-polled
 	// rxResume (one slot) ends the receive loop's park beside a busy poller (EndBusy).
 	rxResume chan struct{}
@@ -188,7 +189,6 @@ func NewDevice(cfg config.Device) (*Device, error) {
 			d.busyRx.backlog, _ = p.(link.Backlogger)
 			d.park = time.NewTimer(time.Hour)
 			d.park.Stop()
-			parkable.add(d)
 		}
 		d.wg.Add(1)
 		go d.rxLoop()
@@ -215,7 +215,7 @@ func (d *Device) Close() error {
 		return nil
 	}
 	close(d.done)
-	parkable.remove(d)
+	polledSince.remove(d)
 	lastPolled.CompareAndSwap(d, nil)
 	if d.link != nil {
 		d.link.Close()

@@ -585,9 +585,17 @@ func (d *Device) Polled() {
 func (d *Device) markPolled() {
 	if !d.polled.Load() {
 		d.polled.Store(true)
+		if !d.marked.Load() {
+			polledSince.add(d)
+		}
 	}
-	if prev := lastPolled.Load(); prev != d && lastPolled.CompareAndSwap(prev, d) && prev != nil {
-		prev.EndBusy()
+	if prev := lastPolled.Load(); prev != d && lastPolled.CompareAndSwap(prev, d) {
+		if prev != nil {
+			prev.EndBusy()
+		}
+		if d.closing() {
+			lastPolled.CompareAndSwap(d, nil) // a poll racing Close keeps no closed device
+		}
 	}
 }
 
@@ -642,41 +650,71 @@ func (d *Device) NeverPark() { d.noPark.Store(true) }
 // The sleeper may also have been what kept another device's receive loop parked: a goroutine
 // that drives two devices (softefa demo plays both ends) polls one's CQ, finds a completion
 // (Polled), and then waits on the other's, whose completion needs the first device to read its
-// socket. So a sleep ends the park of every device of the process (EndBusy); a device still
-// polled by another goroutine parks again once its loop finds that goroutine's polls.
+// socket. So a sleep ends the park of every device of the process polled since the last sleep
+// (polledSince, EndBusy); a device still polled by another goroutine parks again once its loop
+// finds that goroutine's polls.
 func (d *Device) BeginSleep() {
 	d.sleepers.Add(1)
-	parkable.endBusy()
+	polledSince.endBusy()
 }
 
-// parkable lists the process's devices whose receive loop may park beside a busy poller.
-var parkable devices
+// polledSince holds the devices of the process that an application goroutine polled since the
+// last sleep on a completion channel (BeginSleep): a device joins when its polled mark is set,
+// and leaves when a sleep ends its park or it closes. A loop parks only on such a mark (busyNow
+// sets it too), so every parked loop's device is here, and a sleep walks only them, not every
+// device of the process (the bench's many-peers workload holds 10,000).
+var polledSince devices
 
+// devices is a set of devices, each marked while it is in (Device.marked).
 type devices struct {
 	mu   sync.Mutex
 	list []*Device
 }
 
+// add puts d in the set, unless it is there or closed.
 func (s *devices) add(d *Device) {
 	s.mu.Lock()
-	s.list = append(s.list, d)
-	s.mu.Unlock()
-}
-
-func (s *devices) remove(d *Device) {
-	s.mu.Lock()
-	if i := slices.Index(s.list, d); i >= 0 {
-		s.list = slices.Delete(s.list, i, i+1)
+	if !d.marked.Load() && !d.closing() {
+		d.marked.Store(true)
+		s.list = append(s.list, d)
 	}
 	s.mu.Unlock()
 }
 
-// endBusy ends every listed device's park (Device.EndBusy).
+// remove takes d out of the set.
+func (s *devices) remove(d *Device) {
+	s.mu.Lock()
+	if d.marked.Load() {
+		d.marked.Store(false)
+		if i := slices.Index(s.list, d); i >= 0 {
+			s.list = slices.Delete(s.list, i, i+1)
+		}
+	}
+	s.mu.Unlock()
+}
+
+// endBusy empties the set, ending each device's park (Device.EndBusy). A device leaves before its
+// park ends: a poll between the two finds its mark still set and adds nothing, and the park's end
+// clears the mark; a poll after both adds the device again.
 func (s *devices) endBusy() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, d := range s.list {
+	list := s.list
+	s.list = s.list[:0]
+	for _, d := range list {
+		d.marked.Store(false)
 		d.EndBusy()
+	}
+	clear(list)
+	s.mu.Unlock()
+}
+
+// closing reports whether Close has begun.
+func (d *Device) closing() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -3,6 +3,7 @@ package engine
 import (
 	"net/netip"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -703,6 +704,56 @@ func TestPollOfAnotherDeviceEndsThePark(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestSleepWalksOnlyPolledDevices checks polledSince: a sleep on a completion channel ends the
+// park of the devices polled since the last sleep and leaves the others alone (before it, every
+// device of the process got its loop woken), and a device that closes, or is polled while it
+// closes, is held by neither polledSince nor lastPolled.
+func TestSleepWalksOnlyPolledDevices(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mk := func(addr string) *Device {
+			n := memlink.New(1).Listen(netip.MustParseAddrPort(addr), 1)
+			return newAccessRigOn(t, config.Device{Addr: n.LocalAddr(), Link: n, Paths: 1, RxSpin: -1}).d
+		}
+		a, b, c := mk("10.0.0.1:4791"), mk("10.0.0.2:4791"), mk("10.0.0.3:4791")
+		synctest.Wait()
+		a.Polled()
+		c.Polled()
+		a.Polled() // a again: c's marks end, c stays in the set
+		if !inPolledSince(a) || inPolledSince(b) || !inPolledSince(c) {
+			t.Fatalf("polled since the last sleep: a %v b %v c %v, want a and c", inPolledSince(a), inPolledSince(b), inPolledSince(c))
+		}
+		b.BeginSleep()
+		b.EndSleep()
+		if inPolledSince(a) || inPolledSince(c) || a.marked.Load() || c.marked.Load() {
+			t.Fatal("a sleep leaves devices in polledSince")
+		}
+		if len(b.rxResume) != 0 {
+			t.Fatal("a sleep woke the receive loop of a device nobody polled")
+		}
+		if a.polled.Load() || len(a.rxResume) != 1 {
+			t.Fatalf("a sleep did not end a's park: polled %v, resume tokens %d", a.polled.Load(), len(a.rxResume))
+		}
+		c.Polled()
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if inPolledSince(c) || lastPolled.Load() == c {
+			t.Fatal("a closed device stays in polledSince or lastPolled")
+		}
+		c.polled.Store(false)
+		c.Polled() // a poll racing Close, after it
+		if inPolledSince(c) || c.marked.Load() || lastPolled.Load() == c {
+			t.Fatal("a poll after Close put the closed device back in polledSince or lastPolled")
+		}
+	})
+}
+
+func inPolledSince(d *Device) bool {
+	polledSince.mu.Lock()
+	defer polledSince.mu.Unlock()
+	return slices.Contains(polledSince.list, d)
 }
 
 // parkBesidePoller has a's receive loop park beside a busy poller: a first stray datagram ends
