@@ -113,7 +113,7 @@ type Device struct {
 	busyMu sync.Mutex   // the link's receiver, held by its reader (PollNetwork, readInput)
 	busyAt atomic.Int64 // monoNow() of an application goroutine's last busy poll (markBusy)
 	polled atomic.Bool  // an application goroutine polled lately: the rules are rxOrdered's (Polled, markBusy)
-	marked atomic.Bool  // the device is in polledSince (written under its lock)
+	marked atomic.Bool  // the device is in polledSince (written under polledSince.mu)
 	busyRx *busyPoll    // nil: the device cannot be busy-polled
 	// rxResume (one slot) ends the receive loop's park beside a busy poller (EndBusy).
 	rxResume chan struct{}

@@ -579,9 +579,10 @@ func (d *Device) Polled() {
 	}
 }
 
-// markPolled sets polled: a load, and a store only when it was clear (once a park of the loop).
-// A poll of another device than the last one polled in the process ends that one's park
-// (lastPolled).
+// markPolled sets polled: a load, and a store only when it was clear (once a park of the loop),
+// when the device also joins polledSince unless it is in. A poll of another device than the last
+// one polled in the process ends that one's park (lastPolled); a device that closes meanwhile is
+// not left there.
 func (d *Device) markPolled() {
 	if !d.polled.Load() {
 		d.polled.Store(true)
@@ -656,13 +657,15 @@ func (d *Device) NeverPark() { d.noPark.Store(true) }
 func (d *Device) BeginSleep() {
 	d.sleepers.Add(1)
 	polledSince.endBusy()
+	d.EndBusy() // (its own loop too, should a poll that joins it race the walk)
 }
 
 // polledSince holds the devices of the process that an application goroutine polled since the
 // last sleep on a completion channel (BeginSleep): a device joins when its polled mark is set,
-// and leaves when a sleep ends its park or it closes. A loop parks only on such a mark (busyNow
-// sets it too), so every parked loop's device is here, and a sleep walks only them, not every
-// device of the process (the bench's many-peers workload holds 10,000).
+// and leaves when a sleep ends its park or it closes. A loop parks only on polled or on busyAt,
+// and markBusy sets polled too, so every parked loop's device is here once the poll that parked
+// it has returned; a sleep walks only them, not every device of the process (the bench's
+// many-peers workload holds 10,000).
 var polledSince devices
 
 // devices is a set of devices, each marked while it is in (Device.marked).
@@ -694,8 +697,8 @@ func (s *devices) remove(d *Device) {
 }
 
 // endBusy empties the set, ending each device's park (Device.EndBusy). A device leaves before its
-// park ends: a poll between the two finds its mark still set and adds nothing, and the park's end
-// clears the mark; a poll after both adds the device again.
+// park ends: a poll between the two finds polled still set and adds nothing, and the park's end
+// clears polled, then busyAt; a poll after both adds the device again.
 func (s *devices) endBusy() {
 	s.mu.Lock()
 	list := s.list
@@ -728,8 +731,11 @@ func (d *Device) EndBusy() {
 	if d.busyRx == nil {
 		return
 	}
-	d.busyAt.Store(0)
+	// polled before busyAt: a busy poll racing a sleep's walk (markBusy stores busyAt, then
+	// loads polled) either finds polled cleared and joins polledSince again, or stored busyAt
+	// before this clears it.
 	d.polled.Store(false)
+	d.busyAt.Store(0)
 	select {
 	case d.rxResume <- struct{}{}:
 	default:

@@ -707,8 +707,8 @@ func TestPollOfAnotherDeviceEndsThePark(t *testing.T) {
 }
 
 // TestSleepWalksOnlyPolledDevices checks polledSince: a sleep on a completion channel ends the
-// park of the devices polled since the last sleep and leaves the others alone (before it, every
-// device of the process got its loop woken), and a device that closes, or is polled while it
+// park of the devices polled since the last sleep, and of the sleeper's own, and leaves the others
+// alone (before it, every device of the process got its loop woken), and a device that closes, or is polled while it
 // closes, is held by neither polledSince nor lastPolled.
 func TestSleepWalksOnlyPolledDevices(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -716,7 +716,7 @@ func TestSleepWalksOnlyPolledDevices(t *testing.T) {
 			n := memlink.New(1).Listen(netip.MustParseAddrPort(addr), 1)
 			return newAccessRigOn(t, config.Device{Addr: n.LocalAddr(), Link: n, Paths: 1, RxSpin: -1}).d
 		}
-		a, b, c := mk("10.0.0.1:4791"), mk("10.0.0.2:4791"), mk("10.0.0.3:4791")
+		a, b, c, e := mk("10.0.0.1:4791"), mk("10.0.0.2:4791"), mk("10.0.0.3:4791"), mk("10.0.0.4:4791")
 		synctest.Wait()
 		a.Polled()
 		c.Polled()
@@ -724,14 +724,21 @@ func TestSleepWalksOnlyPolledDevices(t *testing.T) {
 		if !inPolledSince(a) || inPolledSince(b) || !inPolledSince(c) {
 			t.Fatalf("polled since the last sleep: a %v b %v c %v, want a and c", inPolledSince(a), inPolledSince(b), inPolledSince(c))
 		}
+		for len(a.rxResume) > 0 { // (c's poll ended a's park: lastPolled)
+			<-a.rxResume
+		}
 		b.BeginSleep()
 		b.EndSleep()
 		if inPolledSince(a) || inPolledSince(c) || a.marked.Load() || c.marked.Load() {
 			t.Fatal("a sleep leaves devices in polledSince")
 		}
-		if len(b.rxResume) != 0 {
+		if len(e.rxResume) != 0 {
 			t.Fatal("a sleep woke the receive loop of a device nobody polled")
 		}
+		if len(b.rxResume) != 1 {
+			t.Fatal("a sleep did not end the park of the sleeper's own device")
+		}
+		<-b.rxResume
 		if a.polled.Load() || len(a.rxResume) != 1 {
 			t.Fatalf("a sleep did not end a's park: polled %v, resume tokens %d", a.polled.Load(), len(a.rxResume))
 		}
