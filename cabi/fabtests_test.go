@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -39,22 +40,8 @@ import (
 // Every test must pass or skip for a reason in fabtestsSkips; any failure, error or other skip
 // fails this test.
 func TestStackFabtests(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs libfabric's EFA test suite")
-	}
-	if os.Getenv("SOFTEFA_FABTESTS") != "1" {
-		// 30 to 45 minutes on 2 vCPUs: asked for by name, not part of go test ./... (docs/testing.md).
-		t.Skip("libfabric's EFA suite runs with SOFTEFA_FABTESTS=1 (and go test -timeout 120m)")
-	}
-	p := stackPrefix(t)
+	p := fabtestsStack(t)
 	s := setupOrSkip(t, "/usr/bin/python3")
-	if out, err := exec.Command("/usr/bin/python3", "-c", "import pytest, xdist, yaml, retrying, junitparser").CombinedOutput(); err != nil {
-		msg := fmt.Sprintf("fabtests' runner needs python3-pytest python3-pytest-xdist python3-yaml python3-retrying python3-junitparser: %v\n%s", err, out)
-		if os.Getenv("SOFTEFA_REQUIRE_STACK") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
 	sshDir, err := filepath.Abs(filepath.Join("testdata", "fabtests"))
 	if err != nil {
 		t.Fatal(err)
@@ -63,13 +50,70 @@ func TestStackFabtests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The suite takes 30 to 45 minutes on 2 vCPUs (docs/cabi.md); go test's default timeout is
-	// 10 minutes a package.
+	// SOFTEFA_FABTESTS_EXPR narrows the run to the tests a pytest expression selects (docs/cabi.md,
+	// "fabtests"), for timing or chasing one test; CI runs the whole set.
+	runFabtests(t, p, s, os.Getenv("SOFTEFA_FABTESTS_EXPR"), exclude, 60*time.Minute)
+}
+
+// TestStackFabtestsHostDevice runs, with every program of the suite on one host device (softefa
+// run --device), the fabtests TestStackFabtests excludes because each of its processes has a
+// device of its own: test_dgram_pingpong and test_efa_device_selection read the device's
+// hw_counters (tx_bytes) with cat, another process, before and after their traffic, and check that
+// it grew. On the host device every process sees the one device's counters, as on EFA.
+func TestStackFabtestsHostDevice(t *testing.T) {
+	p := fabtestsStack(t)
+	s, _ := hostDevice(t)
+	passed, skipped := runFabtests(t, p, s, "test_dgram_pingpong or test_efa_device_selection", nil, 10*time.Minute)
+	if len(skipped) > 0 {
+		t.Errorf("on the host device these skipped: %s", strings.Join(skipped, ", "))
+	}
+	for _, f := range []string{"test_dgram_pingpong", "test_efa_device_selection"} {
+		if !slices.ContainsFunc(passed, func(n string) bool { return testFunc(n) == f }) {
+			t.Errorf("no %s passed on the host device (passed: %s)", f, strings.Join(passed, ", "))
+		}
+	}
+}
+
+// fabtestsStack returns the stack's prefix, or skips: the suite runs only when asked for
+// (SOFTEFA_FABTESTS=1) and with the runner's Python modules.
+func fabtestsStack(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs libfabric's EFA test suite")
+	}
+	if os.Getenv("SOFTEFA_FABTESTS") != "1" {
+		// 30 to 45 minutes on 2 vCPUs: asked for by name, not part of go test ./... (docs/testing.md).
+		t.Skip("libfabric's EFA suite runs with SOFTEFA_FABTESTS=1 (and go test -timeout 120m)")
+	}
+	p := stackPrefix(t)
+	if out, err := exec.Command("/usr/bin/python3", "-c", "import pytest, xdist, yaml, retrying, junitparser").CombinedOutput(); err != nil {
+		msg := fmt.Sprintf("fabtests' runner needs python3-pytest python3-pytest-xdist python3-yaml python3-retrying python3-junitparser: %v\n%s", err, out)
+		if os.Getenv("SOFTEFA_REQUIRE_STACK") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return p
+}
+
+// runFabtests runs the suite of the stack at p, its programs in setup s, on the tests the pytest
+// expression sel selects ("" for all), with the exclusions exclude on top of the provider's own,
+// within at most 90 minutes, skipping (failing, with SOFTEFA_REQUIRE_STACK=1) unless go test's
+// deadline leaves need, and checks its report: every test must pass or skip for a reason in fabtestsSkips. It returns
+// the tests that passed, and those that skipped.
+func runFabtests(t *testing.T, p string, s *Setup, sel string, exclude []string, need time.Duration) (passed, skipped []string) {
+	t.Helper()
+	sshDir, err := filepath.Abs(filepath.Join("testdata", "fabtests"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The whole suite takes 30 to 45 minutes on 2 vCPUs (docs/cabi.md); go test's default
+	// timeout is 10 minutes a package.
 	within := 90 * time.Minute
 	if d, ok := t.Deadline(); ok {
-		if left := time.Until(d) - time.Minute; left < 60*time.Minute {
-			msg := fmt.Sprintf("libfabric's EFA suite takes 30 to 45 minutes; go test's deadline leaves %v: run with -timeout 120m",
-				left.Round(time.Minute))
+		if left := time.Until(d) - time.Minute; left < need {
+			msg := fmt.Sprintf("these tests of libfabric's EFA suite need %v; go test's deadline leaves %v: run with -timeout 120m",
+				need, left.Round(time.Minute))
 			if os.Getenv("SOFTEFA_REQUIRE_STACK") == "1" {
 				t.Fatal(msg)
 			}
@@ -78,18 +122,19 @@ func TestStackFabtests(t *testing.T) {
 			within = min(within, left)
 		}
 	}
-	// SOFTEFA_FABTESTS_EXPR narrows the run to the tests a pytest expression selects (docs/cabi.md,
-	// "fabtests"), for timing or chasing one test; CI runs the whole set.
 	expr := "not (cuda or neuron or rocr)"
-	if e := os.Getenv("SOFTEFA_FABTESTS_EXPR"); e != "" {
-		expr += " and (" + e + ")"
+	if sel != "" {
+		expr += " and (" + sel + ")"
 	}
 	report := filepath.Join(t.TempDir(), "fabtests.xml")
 	bin := filepath.Join(p, "bin")
-	c := exec.Command("/usr/bin/python3", filepath.Join(bin, "runfabtests.py"),
+	args := []string{filepath.Join(bin, "runfabtests.py"),
 		"-b", "-S", "-p", bin, "--nworkers", "2", "-v", "--junit-xml", report,
-		"-t", "quick", "--expression", expr, "-e", strings.Join(exclude, ","),
-		"efa", "127.0.0.1", "localhost")
+		"-t", "quick", "--expression", expr}
+	if len(exclude) > 0 {
+		args = append(args, "-e", strings.Join(exclude, ","))
+	}
+	c := exec.Command("/usr/bin/python3", append(args, "efa", "127.0.0.1", "localhost")...)
 	c.Env = append(s.Environ(), "PATH="+sshDir+":"+bin+":"+os.Getenv("PATH"),
 		"PYTEST_ADDOPTS=-p no:cacheprovider") // the suite's directory is the stack's, maybe read-only
 	start := time.Now()
@@ -98,7 +143,7 @@ func TestStackFabtests(t *testing.T) {
 	if err != nil {
 		t.Fatalf("runfabtests.py: %v; its report: %v\n%s", runErr, err, lastLines(string(out), 60))
 	}
-	var passed, xfailed, skipped int
+	xfailed := 0
 	reasons := map[string]int{}
 	for _, tc := range cases {
 		switch {
@@ -115,15 +160,15 @@ func TestStackFabtests(t *testing.T) {
 				t.Errorf("%s skipped: %s", tc.Name, tc.Skipped.Message)
 			}
 			reasons[why]++
-			skipped++
+			skipped = append(skipped, tc.Name)
 		default:
-			passed++
+			passed = append(passed, tc.Name)
 		}
 	}
 	if runErr != nil && !t.Failed() {
 		t.Errorf("runfabtests.py: %v with no failed test in its report:\n%s", runErr, lastLines(string(out), 60))
 	}
-	if passed == 0 {
+	if len(passed) == 0 {
 		t.Fatalf("no test passed:\n%s", lastLines(string(out), 60))
 	}
 	var lines []string
@@ -132,7 +177,8 @@ func TestStackFabtests(t *testing.T) {
 	}
 	sort.Strings(lines)
 	t.Logf("fabtests (efa, quick): %d tests, %d passed, %d failed as expected (xfail), %d skipped, in %v\n%s\nslowest: %s",
-		len(cases), passed, xfailed, skipped, time.Since(start).Round(time.Second), strings.Join(lines, "\n"), slowest(cases, 8))
+		len(cases), len(passed), xfailed, len(skipped), time.Since(start).Round(time.Second), strings.Join(lines, "\n"), slowest(cases, 8))
+	return passed, skipped
 }
 
 // slowest names the n test functions that took longest in all, with their times.

@@ -44,6 +44,7 @@ import (
 	"github.com/softefa/softefa/internal/qpn"
 	"github.com/softefa/softefa/internal/seal"
 	"github.com/softefa/softefa/internal/srd"
+	"github.com/softefa/softefa/internal/wire"
 	"github.com/softefa/softefa/link"
 )
 
@@ -101,6 +102,8 @@ type Device struct {
 	// step; under mu). Only then does a receive posted on this device need a step (RecvsWanted).
 	parkedSends atomic.Bool
 	whole       inbound     // respond's scratch, for a message that comes whole (under mu)
+	loopSeg     uint64      // a same-device message's bytes a datagram, as counted (countLoopback)
+	loopHdr     uint64      // and each datagram's other bytes
 	fastPoll    atomic.Bool // the engine loop polls every PollMin
 	// tickAt is the time since the device started (sinceStart) of the last tick, the engine
 	// loop's or a busy poller's (claimTick); tick is the engine loop's timer, which a busy
@@ -164,6 +167,11 @@ func NewDevice(cfg config.Device) (*Device, error) {
 		}
 	}
 	inc := srd.NewIncarnation(rng)
+	d.loopSeg = uint64(srd.SegSize(cfg.PathMTU, len(cfg.Key) > 0))
+	d.loopHdr = wire.DatagramHeaderSize + wire.FrameHeaderSize + wire.DataHeaderSize
+	if len(cfg.Key) > 0 {
+		d.loopHdr += seal.Overhead
+	}
 	d.mrs.init(cfg.MaxMR, rng)
 	if d.link != nil {
 		d.gid = GIDFromAddr(d.link.LocalAddr())

@@ -174,6 +174,7 @@ func (d *Device) prepareSend(q *QP, w *efaio.TxDesc, m *message) efaio.Status {
 func (d *Device) deliver(q *QP, w *efaio.TxDesc, m *message, tries int, now time.Duration) efaio.Status {
 	switch {
 	case m.dstGID == d.gid:
+		d.countLoopback(m)
 		return d.respond(m)
 	case d.link == nil:
 		return efaio.StatusLocalUnreachRemote
@@ -185,6 +186,26 @@ func (d *Device) deliver(q *QP, w *efaio.TxDesc, m *message, tries int, now time
 		return d.sendUD(m, now)
 	}
 	return d.sendRemote(q, w, m, tries, now)
+}
+
+// countLoopback counts a same-device message in the device's packet and byte counters, sent and
+// received, as the DATA datagrams it would be between two devices: its bytes in datagrams of
+// loopSeg, at least one, each with loopHdr bytes more; an RDMA read as one datagram of request and
+// the datagrams of its data. A NIC counts the traffic it loops back to itself likewise, and the
+// programs of a host device read these counters to see that their traffic went through the
+// device (fabtests' test_dgram_pingpong and test_efa_device_selection do; docs/cabi.md,
+// "fabtests").
+func (d *Device) countLoopback(m *message) {
+	pkts := max((m.length+d.loopSeg-1)/d.loopSeg, 1)
+	if m.op == efaio.OpRDMARead {
+		pkts++
+	}
+	bytes := m.length + pkts*d.loopHdr
+	c := &d.counts
+	c.TxPkts.Add(pkts)
+	c.TxBytes.Add(bytes)
+	c.RxPkts.Add(pkts)
+	c.RxBytes.Add(bytes)
 }
 
 // count counts w's outcome st in q's counters (and the device's, for the RDMA errors that only

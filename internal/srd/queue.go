@@ -39,16 +39,22 @@ const packetSlot = int(unsafe.Sizeof(link.Packet{}))
 
 // segSize is the payload of one DATA frame that keeps a datagram within the path MTU, with room
 // for a COOKIE frame (address validation, while it lasts).
-func (t *Transport) segSize() int {
-	return t.maxDatagram() - wire.DatagramHeaderSize - wire.CookieFrameSize(1) - wire.FrameHeaderSize - wire.DataHeaderSize
+func (t *Transport) segSize() int { return SegSize(t.cfg.PathMTU, t.seal != nil) }
+
+// SegSize is the payload of one DATA frame on a device of path MTU pathMTU, sealed or not: what
+// one datagram of a message carries (Transport.segSize).
+func SegSize(pathMTU int, sealed bool) int {
+	return maxDatagram(pathMTU, sealed) - wire.DatagramHeaderSize - wire.CookieFrameSize(1) - wire.FrameHeaderSize - wire.DataHeaderSize
 }
 
 // maxDatagram is the most bytes of one plain datagram (sealing adds seal.Overhead).
-func (t *Transport) maxDatagram() int {
-	if t.seal != nil {
-		return t.cfg.PathMTU - datagramSlack - seal.Overhead
+func (t *Transport) maxDatagram() int { return maxDatagram(t.cfg.PathMTU, t.seal != nil) }
+
+func maxDatagram(pathMTU int, sealed bool) int {
+	if sealed {
+		return pathMTU - datagramSlack - seal.Overhead
 	}
-	return t.cfg.PathMTU - datagramSlack
+	return pathMTU - datagramSlack
 }
 
 // Whether a new datagram that starts with a DATA frame carries an ACK of the peer's stream
