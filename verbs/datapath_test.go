@@ -15,6 +15,7 @@ import (
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efadv"
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/seal"
 	"github.com/softefa/softefa/internal/srd"
 	"github.com/softefa/softefa/internal/wire"
 	"github.com/softefa/softefa/verbs"
@@ -171,34 +172,57 @@ func TestRDMAReadWriteAndWriteImm(t *testing.T) {
 }
 
 // A same-device message counts in the device's tx and rx packets as the DATA datagrams it would
-// take between two devices, at least one: hw_counters' tx_bytes and tx_pkts move for traffic that
-// loops back inside the device, as programs of a host device expect (fabtests read them).
+// take between two devices, at least one (a UD message one), each with its headers (a sealing
+// device's too): hw_counters' tx_bytes and tx_pkts move for traffic that loops back inside the
+// device, as programs of a host device expect (fabtests read them).
 func TestLoopbackCounted(t *testing.T) {
-	a, b := newLoop(t, loopOpts{size: 32768, access: verbs.AccessRemoteWrite, cfg: func(c *config.Device) { c.PathMTU = 1500 }})
-	seg := srd.SegSize(a.ctx.Device().PathMTU(), false)
-	for _, n := range []int{0, 1, seg, seg + 1, 3 * seg, 8 * seg} {
-		before := a.ctx.Counters()
-		if n <= 8192 { // (the device's MTU, a SEND's most)
-			b.recv(1, 0, n)
-			check(t, a.post(2, b, func(x *verbs.QPEx) { x.WRSend(); x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), uint32(n)) }))
-			wantWC(t, a.one(), 2, verbs.WCSuccess, verbs.WCSend)
-			wantWC(t, b.one(), 1, verbs.WCSuccess, verbs.WCRecv)
-		} else {
-			check(t, a.post(3, b, func(x *verbs.QPEx) {
-				x.WRRDMAWrite(b.mr.RKey(), b.mr.Addr())
-				x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), uint32(n))
-			}))
-			wantWC(t, a.one(), 3, verbs.WCSuccess, verbs.WCRDMAWrite)
-		}
-		after := a.ctx.Counters()
-		pkts := uint64(max((n+seg-1)/seg, 1))
-		bytes := uint64(n) + pkts*uint64(wire.DatagramHeaderSize+wire.FrameHeaderSize+wire.DataHeaderSize)
-		if got := after.TxPkts - before.TxPkts; got != pkts || after.RxPkts-before.RxPkts != pkts {
-			t.Errorf("%d bytes: %d packets sent, %d received; want %d", n, got, after.RxPkts-before.RxPkts, pkts)
-		}
-		if got := after.TxBytes - before.TxBytes; got != bytes || after.RxBytes-before.RxBytes != bytes {
-			t.Errorf("%d bytes: %d bytes sent, %d received; want %d", n, got, after.RxBytes-before.RxBytes, bytes)
-		}
+	plain := uint64(wire.DatagramHeaderSize + wire.FrameHeaderSize + wire.DataHeaderSize)
+	for _, c := range []struct {
+		name string
+		typ  verbs.QPType
+		key  []byte
+		hdr  uint64
+	}{
+		{"srd", verbs.QPTDriver, nil, plain},
+		{"sealed", verbs.QPTDriver, testKey, plain + seal.Overhead},
+		{"ud", verbs.QPTUD, nil, plain},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a, b := newLoop(t, loopOpts{typ: c.typ, size: 32768, access: verbs.AccessRemoteWrite,
+				cfg: func(d *config.Device) { d.PathMTU, d.Key = 1500, c.key }})
+			seg := srd.SegSize(a.ctx.Device().PathMTU(), c.key != nil)
+			sizes := []int{0, 1, seg, seg + 1, 3 * seg, 8 * seg}
+			if c.typ == verbs.QPTUD {
+				sizes = []int{0, 1, 3 * seg} // (no RDMA; one datagram however long)
+			}
+			for _, n := range sizes {
+				before := a.ctx.Counters()
+				pkts := uint64(max((n+seg-1)/seg, 1))
+				if n <= 8192 { // (the device's MTU, a SEND's most)
+					b.recv(1, 0, n+40) // (a UD receive's GRH first)
+					check(t, a.post(2, b, func(x *verbs.QPEx) { x.WRSend(); x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), uint32(n)) }))
+					wantWC(t, a.one(), 2, verbs.WCSuccess, verbs.WCSend)
+					wantWC(t, b.one(), 1, verbs.WCSuccess, verbs.WCRecv)
+				} else {
+					check(t, a.post(3, b, func(x *verbs.QPEx) {
+						x.WRRDMAWrite(b.mr.RKey(), b.mr.Addr())
+						x.WRSetSGE(a.mr.LKey(), a.mr.Addr(), uint32(n))
+					}))
+					wantWC(t, a.one(), 3, verbs.WCSuccess, verbs.WCRDMAWrite)
+				}
+				if c.typ == verbs.QPTUD {
+					pkts = 1
+				}
+				after := a.ctx.Counters()
+				bytes := uint64(n) + pkts*c.hdr
+				if got := after.TxPkts - before.TxPkts; got != pkts || after.RxPkts-before.RxPkts != pkts {
+					t.Errorf("%d bytes: %d packets sent, %d received; want %d", n, got, after.RxPkts-before.RxPkts, pkts)
+				}
+				if got := after.TxBytes - before.TxBytes; got != bytes || after.RxBytes-before.RxBytes != bytes {
+					t.Errorf("%d bytes: %d bytes sent, %d received; want %d", n, got, after.RxBytes-before.RxBytes, bytes)
+				}
+			}
+		})
 	}
 }
 

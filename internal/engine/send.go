@@ -189,15 +189,19 @@ func (d *Device) deliver(q *QP, w *efaio.TxDesc, m *message, tries int, now time
 }
 
 // countLoopback counts a same-device message in the device's packet and byte counters, sent and
-// received, as the DATA datagrams it would be between two devices: its bytes in datagrams of
-// loopSeg, at least one, each with loopHdr bytes more; an RDMA read as one datagram of request and
-// the datagrams of its data. A NIC counts the traffic it loops back to itself likewise, and the
+// received, as the DATA datagrams it would be between two devices: an SRD message's bytes in
+// datagrams of loopSeg, at least one, each with loopHdr bytes more (an RDMA read adds one datagram
+// of request); a UD message as one datagram, as sendUD sends it. (What the wire adds, ACKs and
+// RESPs, is left out.) A NIC counts the traffic it loops back to itself likewise, and the
 // programs of a host device read these counters to see that their traffic went through the
 // device (fabtests' test_dgram_pingpong and test_efa_device_selection do; docs/cabi.md,
-// "fabtests").
+// "fabtests"). Each attempt counts, as a message sent again after RNR does on the wire.
 func (d *Device) countLoopback(m *message) {
 	pkts := max((m.length+d.loopSeg-1)/d.loopSeg, 1)
-	if m.op == efaio.OpRDMARead {
+	switch {
+	case m.typ == uapi.QPTypeUD:
+		pkts = 1
+	case m.op == efaio.OpRDMARead:
 		pkts++
 	}
 	bytes := m.length + pkts*d.loopHdr
