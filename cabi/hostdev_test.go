@@ -86,6 +86,14 @@ func TestHostDevice(t *testing.T) {
 		t.Errorf("a program with the device open maps %s or lacks %s:\n%s", EngineLib, ShimLib, maps)
 	}
 	t.Run("pyverbs", func(t *testing.T) { checkEFATests(t, pyverbsOn(t, s, "-k", "test_efa")) })
+	t.Run("pyverbs_all", func(t *testing.T) {
+		// The whole suite, as TestPyverbsAll runs it with a device per process.
+		if out := pyverbsOn(t, s); !strings.Contains(out, "\nOK") || strings.Contains(out, "FAIL:") || strings.Contains(out, "ERROR:") {
+			t.Fatalf("the pyverbs suite did not pass on the host device:\n%s", out)
+		} else {
+			t.Logf("pyverbs on the host device: %s", lastLines(out, 3))
+		}
+	})
 	for _, c := range []pair{
 		{tool: "ib_send_bw", want: "BW average", timeout: time.Minute},
 		{tool: "ib_read_lat", want: "t_typical", timeout: time.Minute},

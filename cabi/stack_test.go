@@ -73,7 +73,20 @@ var skipsOnEFA = map[string]string{}
 // named in skipsOnEFA.
 func TestStackPyverbsEFA(t *testing.T) {
 	p := stackPrefix(t)
-	s := setupOrSkip(t, "rdma")
+	stackPyverbsEFA(t, p, setupOrSkip(t, "rdma"))
+}
+
+// TestStackPyverbsEFAHostDevice is TestStackPyverbsEFA with the tests on one host device
+// (softefa run --device).
+func TestStackPyverbsEFAHostDevice(t *testing.T) {
+	p := stackPrefix(t)
+	s, _ := hostDevice(t)
+	stackPyverbsEFA(t, p, s)
+}
+
+// stackPyverbsEFA runs rdma-core 64's EFA tests, from the stack at p, in setup s.
+func stackPyverbsEFA(t *testing.T, p string, s *Setup) {
+	t.Helper()
 	tests := filepath.Join(p, "share", "doc", "rdma-core", "tests")
 	env := append(s.Environ(), "PYTHONPATH="+filepath.Join(p, "lib", "python3", "dist-packages"))
 	c := exec.Command("/usr/bin/python3", filepath.Join(tests, "run_tests.py"), "--dev", s.Sysfs.IBDev, "-v", "-k", "test_efa")
@@ -133,7 +146,20 @@ func TestStackPyverbsEFA(t *testing.T) {
 // tests for other devices and for features EFA lacks skip themselves).
 func TestStackPyverbsAll(t *testing.T) {
 	p := stackPrefix(t)
-	s := setupOrSkip(t, "rdma")
+	stackPyverbsAll(t, p, setupOrSkip(t, "rdma"))
+}
+
+// TestStackPyverbsAllHostDevice is TestStackPyverbsAll with the suite on one host device
+// (softefa run --device).
+func TestStackPyverbsAllHostDevice(t *testing.T) {
+	p := stackPrefix(t)
+	s, _ := hostDevice(t)
+	stackPyverbsAll(t, p, s)
+}
+
+// stackPyverbsAll runs rdma-core 64's whole suite, from the stack at p, in setup s.
+func stackPyverbsAll(t *testing.T, p string, s *Setup) {
+	t.Helper()
 	c := exec.Command("/usr/bin/python3", filepath.Join(p, "share", "doc", "rdma-core", "tests", "run_tests.py"), "--dev", s.Sysfs.IBDev)
 	c.Env = append(s.Environ(), "PYTHONPATH="+filepath.Join(p, "lib", "python3", "dist-packages"))
 	b, err := combinedOutputWithin(c, 10*time.Minute)
