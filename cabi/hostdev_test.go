@@ -119,6 +119,20 @@ func TestHostDevice(t *testing.T) {
 		}
 		r.check(t, out)
 	})
+	t.Run("mpich_4_ranks", func(t *testing.T) {
+		// MPICH over libfabric 2.6's efa provider (its own data path: rings written and
+		// doorbells stored by libfabric), 4 ranks on the one device, as TestMPICH's sweep.
+		m := mpichPrefix(t)
+		r := sweep("2.6", 4)
+		args := []string{"-launcher", "fork", "-n", fmt.Sprint(r.ranks), "-env", "FI_PROVIDER", "efa",
+			"-env", "MPIR_CVAR_DEBUG_SUMMARY", "1", "-env", "LD_LIBRARY_PATH", filepath.Join(stackPrefix(t), "lib")}
+		exe := buildMPI(t, filepath.Join(m, "bin", "mpicc"))
+		out := run(t, s, "", 5*time.Minute, filepath.Join(m, "bin", "mpiexec"), append(append(args, exe), r.args()...)...)
+		if !strings.Contains(out, "libfabric provider: efa - ") {
+			t.Fatalf("MPICH's summary does not name the efa provider:\n%s", lastLines(out, 60))
+		}
+		r.check(t, out)
+	})
 	// The device's counters, read by a process that never opened the device (sysfs) and by
 	// iproute2's rdma (netlink), are the sums of every program's traffic.
 	cnt := strings.TrimSpace(run(t, s, "", time.Minute, "cat", "/sys/class/infiniband/efa_0/ports/1/hw_counters/send_wrs"))
