@@ -175,12 +175,14 @@ func stackPyverbsAll(t *testing.T, p string, s *Setup) {
 // processes. fi_pingpong runs on efa-direct only: it always asks for FI_MSG_PREFIX, which
 // libfabric 2.6's efa fabric gets wrong whatever the device (docs/cabi.md, "What does not work
 // yet"); fabtests' fi_rdm_pingpong (-v: data checked; no prefix) covers that fabric. perftest
-// 4.5 refuses ib_write_* with -c SRD itself.
+// 4.5 refuses ib_write_* with -c SRD itself. Each pair runs twice: a device for each process, and
+// both processes on one host device (softefa run --device).
 func TestStackTwoProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs perftest and fi_pingpong between two processes")
 	}
 	p := stackPrefix(t)
+	host, _ := hostDevice(t)
 	lib := "LD_LIBRARY_PATH=" + filepath.Join(p, "lib")
 	bin := func(name string) string { return filepath.Join(p, "bin", name) }
 	rdmPing := func(fabric string) []string {
@@ -200,6 +202,9 @@ func TestStackTwoProcesses(t *testing.T) {
 		{"fi_rdm_pingpong_efa_direct", pair{tool: bin("fi_rdm_pingpong"), args: rdmPing("efa-direct"), want: "usec/xfer", timeout: time.Minute}},
 	} {
 		t.Run(c.name, func(t *testing.T) { runPair(t, c.pair) })
+		h := c.pair
+		h.setup = host
+		t.Run(c.name+"_host_device", func(t *testing.T) { runPair(t, h) })
 	}
 }
 
