@@ -139,6 +139,22 @@ func TestUCXData(t *testing.T) {
 	if testing.Short() {
 		t.Skip("moves data between two processes")
 	}
+	ucxData(t, setupOrSkip(t), setupOrSkip(t))
+}
+
+// TestUCXDataHostDevice is TestUCXData with both processes on one host device (softefa run
+// --device).
+func TestUCXDataHostDevice(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves data between two processes")
+	}
+	s, _ := hostDevice(t)
+	ucxData(t, s, s)
+}
+
+// ucxData runs testdata/ucxcheck.c's server in setup srvSetup and its client in cliSetup.
+func ucxData(t *testing.T, srvSetup, cliSetup *Setup) {
+	t.Helper()
 	u := ucxPrefix(t)
 	src, err := filepath.Abs(filepath.Join("testdata", "ucxcheck.c"))
 	if err != nil {
@@ -150,7 +166,6 @@ func TestUCXData(t *testing.T) {
 		"-Wl,-rpath,"+filepath.Join(u, "lib"), "-lucp", "-lucs").CombinedOutput(); err != nil {
 		t.Fatalf("cc: %v\n%s", err, out)
 	}
-	srvSetup, cliSetup := setupOrSkip(t), setupOrSkip(t)
 	port := freeTCPPort(t)
 	server := exec.Command(exe, fmt.Sprint(port))
 	server.Env = append(srvSetup.Environ(), "UCX_TLS=srd")
