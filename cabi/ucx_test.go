@@ -139,7 +139,8 @@ func TestUCXData(t *testing.T) {
 	if testing.Short() {
 		t.Skip("moves data between two processes")
 	}
-	ucxData(t, setupOrSkip(t), setupOrSkip(t))
+	u := ucxPrefix(t)
+	ucxData(t, u, setupOrSkip(t), setupOrSkip(t))
 }
 
 // TestUCXDataHostDevice is TestUCXData with both processes on one host device (softefa run
@@ -148,14 +149,15 @@ func TestUCXDataHostDevice(t *testing.T) {
 	if testing.Short() {
 		t.Skip("moves data between two processes")
 	}
+	u := ucxPrefix(t)
 	s, _ := hostDevice(t)
-	ucxData(t, s, s)
+	ucxData(t, u, s, s)
 }
 
-// ucxData runs testdata/ucxcheck.c's server in setup srvSetup and its client in cliSetup.
-func ucxData(t *testing.T, srvSetup, cliSetup *Setup) {
+// ucxData runs testdata/ucxcheck.c, built against the UCX build at u, its server in setup
+// srvSetup and its client in cliSetup.
+func ucxData(t *testing.T, u string, srvSetup, cliSetup *Setup) {
 	t.Helper()
-	u := ucxPrefix(t)
 	src, err := filepath.Abs(filepath.Join("testdata", "ucxcheck.c"))
 	if err != nil {
 		t.Fatal(err)
