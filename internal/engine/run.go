@@ -965,14 +965,7 @@ func (d *Device) rxOrdered(w link.ReadWaiter) {
 }
 
 // stopping reports whether a receive error means the device is closing.
-func (d *Device) stopping(err error) bool {
-	select {
-	case <-d.done:
-		return true
-	default:
-	}
-	return err == link.ErrClosed
-}
+func (d *Device) stopping(err error) bool { return d.closing() || err == link.ErrClosed }
 
 // rxLoop is the receive goroutine: it reads batches from the link and has the transport handle
 // them under the device lock, then sends the ACKs and frames the batch produced.
