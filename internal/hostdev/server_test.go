@@ -434,6 +434,9 @@ func TestDoorbellSocket(t *testing.T) {
 	if err != nil || st != 0 || fd < 0 {
 		t.Fatalf("opDoorbell: status %d, fd %d, %v", st, fd, err)
 	}
+	if err := unix.SetNonblock(fd, true); err != nil { // (pollable: the read deadline below holds)
+		t.Fatal(err)
+	}
 	f := os.NewFile(uintptr(fd), "door")
 	defer f.Close()
 	if st, _, fd2, err := c.call(request(opDoorbell, 0, 0)); err != nil || st != -int64(syscall.EEXIST) || fd2 >= 0 {
