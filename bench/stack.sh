@@ -28,6 +28,17 @@ sf=$work/softefa
 port=21000
 run=(run) # softefa run's arguments: (run --device SOCKET) for the host device's rows
 
+# listening PORT: waits, up to 30 s, until a TCP socket listens on PORT (every server here takes
+# its client's connection there first). A fixed wait was too short for a binary's first program:
+# softefa run builds its preload shim and engine library then.
+listening() {
+  for _ in $(seq 300); do
+    [ -n "$(ss -Hltn "sport = :$1")" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
 # pair NAME PARSE -- SERVER-ARGS... -- CLIENT-ARGS...: the two under softefa run, the client's
 # output parsed by PARSE (a function printing one number) into $work/NAME.
 pair() {
@@ -40,12 +51,14 @@ pair() {
   port=$((port + 1))
   srv=("${srv[@]//@PORT@/$port}")
   cli=("${cli[@]//@PORT@/$port}")
-  LD_LIBRARY_PATH=$stack/lib "$sf" "${run[@]}" -- "${srv[@]}" >"$work/srv.out" 2>&1 &
+  LD_LIBRARY_PATH=$stack/lib timeout 300 "$sf" "${run[@]}" -- "${srv[@]}" >"$work/srv.out" 2>&1 &
   local pid=$!
-  sleep 1
+  listening "$port" || true # (the client then fails, and the row says FAILED)
   local v=FAILED
   if LD_LIBRARY_PATH=$stack/lib timeout 120 "$sf" "${run[@]}" -- "${cli[@]}" >"$work/cli.out" 2>&1; then
     v=$($parse <"$work/cli.out") || v=FAILED
+  else
+    kill "$pid" 2>/dev/null || true # (a server whose client failed would wait for it)
   fi
   wait "$pid" 2>/dev/null || true
   echo "$v" >>"$work/$name"
