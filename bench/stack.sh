@@ -21,19 +21,22 @@ rounds=${1:-3}
 stack=${SOFTEFA_STACK:-$(cabi/thirdparty/build.sh --prefix)}
 [ -x "$stack/bin/fi_rdm_tagged_pingpong" ] || { echo "no fabtests in $stack: run cabi/thirdparty/build.sh" >&2; exit 1; }
 command -v ib_send_bw >/dev/null || { echo "no perftest: apt-get install perftest" >&2; exit 1; }
+command -v ss >/dev/null || { echo "no ss: apt-get install iproute2" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 go build -o "$work/softefa" ./cmd/softefa
 sf=$work/softefa
+LD_LIBRARY_PATH=$stack/lib "$sf" run -- true # (builds the preload shim and engine library once, before any pair)
 port=21000
 run=(run) # softefa run's arguments: (run --device SOCKET) for the host device's rows
 
-# listening PORT: waits, up to 30 s, until a TCP socket listens on PORT (every server here takes
+# listening PORT PID: waits, up to 30 s and while process PID lives, until a TCP socket listens on PORT (every server here takes
 # its client's connection there first). A fixed wait was too short for a binary's first program:
 # softefa run builds its preload shim and engine library then.
 listening() {
   for _ in $(seq 300); do
     [ -n "$(ss -Hltn "sport = :$1")" ] && return 0
+    kill -0 "$2" 2>/dev/null || return 1 # (the server is gone)
     sleep 0.1
   done
   return 1
@@ -53,7 +56,7 @@ pair() {
   cli=("${cli[@]//@PORT@/$port}")
   LD_LIBRARY_PATH=$stack/lib timeout 300 "$sf" "${run[@]}" -- "${srv[@]}" >"$work/srv.out" 2>&1 &
   local pid=$!
-  listening "$port" || true # (the client then fails, and the row says FAILED)
+  listening "$port" "$pid" || true # (the client then most likely fails: the row says FAILED)
   local v=FAILED
   if LD_LIBRARY_PATH=$stack/lib timeout 120 "$sf" "${run[@]}" -- "${cli[@]}" >"$work/cli.out" 2>&1; then
     v=$($parse <"$work/cli.out") || v=FAILED
