@@ -30,9 +30,9 @@ LD_LIBRARY_PATH=$stack/lib "$sf" run -- true # (builds the preload shim and engi
 port=21000
 run=(run) # softefa run's arguments: (run --device SOCKET) for the host device's rows
 
-# listening PORT PID: waits, up to 30 s and while process PID lives, until a TCP socket listens on PORT (every server here takes
-# its client's connection there first). A fixed wait was too short for a binary's first program:
-# softefa run builds its preload shim and engine library then.
+# listening PORT PID: waits, up to 30 s and while process PID lives, until a TCP socket listens
+# on PORT (every server here takes its client's connection there first). No fixed wait fits: a
+# server's start-up ranges from milliseconds to seconds on this machine.
 listening() {
   for _ in $(seq 300); do
     [ -n "$(ss -Hltn "sport = :$1")" ] && return 0
