@@ -368,63 +368,76 @@ func TestSQDrainedByNetworkCompletion(t *testing.T) {
 	}
 }
 
-// QP.Await, a host device's goroutine waiting, for a program's thread that sleeps meanwhile, for
-// the QP's next receive (docs/architecture.md, "Doorbells on the host device"): it blocks until
-// the receive is counted, without polling; one waiter at a time; a timeout or an interrupt ends
-// it. Two devices over UDP on loopback, each with its receive loop.
-func TestQPAwait(t *testing.T) {
+// QP.OnRecv: a host device's answer to a program's thread, which sleeps meanwhile, for the QP's
+// next receive (docs/architecture.md, "Doorbells on the host device"): told by the goroutine that
+// counts the receive, once; one waiter a CQ; Withdraw takes it back. Two devices over UDP on
+// loopback, each with its receive loop.
+func TestQPOnRecv(t *testing.T) {
 	a, b := udpRig(t), udpRig(t)
 	ah, err := a.d.CreateAH(a.pd, b.d.GID())
 	if err != nil {
 		t.Fatal(err)
 	}
-	never := make(chan time.Time) // (a wait that missed its receive would hang the test)
-	if !b.q.Await(1, never, nil) {
-		t.Fatal("Await with the receive count already past seen did not return true")
+	told := make(chan int, 2)
+	w := &RecvWaiter{Fn: func(by any) {
+		if by != nil {
+			t.Errorf("a receive counted by the receive loop told %v", by)
+		}
+		told <- 1
+	}}
+	other := &RecvWaiter{Fn: func(any) { told <- 2 }}
+	if b.q.OnRecv(1, w) {
+		t.Fatal("OnRecv with the receive count already past seen registered a waiter")
 	}
-
-	// A second waiter on the same CQ is turned away while the first waits; a timeout ends a
-	// wait with nothing to show.
-	timeout := make(chan time.Time)
-	first := make(chan bool)
-	go func() { first <- b.q.Await(0, timeout, nil) }()
-	for b.q.recvCQ.waiters.Load() == 0 {
-		runtime.Gosched()
+	if !b.q.OnRecv(0, w) {
+		t.Fatal("OnRecv on an idle CQ did not register the waiter")
 	}
-	if b.q.Await(0, never, nil) {
+	if b.q.OnRecv(0, w) {
+		t.Error("a waiter already waiting was registered again")
+	}
+	if b.q.OnRecv(0, other) {
 		t.Error("a second waiter on the CQ was not turned away")
 	}
-	close(timeout)
-	if <-first {
-		t.Error("Await ended by its timeout with no receive reported true")
+	if !b.d.Withdraw(w) {
+		t.Error("Withdraw of a waiting waiter reported false")
 	}
-	interrupt := make(chan struct{})
-	go func() { first <- b.q.Await(0, never, interrupt) }()
-	for b.q.recvCQ.waiters.Load() == 0 {
-		runtime.Gosched()
+	if b.d.Withdraw(w) {
+		t.Error("a second Withdraw reported true")
 	}
-	close(interrupt)
-	if <-first {
-		t.Error("Await ended by its interrupt with no receive reported true")
+	if !b.q.OnRecv(0, other) {
+		t.Fatal("the CQ turned a waiter away after the first was withdrawn")
+	}
+	if !b.d.Withdraw(other) {
+		t.Fatal("Withdraw of the second waiter reported false")
 	}
 
-	got := make(chan bool)
-	go func() { got <- b.q.Await(0, never, nil) }()
+	if !b.q.OnRecv(0, w) {
+		t.Fatal("OnRecv did not register the waiter again")
+	}
 	const msg = "written while the waiter slept"
 	postSend(a, b, ah, msg)
 	a.d.Ring(a.q)
-	if !<-got {
-		t.Fatal("Await for a receive that came returned false")
+	if got := <-told; got != 1 {
+		t.Fatalf("waiter %d told of the receive, want 1", got)
 	}
 	if b.q.recvCQ.Written() != 1 {
-		t.Fatalf("the receiver's CQ holds %d entries after the wait, want 1", b.q.recvCQ.Written())
+		t.Fatalf("the receiver's CQ holds %d entries when the waiter is told, want 1", b.q.recvCQ.Written())
 	}
 	if got := string(b.inA[:len(msg)]); got != msg {
 		t.Errorf("the receive buffer holds %q, want %q", got, msg)
 	}
-	if b.q.recvCQ.waiters.Load() != 0 {
-		t.Error("the CQ still counts a waiter after the wait")
+	if b.d.Withdraw(w) {
+		t.Error("Withdraw after the receive came reported true")
 	}
+	select {
+	case got := <-told:
+		t.Errorf("waiter %d told again", got)
+	default:
+	}
+	if !b.q.OnRecv(b.q.Recvs(), w) {
+		t.Error("the CQ turned the waiter away after its receive came")
+	}
+	b.d.Withdraw(w)
 }
 
 // awaitOut waits until q has n sends on the network, n at most 2 (QP.outN counts no further).
@@ -436,5 +449,70 @@ func awaitOut(t *testing.T, q *QP, n int) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d sends on the network, want %d", q.outN.Load(), n)
 		}
+	}
+}
+
+// RingBy tells a waiter whose receive the ring's own work completed what the ring was given, and
+// a destroyed QP tells its waiter at once (no receive comes for it now). Two QPs of one device:
+// the SEND is delivered by the ring's work, on the ringing goroutine (a driven device: nothing
+// else takes its lock).
+func TestRingByTellsWaiter(t *testing.T) {
+	a := drivenRig(t, func() time.Duration { return 0 })
+	b := *a // a second QP on a's device, with its own CQ, receiving into a's region B
+	cq, err := a.d.CreateCQ(CQInit{Entries: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.q, err = a.d.CreateQP(QPInit{Type: uapi.QPTypeDriver, PD: a.pd, SendCQ: cq, RecvCQ: cq, SQEntries: 16,
+		SQEntrySize: 64, RQEntries: 16, Caps: QPCaps{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 2, MaxRecvSGE: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range []struct {
+		a    QPAttr
+		mask int
+	}{
+		{QPAttr{State: uapi.QPSInit, Port: 1, QKey: 9}, uapi.QPAttrState | uapi.QPAttrPKeyIndex | uapi.QPAttrPort | uapi.QPAttrQKey},
+		{QPAttr{State: uapi.QPSRTR}, uapi.QPAttrState},
+		{QPAttr{State: uapi.QPSRTS}, uapi.QPAttrState | uapi.QPAttrSQPSN},
+	} {
+		if err := a.d.ModifyQP(b.q, &st.a, st.mask); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ah, err := a.d.CreateAH(a.pd, a.d.GID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var told []any
+	w := &RecvWaiter{Fn: func(by any) { told = append(told, by) }} // (under the device's lock)
+	if !b.q.OnRecv(0, w) {
+		t.Fatal("OnRecv did not register the waiter")
+	}
+	postSend(a, &b, ah, "from the other QP")
+	by := "the ringer"
+	a.d.RingBy(a.q, by)
+	a.d.mu.Lock()
+	got := slices.Clone(told)
+	a.d.mu.Unlock()
+	if len(got) != 1 || got[0] != by {
+		t.Fatalf("the waiter was told %v, want [%q] (the ring's own work completed the receive)", got, by)
+	}
+
+	told = nil
+	if !b.q.OnRecv(b.q.Recvs(), w) {
+		t.Fatal("OnRecv did not register the waiter again")
+	}
+	if err := a.d.DestroyQP(b.q); err != nil {
+		t.Fatal(err)
+	}
+	a.d.mu.Lock()
+	got = slices.Clone(told)
+	a.d.mu.Unlock()
+	if len(got) != 1 || got[0] != nil {
+		t.Fatalf("the destroyed QP's waiter was told %v, want [nil]", got)
+	}
+	if b.q.OnRecv(b.q.Recvs(), w) {
+		t.Error("OnRecv registered a waiter on a destroyed QP")
 	}
 }

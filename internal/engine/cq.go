@@ -5,7 +5,6 @@ import (
 	"math/bits"
 	"sync/atomic"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"github.com/softefa/softefa/efaio"
@@ -37,9 +36,7 @@ type CQ struct {
 	notify  func()
 	owner   any
 	dead    bool
-	// 1 while a goroutine is blocked in Await, and its wake-up (capacity 1).
-	waiters atomic.Int32
-	wake    chan struct{}
+	waiter  *RecvWaiter // OnRecv's, until its receive comes or it is withdrawn
 }
 
 // Owner returns the value given as CQInit.Owner; nil for a nil CQ.
@@ -126,7 +123,7 @@ func (d *Device) CreateCQ(in CQInit) (*CQ, error) {
 	clear(ring)
 	atomic.StoreUint32(db, 0)
 	d.nCQ++
-	return &CQ{d: d, ring: ring, depth: depth, esz: esz, db: db, flags: in.Flags, phase: 1, unpaced: in.Unpaced, firedSN: -1, wake: make(chan struct{}, 1), notify: in.Notify, owner: in.Owner}, nil
+	return &CQ{d: d, ring: ring, depth: depth, esz: esz, db: db, flags: in.Flags, phase: 1, unpaced: in.Unpaced, firedSN: -1, notify: in.Notify, owner: in.Owner}, nil
 }
 
 // DestroyCQ frees cq; EBUSY while a QP uses it.
@@ -202,51 +199,60 @@ func (cq *CQ) Overrun() bool {
 	return cq.overrun
 }
 
-// Await blocks until q has completed a receive past seen (its Recvs count), timeout fires or
-// interrupt is ready, and reports whether the receive came. It is for a consumer in another
-// process (the host device: the program's thread sleeps in the device instead of spinning on its
-// ring, and lends its core to the work it waits for); unlike AwaitRecv it polls nothing and uses
-// no CPU while it waits. One goroutine waits on a CQ at a time: another returns false at once.
-func (q *QP) Await(seen uint64, timeout <-chan time.Time, interrupt <-chan struct{}) bool {
+// A RecvWaiter is told of a QP's next receive (QP.OnRecv). It is for a consumer in another
+// process: the host device answers a program's thread, which sleeps meanwhile instead of spinning
+// on its ring, from the goroutine that completes the receive, with no goroutine woken between
+// (docs/architecture.md, "Doorbells on the host device").
+type RecvWaiter struct {
+	// Fn runs once the receive is counted, on the goroutine that counts it and with the
+	// device's lock held: it must not block or call into the device. by is what the Device.RingBy
+	// whose work counted the receive was given, on its goroutine; nil when the receive was
+	// counted by other work (the engine loop, a receive loop).
+	Fn func(by any)
+	q  *QP
+	cq *CQ // the CQ it waits on; nil when it waits on none (guarded by the device's lock)
+}
+
+// OnRecv has w told (w.Fn run) when q completes a receive past seen (its Recvs count), or when q
+// is destroyed first. It registers nothing and reports false when that receive has come already,
+// when q is destroyed or has no receive CQ, when w is registered already (for its earlier
+// receive), or when another waiter waits on q's receive CQ: one at a time, as one program thread
+// sleeps on a CQ. Device.Withdraw takes w back before it is told.
+func (q *QP) OnRecv(seen uint64, w *RecvWaiter) bool {
+	d := q.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	cq := q.recvCQ
-	if cq == nil || !cq.waiters.CompareAndSwap(0, 1) {
+	if q.dead || cq == nil || cq.dead || cq.waiter != nil || w.cq != nil || q.recvs.Load() != seen {
 		return false
 	}
-	defer cq.waiters.Store(0)
-	select {
-	case <-cq.wake: // (a signal left by a receive of an earlier wait)
-	default:
-	}
-	// (a receive counted after the load below finds waiters set and signals: both are
-	// sequentially consistent atomics; countRecv)
-	for q.recvs.Load() == seen {
-		select {
-		case <-cq.wake:
-		case <-timeout:
-			return q.recvs.Load() != seen
-		case <-interrupt:
-			return q.recvs.Load() != seen
-		}
-	}
+	w.q, w.cq = q, cq
+	cq.waiter = w
 	return true
 }
 
-// countRecv counts a receive WR of q completed, with d.mu held (its entry written first: a thread
-// that sees the count move finds the entry), and wakes a goroutine blocked in Await on q's
-// receive CQ. A receive WR that an RDMA write with immediate took counts too, with no bytes.
+// Withdraw takes w back from the CQ it waits on, and reports whether it was waiting: false when
+// it was told first (w.Fn has run: it runs under the lock Withdraw takes) or never waited.
+func (d *Device) Withdraw(w *RecvWaiter) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if w.cq == nil {
+		return false
+	}
+	w.cq.waiter, w.cq, w.q = nil, nil, nil
+	return true
+}
+
+// countRecv counts a receive WR of q completed, with d.mu held (its entry written first: a
+// program told of the receive finds the entry), and tells the RecvWaiter waiting for it. A
+// receive WR that an RDMA write with immediate took counts too, with no bytes.
 func (q *QP) countRecv(length uint64) {
 	q.counts.RecvBytes += length
 	q.recvs.Add(1)
-	if cq := q.recvCQ; cq != nil && cq.waiters.Load() != 0 {
-		cq.signal()
-	}
-}
-
-// signal wakes the goroutine blocked in Await, if it is not already to wake.
-func (cq *CQ) signal() {
-	select {
-	case cq.wake <- struct{}{}:
-	default:
+	if cq := q.recvCQ; cq != nil && cq.waiter != nil && cq.waiter.q == q {
+		w := cq.waiter
+		cq.waiter, w.cq, w.q = nil, nil, nil
+		w.Fn(q.d.ringBy)
 	}
 }
 

@@ -97,6 +97,7 @@ type Device struct {
 
 	txqs    chan *srd.Queue // free list of datagram queues for posters working inline (ringInline)
 	inlineQ [1]*QP          // ringInline's batch of one, under mu
+	ringBy  any             // RingBy's by while ringInline works, under mu (countRecv)
 	inlined atomic.Bool     // set after work outside the engine loop (ringInline, a batch of input), for it to poll fast
 	// parkedSends: some QP holds sends parked after RNR (set when one parks, recomputed by each
 	// step; under mu). Only then does a receive posted on this device need a step (RecvsWanted).

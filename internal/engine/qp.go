@@ -73,7 +73,7 @@ type QP struct {
 
 	// counts is guarded by d.mu, as everything that counts holds it: the data path counts
 	// without a locked instruction. Its RecvWRs stays 0; recvs is that count, atomic, for
-	// threads that wait for a receive without the lock (Await, AwaitRecv).
+	// threads that wait for a receive without the lock (AwaitRecv).
 	counts QPCounters
 	recvs  atomic.Uint64
 }
@@ -363,6 +363,10 @@ func (d *Device) destroyQP(q *QP, now time.Duration) error {
 		q.flush()
 	}
 	q.fenceSend, q.fenceRecv = q.sendCQ.pc, q.recvCQ.pc
+	if w := q.recvCQ.waiter; w != nil && w.q == q { // (no receive comes now: told at once)
+		q.recvCQ.waiter, w.cq, w.q = nil, nil, nil
+		w.Fn(nil)
+	}
 	if q.polled {
 		d.polledQPs--
 	}

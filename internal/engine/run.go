@@ -17,8 +17,14 @@ import (
 // When neither the engine loop nor a receive loop holds the device, the caller does the work
 // itself, at once: the doorbell's WQEs are executed and their datagrams sent from the caller's
 // goroutine, which saves a goroutine handoff per post.
-func (d *Device) Ring(q *QP) {
-	if d.ringInline(q) {
+func (d *Device) Ring(q *QP) { d.RingBy(q, nil) }
+
+// RingBy is Ring on behalf of by: receives that the work done on the calling goroutine completes
+// tell their RecvWaiters by (RecvWaiter.Fn), so that the caller may answer them once it has
+// nothing more to carry out. Receives completed elsewhere (the engine loop, a receive loop) tell
+// nil.
+func (d *Device) RingBy(q *QP, by any) {
+	if d.ringInline(q, by) {
 		return
 	}
 	if q.kicked.CompareAndSwap(false, true) {
@@ -40,7 +46,7 @@ func (d *Device) RecvsWanted() bool { return d.parkedSends.Load() }
 // The device lock is taken with TryLock: a poster never waits for the device (the engine loop
 // does the work instead), and the datagrams go out from a queue of the free list (txqs), taken
 // once the lock is held.
-func (d *Device) ringInline(q *QP) bool {
+func (d *Device) ringInline(q *QP, by any) bool {
 	if !d.mu.TryLock() {
 		return false
 	}
@@ -51,9 +57,9 @@ func (d *Device) ringInline(q *QP) bool {
 	var worked, busy, more bool
 	tq := d.takeTxq()
 	d.unlockAfter(tq, func(now time.Duration) {
-		d.inlineQ[0] = q
+		d.inlineQ[0], d.ringBy = q, by
 		worked, busy = d.step(d.inlineQ[:], false, now) // (and sends the owed ACKs that are due)
-		d.inlineQ[0] = nil
+		d.inlineQ[0], d.ringBy = nil, nil
 		more = !q.dead && uint16(atomic.LoadUint32(q.sq.db)) != q.sq.ci // a destroyed QP's doorbell page may be gone
 	})
 	d.putTxq(tq)

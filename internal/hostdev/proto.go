@@ -45,7 +45,7 @@ const (
 	opStop     = 11  // the device stops (after its reply)
 	opDBPage   = 12  // arg: an mmap key of the open → status: the QP whose SQ doorbell page it is, or -ENOENT
 	opTrap     = 13  // arg: a QP handle, and 1<<32 if the program's mapping of its SQ doorbell page traps every store (no reply)
-	opDoorbell = 14  // → the program's doorbell socket attached (kicks answered once carried out)
+	opDoorbell = 14  // → the program's doorbell socket attached (its kicks; docs/architecture.md, "Doorbells on the host device")
 	opGive     = 100 // device → program, an fd attached; the program answers with its number
 )
 

@@ -41,6 +41,19 @@ type Server struct {
 
 	stop     chan struct{} // closed when a program asks the device to stop (Stopped)
 	stopping sync.Once
+
+	dm    *doorman // serves the doorbell sockets; made with the first (under mu)
+	dmErr error
+}
+
+// doorman returns the server's doorman, made with the first doorbell socket.
+func (s *Server) doorman() (*doorman, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dm == nil && s.dmErr == nil {
+		s.dm, s.dmErr = newDoorman()
+	}
+	return s.dm, s.dmErr
 }
 
 // Stopped returns a channel closed when a program has asked the device to stop (Client.Stop).
@@ -143,6 +156,12 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	err := s.ln.Close() // (removes the socket file: net.UnixListener unlinks on close)
 	s.wg.Wait()
+	s.mu.Lock()
+	dm := s.dm
+	s.mu.Unlock()
+	if dm != nil {
+		dm.close()
+	}
 	return err
 }
 
@@ -151,11 +170,11 @@ type conn struct {
 	s     *Server
 	c     *net.UnixConn
 	proc  *mem.Process
-	mu    sync.Mutex       // guards files against the doorbell goroutine's lookups (ring)
+	mu    sync.Mutex       // guards files against the doorman's lookups (a kick: doorbell)
 	files map[uint32]*open // by handle; the connection's goroutine alone changes it
 	next  uint32
-	door  *net.UnixConn // the device's end of the program's doorbell socket (opDoorbell), or nil
-	peer  *peer         // the process's, shared by its connections; nil until known
+	door  *door // the device's end of the program's doorbell socket (opDoorbell), or nil
+	peer  *peer // the process's, shared by its connections; nil until known
 	pid   int
 	buf   []byte
 	// later holds the kicks, arms and traps that came while a command waited for the program
@@ -398,108 +417,6 @@ func (c *conn) lookup(h uint32) *open {
 	return c.files[h]
 }
 
-// doorbell makes the program's doorbell socket (opDoorbell): a socketpair whose other end the
-// program takes, served by a goroutine of its own (ring).
-func (c *conn) doorbell() ([]byte, int, bool) {
-	if c.door != nil {
-		return reply(opDoorbell, -int64(syscall.EEXIST), nil), -1, true
-	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return reply(opDoorbell, errnoStatus(err), nil), -1, true
-	}
-	f := os.NewFile(uintptr(fds[0]), "softefa-doorbell")
-	fc, err := net.FileConn(f)
-	f.Close()
-	if err != nil {
-		unix.Close(fds[1])
-		return reply(opDoorbell, errnoStatus(err), nil), -1, true
-	}
-	c.door = fc.(*net.UnixConn)
-	c.s.wg.Add(1)
-	go c.ring()
-	return reply(opDoorbell, 0, nil), fds[1], true
-}
-
-// ring serves the doorbell socket (docs/architecture.md, "Doorbells on the host device"). Each
-// request is a kick: op kick, the open's handle, and in arg the QP's handle (low 32 bits), whether
-// the program's thread waits for the answer (bit 32) and the kick's number (bits 33–63). Kicks are
-// read by readKicks and carried out here, in order, lingering for the QP's next receive when the
-// program waits and the QP ping-pongs (uverbs.File.KickAwait) until the program kicks again. A
-// kick the program waits for is answered, and so is one whose QP's next kick would linger: op
-// kick, the QP's handle, and in status the kick's number (low 31 bits) and whether the QP's next
-// kick would linger (bit 32). Anything else on the socket ends the connection.
-func (c *conn) ring() {
-	defer c.s.wg.Done()
-	kicks := make(chan [reqHeader]byte, kickQueue)
-	more := make(chan struct{}, 1) // a kick was queued
-	done := make(chan struct{})
-	defer close(done)
-	c.s.wg.Add(1)
-	go c.readKicks(kicks, more, done)
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	for b := range kicks {
-		select {
-		case <-more: // (this kick's, or one already taken)
-		default:
-		}
-		interrupt := (<-chan struct{})(more)
-		if len(kicks) > 0 {
-			interrupt = ready // the next kick is here already: no wait
-		}
-		arg := binary.LittleEndian.Uint64(b[8:])
-		qp := uint32(arg)
-		wait, lingering := arg>>32&1 != 0, false
-		if o := c.lookup(binary.LittleEndian.Uint32(b[4:])); o != nil {
-			lingering = o.f.KickAwait(qp, wait, t, interrupt)
-		}
-		if !wait && !lingering {
-			continue // (nothing the program does not know)
-		}
-		status := arg >> 33
-		if lingering {
-			status |= 1 << 32
-		}
-		binary.LittleEndian.PutUint32(b[4:], qp)
-		binary.LittleEndian.PutUint64(b[8:], status)
-		if _, err := c.door.Write(b[:]); err != nil {
-			c.c.Close() // (the connection's goroutine then releases everything)
-			return
-		}
-	}
-}
-
-// readKicks reads the doorbell socket's kicks into kicks, signalling more after each, until the
-// socket ends, something else comes (the connection is closed) or done is closed.
-func (c *conn) readKicks(kicks chan<- [reqHeader]byte, more chan<- struct{}, done <-chan struct{}) {
-	defer c.s.wg.Done()
-	defer close(kicks)
-	var b [reqHeader]byte
-	for {
-		n, _, flags, _, err := c.door.ReadMsgUnix(b[:], nil)
-		if err != nil || n != reqHeader || flags&unix.MSG_TRUNC != 0 || binary.LittleEndian.Uint32(b[:]) != opKick {
-			c.c.Close() // (the connection's goroutine then releases everything)
-			return
-		}
-		select {
-		case kicks <- b:
-		case <-done:
-			return
-		}
-		select {
-		case more <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// kickQueue is how many kicks read from a program's doorbell socket wait to be carried out.
-const kickQueue = 64
-
-// ready is a channel that is always ready.
-var ready = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
-
 // giver is FDs over the connection: the fd goes to the program, which answers with its number.
 type giver struct{ c *conn }
 
@@ -554,7 +471,7 @@ const giveTimeout = 10 * time.Second
 // release closes everything the program made.
 func (c *conn) release() {
 	if c.door != nil {
-		c.door.Close()
+		c.door.close()
 	}
 	c.mu.Lock()
 	files := c.files

@@ -159,11 +159,11 @@ func TestLingerOnlyPingPongs(t *testing.T) {
 	}
 }
 
-// TestKickAwait: a host device's kick (KickAwait) reports whether the QP's next kick would linger
-// — once lingerAfter rings in a row were answered — and lingers only when the program waits: a
-// kick that does not wait comes back at once however long the budget (an hour here: a kick that
-// waited would hang the test). An unknown handle, or no linger budget, reports false.
-func TestKickAwait(t *testing.T) {
+// TestKickLinger: a host device's kick (KickLinger) reports whether the QP's next kick would
+// linger — once lingerAfter rings in a row were answered — and lingers (registers its waiter for
+// the QP's next receive, returning the budget) only when the program waits and the QP lingers. An
+// unknown handle, or no linger budget, reports neither.
+func TestKickLinger(t *testing.T) {
 	h := newHarness(t)
 	h.d.linger = time.Hour
 	h.getContext()
@@ -171,12 +171,15 @@ func TestKickAwait(t *testing.T) {
 	cq, _ := h.createCQ(64, 32, 0)
 	qp, _ := h.createQP(pd, cq, uapi.QPTypeDriver, 16*64, 16*16)
 	o := h.f.objs[qp].(*qpObj)
-	tm := time.NewTimer(time.Hour)
-	tm.Stop()
+	w := &engine.RecvWaiter{Fn: func(any) { t.Error("told of a receive that never came") }}
 	var got strings.Builder
 	for i := range lingerAfter + 2 {
 		o.rungRecvs.Store(uint64(100 + i)) // a receive since the last ring (the count moved)
-		if h.f.KickAwait(qp, false, tm, nil) {
+		budget, lingering := h.f.KickLinger(qp, false, w, nil)
+		if budget != 0 {
+			t.Fatalf("kick %d, which the program does not wait for, lingers %v", i, budget)
+		}
+		if lingering {
 			got.WriteByte('L')
 		} else {
 			got.WriteByte('.')
@@ -185,15 +188,26 @@ func TestKickAwait(t *testing.T) {
 	if want := strings.Repeat(".", lingerAfter-1) + "LLL"; got.String() != want {
 		t.Errorf("answered kicks reported %s, want %s", got.String(), want)
 	}
-	if h.f.KickAwait(qp, false, tm, nil) { // no receive since the last ring: the run is broken
+	o.rungRecvs.Store(1000)
+	if budget, _ := h.f.KickLinger(qp, true, w, nil); budget != time.Hour {
+		t.Fatalf("a waited kick of a lingering QP lingers %v, want the budget", budget)
+	}
+	o.rungRecvs.Store(2000) // (its run unbroken: only the waiter stands in the way)
+	if budget, _ := h.f.KickLinger(qp, true, w, nil); budget != 0 {
+		t.Errorf("a second waited kick lingered %v with the waiter already waiting", budget)
+	}
+	if !h.d.Withdraw(w) {
+		t.Error("the lingering kick's waiter was not waiting")
+	}
+	if _, lingering := h.f.KickLinger(qp, false, w, nil); lingering { // no receive since the last ring
 		t.Error("a kick with no receive since the last reported the next would linger")
 	}
-	if h.f.KickAwait(12345, true, tm, nil) {
-		t.Error("a kick of an unknown handle reported lingering")
+	if budget, lingering := h.f.KickLinger(12345, true, w, nil); budget != 0 || lingering {
+		t.Error("a kick of an unknown handle lingered")
 	}
 	h.d.linger = 0
 	o.answers.Store(lingerAfter)
-	if h.f.KickAwait(qp, true, tm, nil) {
-		t.Error("a kick with no linger budget reported lingering")
+	if budget, lingering := h.f.KickLinger(qp, true, w, nil); budget != 0 || lingering {
+		t.Error("a kick with no linger budget lingered")
 	}
 }

@@ -72,7 +72,7 @@ type Device struct {
 }
 
 // Linger is how long a program's thread, ringing the SQ doorbell of a QP that ping-pongs, waits
-// for the QP's next receive before it goes back to the program (File.RingTrapped, File.KickAwait;
+// for the QP's next receive before it goes back to the program (File.RingTrapped, File.KickLinger;
 // docs/cabi.md, "Lingering after a post"). It holds the program's thread for up to that long,
 // which a program that computes after its send would feel; a ping-pong's round trip falls to a
 // third. A millisecond, not less: a linger that runs out leaves the next answer to the receive
@@ -384,15 +384,16 @@ var _ = syscall.EINVAL
 // Kick tells the engine that the program just posted to the QP with handle h (the shim's
 // post_send, post_recv and wr_complete wrappers call it), so the engine looks at its rings at once.
 // Unknown handles are ignored.
-func (f *File) Kick(h uint32) { f.kick(h) }
+func (f *File) Kick(h uint32) { f.kick(h, nil) }
 
-// kick is Kick; it returns the QP rung, or nil for an unknown handle.
-func (f *File) kick(h uint32) *qpObj {
+// kick is Kick on behalf of by (engine.Device.RingBy); it returns the QP rung, or nil for an
+// unknown handle.
+func (f *File) kick(h uint32, by any) *qpObj {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	o, ok := f.objs[h].(*qpObj)
 	if ok {
-		f.d.e.Ring(o.qp)
+		f.d.e.RingBy(o.qp, by)
 	}
 	return o
 }

@@ -1,6 +1,10 @@
 package uverbs
 
-import "time"
+import (
+	"time"
+
+	"github.com/softefa/softefa/internal/engine"
+)
 
 // Lingering after a post (docs/cabi.md, "Lingering after a post"): a program that ping-pongs posts
 // and then spins on its CQ for the answer. Its device's receive loop, which would write the
@@ -8,14 +12,14 @@ import "time"
 // program's busy polling keeps: most of a round trip. So the posting thread, once its QP has
 // shown that it ping-pongs (lingerAfter rings in a row each answered by a receive), waits for the
 // answer in the device instead, taking the network's datagrams itself (RingTrapped), or, for a
-// program of the host device, sleeping while the device waits for it (KickAwait).
+// program of the host device, sleeping until the device answers its kick (KickLinger).
 
 // RingTrapped is a trapped store to the SQ doorbell of the QP with handle h: it rings the engine
 // as Kick does, and a QP that talks to peers and ping-pongs (lingers) first has the calling
 // thread wait for its next receive, for at most the linger budget (engine.Device.AwaitRecv).
 // Unknown handles are ignored.
 func (f *File) RingTrapped(h uint32) {
-	o := f.kick(h)
+	o := f.kick(h, nil)
 	if o == nil || !o.qp.TalksToPeers() {
 		return
 	}
@@ -26,31 +30,36 @@ func (f *File) RingTrapped(h uint32) {
 	}
 }
 
-// Lingered returns how many posts have waited for their answer (RingTrapped, KickAwait).
+// Lingered returns how many posts have waited for their answer (RingTrapped, KickLinger).
 func (d *Device) Lingered() uint64 { return d.lingered.Load() }
 
-// KickAwait is Kick for a program in another process (the host device's doorbell socket). When
+// KickLinger is Kick for a program in another process (the host device's doorbell socket). When
 // wait is set (the program's thread waits for the answer) and the QP ping-pongs as RingTrapped
-// tells it (lingers), the calling goroutine then blocks until the QP's next receive, for at most
-// the linger budget (Linger, timed with t), or until interrupt is ready (the program
-// kicked again: its next kick may be what the receive needs). The program's thread sleeps
-// meanwhile instead of spinning on its CQ, which on a machine with few cores leaves them to the
-// peer and the device that make the answer. It reports whether the QP's next kick would linger,
-// for the program to wait on that one.
-func (f *File) KickAwait(h uint32, wait bool, t *time.Timer, interrupt <-chan struct{}) (lingering bool) {
-	o := f.kick(h)
+// tells it (lingers), it registers w for the QP's next receive (engine.QP.OnRecv) and returns the
+// linger budget: the caller answers the program from w.Fn, or when the budget runs out, or when
+// the program kicks again (its next kick may be what the receive needs), taking w back with
+// Withdraw. The program's thread sleeps meanwhile instead of spinning on its CQ, which on a
+// machine with few cores leaves them to the peer and the device that make the answer. Otherwise
+// (no linger, the receive already come, another waiter on the CQ) it returns 0 and the caller
+// answers at once. lingering reports whether the QP's next kick would linger, for the program to
+// wait on that one. The ring is made on behalf of by (engine.Device.RingBy): receives it
+// completes tell their waiters by. Unknown handles are ignored.
+func (f *File) KickLinger(h uint32, wait bool, w *engine.RecvWaiter, by any) (budget time.Duration, lingering bool) {
+	o := f.kick(h, by)
 	if o == nil || f.d.linger <= 0 {
-		return false
+		return 0, false
 	}
 	seen := o.qp.Recvs()
-	if o.lingers(o.rungRecvs.Swap(seen) != seen) && wait {
+	if o.lingers(o.rungRecvs.Swap(seen) != seen) && wait && o.qp.OnRecv(seen, w) {
 		f.d.lingered.Add(1)
-		t.Reset(f.d.linger)
-		o.qp.Await(seen, t.C, interrupt)
-		t.Stop()
+		budget = f.d.linger
 	}
-	return o.answers.Load() >= lingerAfter
+	return budget, o.answers.Load() >= lingerAfter
 }
+
+// Withdraw takes back w, which KickLinger registered, before its receive, and reports whether it
+// was still waiting (w.Fn has not run and will not).
+func (d *Device) Withdraw(w *engine.RecvWaiter) bool { return d.e.Withdraw(w) }
 
 // lingerAfter is how many trapped rings in a row a receive must follow before a ring lingers. A
 // ping-pong's every ring is answered; a program whose messages take several posts (UCX's eager

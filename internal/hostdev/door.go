@@ -1,0 +1,272 @@
+//go:build linux
+
+package hostdev
+
+import (
+	"encoding/binary"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/softefa/softefa/internal/engine"
+	"golang.org/x/sys/unix"
+)
+
+// door is the device's end of a program's doorbell socket (docs/architecture.md, "Doorbells on
+// the host device"), whose kicks the device's doorman reads and carries out (carry). A kick whose
+// thread waits while its QP ping-pongs is owed its answer until the QP's next receive, whose
+// waiter (engine.QP.OnRecv) is told by the goroutine that counts it; or until the program kicks
+// again, or the linger budget runs out (timer). A receive counted while the doorman carries out a
+// kick is left to the doorman, which writes the answer once a round finds no more kicks, or after
+// doorRound more: a stream's receiver is woken once a burst, a ping-pong's as soon as the kick
+// that answers it is carried out.
+type door struct {
+	fd int // the socket: read by the doorman when epoll finds kicks; answers sent MSG_DONTWAIT
+
+	// What the door needs of the device and the connection: to carry out a kick of QP qp of the
+	// open with handle h on behalf of by (uverbs.File.KickLinger), to take back the waiter
+	// (uverbs.Device.Withdraw), and to drop the program (after which close comes).
+	kick     func(h, qp uint32, wait bool, w *engine.RecvWaiter, by any) (budget time.Duration, lingering bool)
+	withdraw func(w *engine.RecvWaiter) bool
+	drop     func()
+
+	// the doorman's own.
+	in [2 * reqHeader]byte // a kick read (a longer datagram shows as more than reqHeader bytes)
+	n  int
+
+	// mu is taken under the engine's lock (the waiter's Fn): it is never held while calling into
+	// the device. Answers are written under it, one at a time, in their kicks' order.
+	mu       sync.Mutex
+	closed   bool
+	owed     bool            // a kick's answer waits for its QP's next receive…
+	tag      uint64          // …its number among this door's owed kicks…
+	answer   [reqHeader]byte // …the answer…
+	deadline time.Time       // …and the end of its linger budget (zero until it lingers)
+	out      [reqHeader]byte // the answer being written (write)
+
+	asleep   bool          // the owed kick lingers: its program's thread sleeps, counted in…
+	sleepers *atomic.Int32 // …the doorman's count
+
+	waiter engine.RecvWaiter // told of the owed kick's receive (received)
+	timer  *time.Timer       // the owed kick's linger budget (expired)
+}
+
+// told is an answer told to the doorman: door dr's owed kick numbered tag.
+type told struct {
+	dr  *door
+	tag uint64
+}
+
+// doorbell makes the program's doorbell socket (opDoorbell): a socketpair whose other end the
+// program takes, served by the device's doorman.
+func (c *conn) doorbell() ([]byte, int, bool) {
+	if c.door != nil {
+		return reply(opDoorbell, -int64(syscall.EEXIST), nil), -1, true
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return reply(opDoorbell, errnoStatus(err), nil), -1, true
+	}
+	kick := func(h, qp uint32, wait bool, w *engine.RecvWaiter, by any) (time.Duration, bool) {
+		if o := c.lookup(h); o != nil {
+			return o.f.KickLinger(qp, wait, w, by)
+		}
+		return 0, false
+	}
+	drop := func() { c.c.Close() } // (the connection's goroutine then releases everything)
+	dr, err := newDoor(fds[0], kick, c.s.d.Withdraw, drop)
+	if err != nil {
+		unix.Close(fds[1])
+		return reply(opDoorbell, errnoStatus(err), nil), -1, true
+	}
+	dm, err := c.s.doorman()
+	if err == nil {
+		err = dm.add(dr)
+	}
+	if err != nil {
+		dr.release()
+		unix.Close(fds[1])
+		return reply(opDoorbell, errnoStatus(err), nil), -1, true
+	}
+	c.door = dr
+	return reply(opDoorbell, 0, nil), fds[1], true
+}
+
+// newDoor makes the door of the device's end fd of a doorbell socket, which it takes (closed on
+// failure), for a doorman to serve (doorman.add).
+func newDoor(fd int, kick func(h, qp uint32, wait bool, w *engine.RecvWaiter, by any) (time.Duration, bool), withdraw func(*engine.RecvWaiter) bool, drop func()) (*door, error) {
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	dr := &door{fd: fd, kick: kick, withdraw: withdraw, drop: drop}
+	dr.waiter.Fn = dr.received
+	dr.timer = time.AfterFunc(time.Hour, dr.expired)
+	dr.timer.Stop()
+	return dr, nil
+}
+
+// carry carries out the kick in dr.in (dr.n bytes), and reports false for anything else on the
+// socket, which ends the connection (docs/architecture.md, "Doorbells on the host device"). Each
+// kick is op kick, the open's handle, and in arg the QP's handle (low 32 bits), whether the
+// program's thread waits for the answer (bit 32) and the kick's number (bits 33–63). A kick the
+// program waits for is answered, and so is one whose QP's next kick would linger: op kick, the
+// QP's handle, and in status the kick's number (low 31 bits) and whether the QP's next kick would
+// linger (bit 32). A waited kick of a QP that lingers is answered only on its QP's next receive,
+// the program's next kick, or the end of the linger budget, whichever comes first.
+func (dr *door) carry(by *doorman) bool {
+	if dr.n != reqHeader || binary.LittleEndian.Uint32(dr.in[:]) != opKick {
+		return false
+	}
+	var b [reqHeader]byte
+	copy(b[:], dr.in[:reqHeader])
+	// A kick that comes while another lingers ends that linger: the lingering kick is
+	// answered now (its thread polls its CQ, as it would without the host device), before
+	// this one, which may be what the receive needs.
+	dr.interrupt()
+	h, arg := binary.LittleEndian.Uint32(b[4:]), binary.LittleEndian.Uint64(b[8:])
+	qp := uint32(arg)
+	wait := arg>>32&1 != 0
+	binary.LittleEndian.PutUint32(b[4:], qp)
+	if wait {
+		// Owed before the waiter is registered: its receive may come at once.
+		binary.LittleEndian.PutUint64(b[8:], arg>>33|1<<32)
+		dr.mu.Lock()
+		dr.tag++
+		dr.owed, dr.answer, dr.deadline = true, b, time.Time{}
+		dr.mu.Unlock()
+	}
+	budget, lingering := dr.kick(h, qp, wait, &dr.waiter, by)
+	if budget > 0 { // (its receive, the next kick or the timer answers it)
+		dr.mu.Lock()
+		dr.deadline = time.Now().Add(budget)
+		if dr.owed && !dr.asleep && dr.sleepers != nil {
+			dr.asleep = true
+			dr.sleepers.Add(1)
+		}
+		dr.mu.Unlock()
+		dr.timer.Reset(budget)
+		return true
+	}
+	status := arg >> 33
+	if lingering {
+		status |= 1 << 32
+	}
+	binary.LittleEndian.PutUint64(b[8:], status)
+	dr.mu.Lock()
+	if dr.owed || !wait && lingering {
+		dr.write(&b)
+	}
+	dr.answered()
+	dr.mu.Unlock()
+	return true
+}
+
+// answered: the owed kick is answered (dr.mu held).
+func (dr *door) answered() {
+	dr.owed = false
+	if dr.asleep {
+		dr.asleep = false
+		dr.sleepers.Add(-1)
+	}
+}
+
+// interrupt answers the kick owed an answer, if any, now, its waiter taken back (or told
+// already: then the answer it was told of is this one, written here first).
+func (dr *door) interrupt() {
+	dr.withdraw(&dr.waiter)
+	dr.timer.Stop()
+	dr.mu.Lock()
+	if dr.owed {
+		dr.answered()
+		dr.write(&dr.answer)
+	}
+	dr.mu.Unlock()
+}
+
+// received is the waiter's Fn: the owed kick's receive came. It runs on the goroutine that
+// counted the receive, with the engine's lock held. When that is the doorman carrying out a kick
+// (by), the answer is left to it (doorman.flush); otherwise it is written now.
+func (dr *door) received(by any) {
+	dr.timer.Stop()
+	dr.mu.Lock()
+	owed, tag := dr.owed, dr.tag
+	dr.mu.Unlock()
+	if !owed {
+		return
+	}
+	if m, ok := by.(*doorman); ok {
+		m.told = append(m.told, told{dr, tag})
+		return
+	}
+	dr.answerTold(tag)
+}
+
+// answerTold writes the answer of the owed kick numbered tag, unless it was answered meanwhile
+// (the program kicked again).
+func (dr *door) answerTold(tag uint64) {
+	dr.mu.Lock()
+	if dr.owed && dr.tag == tag {
+		dr.answered()
+		dr.write(&dr.answer)
+	}
+	dr.mu.Unlock()
+}
+
+// expired is the linger budget running out: the owed kick is answered without its receive. An
+// expiry that comes before the owed kick's deadline is a stale one, of a kick answered before.
+func (dr *door) expired() {
+	dr.mu.Lock()
+	due := dr.owed && !dr.deadline.IsZero() && !time.Now().Before(dr.deadline)
+	dr.mu.Unlock()
+	if due && dr.withdraw(&dr.waiter) {
+		dr.mu.Lock()
+		if dr.owed { // (the owed kick's, or, had the program kicked again meanwhile, the next one's: early)
+			dr.answered()
+			dr.write(&dr.answer)
+		}
+		dr.mu.Unlock()
+	}
+}
+
+// write sends the answer b, with dr.mu held, without blocking.
+func (dr *door) write(b *[reqHeader]byte) {
+	if dr.closed {
+		return
+	}
+	dr.out = *b
+	for {
+		_, err := unix.SendmsgN(dr.fd, dr.out[:], nil, nil, unix.MSG_DONTWAIT)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			// A program that leaves a socket's worth of answers unread: the doorman's next read
+			// finds the socket ended, and it drops the program (not here, under the engine's lock).
+			unix.Shutdown(dr.fd, unix.SHUT_RDWR)
+			dr.closed = true
+		}
+		return
+	}
+}
+
+// close ends the doorbell socket: the doorman finds it ended, and removes the door.
+func (dr *door) close() {
+	dr.mu.Lock()
+	dr.closed = true
+	if dr.fd >= 0 {
+		unix.Shutdown(dr.fd, unix.SHUT_RDWR) // (epoll reports it; the doorman closes it)
+	}
+	dr.mu.Unlock()
+	dr.timer.Stop()
+}
+
+// release closes the socket, once the doorman no longer reads it: no answer is written to it now.
+func (dr *door) release() {
+	dr.mu.Lock()
+	dr.closed = true
+	unix.Close(dr.fd)
+	dr.fd = -1
+	dr.mu.Unlock()
+}

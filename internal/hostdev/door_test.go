@@ -1,0 +1,377 @@
+//go:build linux
+
+package hostdev
+
+import (
+	"encoding/binary"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/softefa/softefa/internal/engine"
+	"golang.org/x/sys/unix"
+)
+
+// fakeQPs stands in for the device behind a door: each kick returns the next scripted
+// (budget, lingering), and a kick that lingers registers its waiter, which receive tells (under
+// the fake's lock, as the engine tells it under its own) and withdraw takes back.
+type fakeQPs struct {
+	mu      sync.Mutex
+	script  [][2]int64 // (budget in ns, lingering 0/1) for the next kicks
+	waiting *engine.RecvWaiter
+	kicks   int
+	// deliver, if set, runs in each kick, as the work a kick does on its goroutine (RingBy)
+	// completes another program's receive.
+	deliver func(by any)
+}
+
+func (f *fakeQPs) kick(h, qp uint32, wait bool, w *engine.RecvWaiter, by any) (time.Duration, bool) {
+	if f.deliver != nil {
+		f.deliver(by)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.kicks++
+	var next [2]int64
+	if len(f.script) > 0 {
+		next, f.script = f.script[0], f.script[1:]
+	}
+	budget := time.Duration(next[0])
+	if !wait || f.waiting != nil {
+		budget = 0
+	}
+	if budget > 0 {
+		f.waiting = w
+	}
+	return budget, next[1] != 0
+}
+
+func (f *fakeQPs) withdraw(w *engine.RecvWaiter) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.waiting != w || w == nil {
+		return false
+	}
+	f.waiting = nil
+	return true
+}
+
+// receive tells the waiting waiter, if any, as a receive counted by other work (a receive loop)
+// does, and reports whether there was one.
+func (f *fakeQPs) receive() bool { return f.receiveBy(nil) }
+
+// receiveBy is receive counted by the work of a kick on behalf of by.
+func (f *fakeQPs) receiveBy(by any) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w := f.waiting
+	if w == nil {
+		return false
+	}
+	f.waiting = nil
+	w.Fn(by)
+	return true
+}
+
+// push scripts the next kick.
+func (f *fakeQPs) push(budget time.Duration, lingering bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l := int64(0)
+	if lingering {
+		l = 1
+	}
+	f.script = append(f.script, [2]int64{int64(budget), l})
+}
+
+// awaitWaiter waits until a kick's waiter is registered.
+func (f *fakeQPs) awaitWaiter() {
+	for !f.waiter() {
+		runtime.Gosched()
+	}
+}
+
+func (f *fakeQPs) waiter() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.waiting != nil
+}
+
+// testDoorman makes a doorman, stopped when the test ends.
+func testDoorman(t *testing.T) *doorman {
+	t.Helper()
+	m, err := newDoorman()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.close)
+	return m
+}
+
+// doorRig serves a door over a socketpair by doorman m (one of its own when nil); the test is
+// the program, at the other end.
+func doorRig(t *testing.T, m *doorman, qps *fakeQPs) (prog *os.File, dropped chan struct{}) {
+	t.Helper()
+	if m == nil {
+		m = testDoorman(t)
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropped = make(chan struct{})
+	var once sync.Once
+	dr, err := newDoor(fds[0], qps.kick, qps.withdraw, func() { once.Do(func() { close(dropped) }) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.add(dr); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SetNonblock(fds[1], true); err != nil { // (pollable: read deadlines hold)
+		t.Fatal(err)
+	}
+	prog = os.NewFile(uintptr(fds[1]), "program")
+	t.Cleanup(func() {
+		dr.close()
+		prog.Close()
+	})
+	return prog, dropped
+}
+
+func sendKick(t *testing.T, prog *os.File, qp uint32, wait bool, n uint64) {
+	t.Helper()
+	arg := uint64(qp) | n<<33
+	if wait {
+		arg |= 1 << 32
+	}
+	if _, err := prog.Write(request(opKick, 9, arg)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readAnswer reads one answer: the QP and the status (kick number, lingering in bit 32).
+func readAnswer(t *testing.T, prog *os.File) (qp uint32, status uint64) {
+	t.Helper()
+	b := make([]byte, 64)
+	prog.SetReadDeadline(time.Now().Add(time.Minute)) // (a hang guard, not a threshold)
+	n, err := prog.Read(b)
+	if err != nil || n != replyHeader || binary.LittleEndian.Uint32(b) != opKick {
+		t.Fatalf("an answer: %d bytes %x, %v", n, b[:max(n, 0)], err)
+	}
+	return binary.LittleEndian.Uint32(b[4:]), binary.LittleEndian.Uint64(b[8:])
+}
+
+// noAnswer checks that no answer waits to be read.
+func noAnswer(t *testing.T, prog *os.File) {
+	t.Helper()
+	b := make([]byte, 64)
+	rc, err := prog.SyscallConn() // (not Fd, which would make the socket blocking)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, rerr := 0, error(nil)
+	rc.Read(func(fd uintptr) bool {
+		n, _, rerr = unix.Recvfrom(int(fd), b, unix.MSG_DONTWAIT)
+		return true
+	})
+	if rerr == nil {
+		t.Fatalf("an answer nobody owed: %x", b[:n])
+	}
+}
+
+// The doorbell socket's answers (docs/architecture.md, "Doorbells on the host device"): a kick
+// that neither waits nor lingers gets none; one that waits is answered at once unless its QP
+// lingers, and then on its QP's next receive, told by whoever counts it; the next kick answers a
+// lingering one first, in order; the linger budget answers one whose receive never comes.
+func TestDoorAnswers(t *testing.T) {
+	m := testDoorman(t)
+	qps := &fakeQPs{}
+	prog, _ := doorRig(t, m, qps)
+	sync := func() { // (a kick that waits and does not linger: answered once carried out)
+		sendKick(t, prog, 99, true, 1000)
+		if qp, st := readAnswer(t, prog); qp != 99 || st != 1000 {
+			t.Fatalf("the sync kick's answer: QP %d status %#x", qp, st)
+		}
+	}
+
+	sendKick(t, prog, 3, false, 1) // neither waits nor lingers
+	sync()
+	noAnswer(t, prog)
+
+	qps.push(0, true) // does not wait, but the QP's next kick would linger
+	sendKick(t, prog, 3, false, 2)
+	if qp, st := readAnswer(t, prog); qp != 3 || st != 2|1<<32 {
+		t.Fatalf("a lingering QP's kick: answered QP %d status %#x, want 3, %#x", qp, st, 2|1<<32)
+	}
+
+	// Waits and lingers: answered on the receive, not before; meanwhile the doorman counts
+	// the program's thread asleep (and polls for kicks instead of sleeping itself).
+	qps.push(time.Hour, true)
+	sendKick(t, prog, 4, true, 3)
+	qps.awaitWaiter() // (another kick now would end the linger)
+	for m.sleepers.Load() != 1 {
+		runtime.Gosched()
+	}
+	noAnswer(t, prog)
+	if !qps.receive() {
+		t.Fatal("no waiter to tell")
+	}
+	if qp, st := readAnswer(t, prog); qp != 4 || st != 3|1<<32 {
+		t.Fatalf("the lingering kick's answer: QP %d status %#x, want 4, %#x", qp, st, 3|1<<32)
+	}
+	if n := m.sleepers.Load(); n != 0 {
+		t.Errorf("%d programs counted asleep after the answer, want 0", n)
+	}
+	noAnswer(t, prog)
+
+	// Lingers, then the program kicks again: the lingering kick is answered first, its waiter
+	// taken back, then the new one.
+	qps.push(time.Hour, true)
+	sendKick(t, prog, 5, true, 4)
+	sendKick(t, prog, 6, true, 5)
+	if qp, st := readAnswer(t, prog); qp != 5 || st != 4|1<<32 {
+		t.Fatalf("the interrupted kick's answer: QP %d status %#x, want 5, %#x", qp, st, 4|1<<32)
+	}
+	if qp, st := readAnswer(t, prog); qp != 6 || st != 5 {
+		t.Fatalf("the interrupting kick's answer: QP %d status %#x, want 6, 5", qp, st)
+	}
+	if qps.waiter() {
+		t.Error("the interrupted kick's waiter still waits")
+	}
+
+	// Lingers with a budget of a nanosecond and no receive: the budget answers it.
+	qps.push(1, true)
+	sendKick(t, prog, 7, true, 6)
+	if qp, st := readAnswer(t, prog); qp != 7 || st != 6|1<<32 {
+		t.Fatalf("the expired kick's answer: QP %d status %#x, want 7, %#x", qp, st, 6|1<<32)
+	}
+	if qps.waiter() {
+		t.Error("the expired kick's waiter still waits")
+	}
+	sync()
+	noAnswer(t, prog)
+}
+
+// An answer told to another door's goroutine, by a receive its kick completed, is written by that
+// goroutine once it has carried the kick out: the receiving program is answered, once, with its
+// own kick's number.
+func TestDoorAnswerTold(t *testing.T) {
+	m := testDoorman(t)
+	y := &fakeQPs{}
+	yprog, _ := doorRig(t, m, y)
+	delivered := make(chan bool, 1)
+	x := &fakeQPs{deliver: func(by any) {
+		if by != nil {
+			delivered <- y.receiveBy(by)
+		}
+	}}
+	xprog, _ := doorRig(t, m, x)
+
+	y.push(time.Hour, true)
+	sendKick(t, yprog, 4, true, 77) // Y posts and sleeps: its answer waits for its receive
+	y.awaitWaiter()
+	sendKick(t, xprog, 8, false, 1) // X's post completes Y's receive
+	if !<-delivered {
+		t.Fatal("X's kick found no waiter of Y's to tell")
+	}
+	if qp, st := readAnswer(t, yprog); qp != 4 || st != 77|1<<32 {
+		t.Fatalf("Y's answer: QP %d status %#x, want 4, %#x", qp, st, 77|1<<32)
+	}
+	noAnswer(t, yprog)
+	noAnswer(t, xprog)
+
+	// Y kicks again while its kick lingers: that one is answered first, and the next, lingering
+	// in turn, on its receive.
+	y.push(time.Hour, true)
+	sendKick(t, yprog, 4, true, 78)
+	y.awaitWaiter()
+	y.push(time.Hour, true)
+	sendKick(t, yprog, 4, true, 79) // (answers 78 first, then lingers)
+	if qp, st := readAnswer(t, yprog); qp != 4 || st != 78|1<<32 {
+		t.Fatalf("Y's interrupted kick: QP %d status %#x, want 4, %#x", qp, st, 78|1<<32)
+	}
+	y.awaitWaiter()
+	if !y.receive() {
+		t.Fatal("no waiter of Y's to tell")
+	}
+	if qp, st := readAnswer(t, yprog); qp != 4 || st != 79|1<<32 {
+		t.Fatalf("Y's second lingering kick: QP %d status %#x, want 4, %#x", qp, st, 79|1<<32)
+	}
+	noAnswer(t, yprog)
+}
+
+// A program that leaves its answers unread is dropped once the socket holds no more: the device
+// never blocks on it (an answer may be written by another program's goroutine).
+func TestDoorUnreadAnswers(t *testing.T) {
+	qps := &fakeQPs{}
+	prog, dropped := doorRig(t, nil, qps)
+	rc, err := prog.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(0); ; i++ {
+		select {
+		case <-dropped:
+			return
+		default:
+		}
+		if i == 1<<20 {
+			t.Fatal("the program was not dropped after a million unread answers")
+		}
+		qps.push(0, true)
+		arg := uint64(3) | (i&0x7fffffff)<<33
+		var werr error
+		rc.Write(func(fd uintptr) bool {
+			_, werr = unix.Write(int(fd), request(opKick, 9, arg))
+			return true
+		})
+		switch werr {
+		case nil:
+		case unix.EAGAIN: // (the device has yet to read the kicks before)
+			runtime.Gosched()
+		default: // the device's end ended: it dropped the program first
+			<-dropped
+			return
+		}
+	}
+}
+
+// A program that floods its doorbell socket does not keep another's kick waiting: the doorman
+// carries out a few kicks of each socket a round. X's first kick holds the doorman until X has
+// queued many more and Y one that waits; Y is answered long before X's kicks are all carried out.
+func TestDoormanFair(t *testing.T) {
+	const flood = 200
+	m := testDoorman(t)
+	hold, held := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	x := &fakeQPs{}
+	x.deliver = func(any) { once.Do(func() { close(held); <-hold }) }
+	xprog, _ := doorRig(t, m, x)
+	y := &fakeQPs{}
+	var carried atomic.Int64 // X's kicks carried out when Y's is
+	y.deliver = func(any) {
+		x.mu.Lock()
+		carried.Store(int64(x.kicks))
+		x.mu.Unlock()
+	}
+	yprog, _ := doorRig(t, m, y)
+
+	sendKick(t, xprog, 1, false, 0)
+	<-held
+	for i := uint64(1); i < flood; i++ {
+		sendKick(t, xprog, 1, false, i)
+	}
+	sendKick(t, yprog, 2, true, 5)
+	close(hold)
+	if qp, st := readAnswer(t, yprog); qp != 2 || st != 5 {
+		t.Fatalf("Y's answer: QP %d status %#x, want 2, 5", qp, st)
+	}
+	if n := carried.Load(); n >= flood-1 {
+		t.Errorf("Y's kick was carried out after all %d of X's kicks", n)
+	}
+	t.Logf("Y's kick carried out after %d of X's %d kicks", carried.Load(), flood)
+}
