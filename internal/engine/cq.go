@@ -232,7 +232,8 @@ func (q *QP) OnRecv(seen uint64, w *RecvWaiter) bool {
 }
 
 // Withdraw takes w back from the CQ it waits on, and reports whether it was waiting: false when
-// it was told first (w.Fn has run: it runs under the lock Withdraw takes) or never waited.
+// it was told first (w.Fn has run: it runs under the lock Withdraw takes) or never waited. d must
+// be the device of the QP w waits on.
 func (d *Device) Withdraw(w *RecvWaiter) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()

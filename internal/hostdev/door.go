@@ -17,23 +17,25 @@ import (
 // the host device"), whose kicks the device's doorman reads and carries out (carry). A kick whose
 // thread waits while its QP ping-pongs is owed its answer until the QP's next receive, whose
 // waiter (engine.QP.OnRecv) is told by the goroutine that counts it; or until the program kicks
-// again, or the linger budget runs out (timer). A receive counted while the doorman carries out a
-// kick is left to the doorman, which writes the answer once a round finds no more kicks, or after
-// doorRound more: a stream's receiver is woken once a burst, a ping-pong's as soon as the kick
-// that answers it is carried out.
+// again, or the linger budget runs out (doorman.expire). A receive counted while the doorman
+// carries out a kick is left to the doorman, which writes the answer at the end of its round: a
+// ping-pong's answer goes as soon as the kick that answers it is carried out, a stream's receiver
+// is woken once a round of the sender's kicks.
 type door struct {
-	fd int // the socket: read by the doorman when epoll finds kicks; answers sent MSG_DONTWAIT
+	fd int // the socket, non-blocking: read by the doorman when epoll finds kicks
 
 	// What the door needs of the device and the connection: to carry out a kick of QP qp of the
-	// open with handle h on behalf of by (uverbs.File.KickLinger), to take back the waiter
-	// (uverbs.Device.Withdraw), and to drop the program (after which close comes).
-	kick     func(h, qp uint32, wait bool, w *engine.RecvWaiter, by any) (budget time.Duration, lingering bool)
+	// open with handle h on behalf of by (uverbs.File.KickLinger; busy when a command holds the
+	// open), to take back the waiter (uverbs.Device.Withdraw), and to drop the program (after
+	// which close comes).
+	kick     func(h, qp uint32, wait bool, w *engine.RecvWaiter, by any) (budget time.Duration, lingering, busy bool)
 	withdraw func(w *engine.RecvWaiter) bool
 	drop     func()
 
 	// the doorman's own.
-	in [2 * reqHeader]byte // a kick read (a longer datagram shows as more than reqHeader bytes)
-	n  int
+	in     [2 * reqHeader]byte // a kick read (a longer datagram shows as more than reqHeader bytes)
+	n      int
+	parked bool // the kick in in found its open busy: tried again each round, the socket unread
 
 	// mu is taken under the engine's lock (the waiter's Fn): it is never held while calling into
 	// the device. Answers are written under it, one at a time, in their kicks' order.
@@ -49,7 +51,6 @@ type door struct {
 	sleepers *atomic.Int32 // …the doorman's count
 
 	waiter engine.RecvWaiter // told of the owed kick's receive (received)
-	timer  *time.Timer       // the owed kick's linger budget (expired)
 }
 
 // told is an answer told to the doorman: door dr's owed kick numbered tag.
@@ -57,6 +58,17 @@ type told struct {
 	dr  *door
 	tag uint64
 }
+
+// carried is what came of a kick: carried out (lingering: its answer owed until its receive),
+// its open busy (tried again later), or not a kick.
+type carried int
+
+const (
+	kickDone carried = iota
+	kickLingers
+	kickBusy
+	kickBad
+)
 
 // doorbell makes the program's doorbell socket (opDoorbell): a socketpair whose other end the
 // program takes, served by the device's doorman.
@@ -68,11 +80,11 @@ func (c *conn) doorbell() ([]byte, int, bool) {
 	if err != nil {
 		return reply(opDoorbell, errnoStatus(err), nil), -1, true
 	}
-	kick := func(h, qp uint32, wait bool, w *engine.RecvWaiter, by any) (time.Duration, bool) {
+	kick := func(h, qp uint32, wait bool, w *engine.RecvWaiter, by any) (time.Duration, bool, bool) {
 		if o := c.lookup(h); o != nil {
 			return o.f.KickLinger(qp, wait, w, by)
 		}
-		return 0, false
+		return 0, false, false
 	}
 	drop := func() { c.c.Close() } // (the connection's goroutine then releases everything)
 	dr, err := newDoor(fds[0], kick, c.s.d.Withdraw, drop)
@@ -95,29 +107,29 @@ func (c *conn) doorbell() ([]byte, int, bool) {
 
 // newDoor makes the door of the device's end fd of a doorbell socket, which it takes (closed on
 // failure), for a doorman to serve (doorman.add).
-func newDoor(fd int, kick func(h, qp uint32, wait bool, w *engine.RecvWaiter, by any) (time.Duration, bool), withdraw func(*engine.RecvWaiter) bool, drop func()) (*door, error) {
-	if err := unix.SetNonblock(fd, false); err != nil {
+func newDoor(fd int, kick func(h, qp uint32, wait bool, w *engine.RecvWaiter, by any) (time.Duration, bool, bool), withdraw func(*engine.RecvWaiter) bool, drop func()) (*door, error) {
+	if err := unix.SetNonblock(fd, true); err != nil { // (the doorman reads until EAGAIN)
 		unix.Close(fd)
 		return nil, err
 	}
 	dr := &door{fd: fd, kick: kick, withdraw: withdraw, drop: drop}
 	dr.waiter.Fn = dr.received
-	dr.timer = time.AfterFunc(time.Hour, dr.expired)
-	dr.timer.Stop()
 	return dr, nil
 }
 
-// carry carries out the kick in dr.in (dr.n bytes), and reports false for anything else on the
-// socket, which ends the connection (docs/architecture.md, "Doorbells on the host device"). Each
-// kick is op kick, the open's handle, and in arg the QP's handle (low 32 bits), whether the
-// program's thread waits for the answer (bit 32) and the kick's number (bits 33–63). A kick the
-// program waits for is answered, and so is one whose QP's next kick would linger: op kick, the
-// QP's handle, and in status the kick's number (low 31 bits) and whether the QP's next kick would
-// linger (bit 32). A waited kick of a QP that lingers is answered only on its QP's next receive,
-// the program's next kick, or the end of the linger budget, whichever comes first.
-func (dr *door) carry(by *doorman) bool {
+// carry carries out the kick in dr.in (dr.n bytes) on behalf of the doorman m (docs/architecture.md,
+// "Doorbells on the host device"). Each kick is op kick, the open's handle, and in arg the QP's
+// handle (low 32 bits), whether the program's thread waits for the answer (bit 32) and the kick's
+// number (bits 33–63). A kick the program waits for is answered, and so is one whose QP's next
+// kick would linger: op kick, the QP's handle, and in status the kick's number (low 31 bits) and
+// whether the QP's next kick would linger (bit 32). A waited kick of a QP that lingers is
+// answered only on its QP's next receive, the program's next kick, or the end of the linger
+// budget, whichever comes first (kickLingers). A kick whose open a command holds is not carried
+// out (kickBusy), for the doorman to try again; anything else on the socket is kickBad, which
+// ends the connection.
+func (dr *door) carry(m *doorman) carried {
 	if dr.n != reqHeader || binary.LittleEndian.Uint32(dr.in[:]) != opKick {
-		return false
+		return kickBad
 	}
 	var b [reqHeader]byte
 	copy(b[:], dr.in[:reqHeader])
@@ -137,17 +149,22 @@ func (dr *door) carry(by *doorman) bool {
 		dr.owed, dr.answer, dr.deadline = true, b, time.Time{}
 		dr.mu.Unlock()
 	}
-	budget, lingering := dr.kick(h, qp, wait, &dr.waiter, by)
-	if budget > 0 { // (its receive, the next kick or the timer answers it)
+	budget, lingering, busy := dr.kick(h, qp, wait, &dr.waiter, m)
+	if busy { // (nothing done: no waiter registered, and the kick comes again)
+		dr.mu.Lock()
+		dr.owed = false
+		dr.mu.Unlock()
+		return kickBusy
+	}
+	if budget > 0 { // (its receive, the next kick or the budget answers it)
 		dr.mu.Lock()
 		dr.deadline = time.Now().Add(budget)
-		if dr.owed && !dr.asleep && dr.sleepers != nil {
+		if dr.owed && !dr.asleep {
 			dr.asleep = true
 			dr.sleepers.Add(1)
 		}
 		dr.mu.Unlock()
-		dr.timer.Reset(budget)
-		return true
+		return kickLingers
 	}
 	status := arg >> 33
 	if lingering {
@@ -160,7 +177,7 @@ func (dr *door) carry(by *doorman) bool {
 	}
 	dr.answered()
 	dr.mu.Unlock()
-	return true
+	return kickDone
 }
 
 // answered: the owed kick is answered (dr.mu held).
@@ -175,8 +192,13 @@ func (dr *door) answered() {
 // interrupt answers the kick owed an answer, if any, now, its waiter taken back (or told
 // already: then the answer it was told of is this one, written here first).
 func (dr *door) interrupt() {
+	dr.mu.Lock()
+	owed := dr.owed
+	dr.mu.Unlock()
+	if !owed { // (no waiter either: only the doorman, which calls this, registers one)
+		return
+	}
 	dr.withdraw(&dr.waiter)
-	dr.timer.Stop()
 	dr.mu.Lock()
 	if dr.owed {
 		dr.answered()
@@ -189,7 +211,6 @@ func (dr *door) interrupt() {
 // counted the receive, with the engine's lock held. When that is the doorman carrying out a kick
 // (by), the answer is left to it (doorman.flush); otherwise it is written now.
 func (dr *door) received(by any) {
-	dr.timer.Stop()
 	dr.mu.Lock()
 	owed, tag := dr.owed, dr.tag
 	dr.mu.Unlock()
@@ -214,20 +235,24 @@ func (dr *door) answerTold(tag uint64) {
 	dr.mu.Unlock()
 }
 
-// expired is the linger budget running out: the owed kick is answered without its receive. An
-// expiry that comes before the owed kick's deadline is a stale one, of a kick answered before.
-func (dr *door) expired() {
+// expire answers the owed kick if its linger budget ran out by now, its waiter taken back, and
+// reports whether its program's thread still sleeps in it. The doorman calls it, each round while
+// a program sleeps: no kick of the door is carried out meanwhile.
+func (dr *door) expire(now time.Time) (asleep bool) {
 	dr.mu.Lock()
-	due := dr.owed && !dr.deadline.IsZero() && !time.Now().Before(dr.deadline)
+	asleep = dr.asleep
+	due := asleep && !now.Before(dr.deadline)
 	dr.mu.Unlock()
-	if due && dr.withdraw(&dr.waiter) {
-		dr.mu.Lock()
-		if dr.owed { // (the owed kick's, or, had the program kicked again meanwhile, the next one's: early)
-			dr.answered()
-			dr.write(&dr.answer)
-		}
-		dr.mu.Unlock()
+	if !due || !dr.withdraw(&dr.waiter) {
+		return asleep && !due // (told first: its answer is written, or left to the doorman)
 	}
+	dr.mu.Lock()
+	if dr.owed {
+		dr.answered()
+		dr.write(&dr.answer)
+	}
+	dr.mu.Unlock()
+	return false
 }
 
 // write sends the answer b, with dr.mu held, without blocking.
@@ -237,7 +262,7 @@ func (dr *door) write(b *[reqHeader]byte) {
 	}
 	dr.out = *b
 	for {
-		_, err := unix.SendmsgN(dr.fd, dr.out[:], nil, nil, unix.MSG_DONTWAIT)
+		_, err := unix.Write(dr.fd, dr.out[:])
 		if err == unix.EINTR {
 			continue
 		}
@@ -259,7 +284,6 @@ func (dr *door) close() {
 		unix.Shutdown(dr.fd, unix.SHUT_RDWR) // (epoll reports it; the doorman closes it)
 	}
 	dr.mu.Unlock()
-	dr.timer.Stop()
 }
 
 // release closes the socket, once the doorman no longer reads it: no answer is written to it now.

@@ -4,9 +4,11 @@ package hostdev
 
 import (
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -14,15 +16,20 @@ import (
 // doorman serves every program's doorbell socket from one goroutine on a thread of its own
 // (docs/architecture.md, "Doorbells on the host device"). It waits in epoll_wait for the sockets
 // with kicks and carries out up to doorRound kicks of each a round, so that no program keeps the
-// others waiting. A round that finds none writes the answers told to it meanwhile (flush); after
-// it the doorman sleeps in epoll_wait until the next kick, unless some program's thread sleeps in
-// a lingering kick (sleepers): then it polls, on the core that thread gave up, and the kick that
-// answers it, its peer's next post, is read by a thread already awake. A stream's programs,
-// which spin themselves, so get no third spinner, and an idle device makes no wake-ups.
+// others waiting, and at the end of each round writes the answers told to it meanwhile (flush).
+// After a round that found no kicks it sleeps in epoll_wait until the next kick, unless some
+// program's thread sleeps in a lingering kick (sleepers): then it polls, on the core that thread
+// gave up, and the kick that answers it, its peer's next post, is read by a thread already awake;
+// each round it also answers the lingering kicks whose budget ran out (expire). A stream's
+// programs, which spin themselves, so get no third spinner, and an idle device makes no
+// wake-ups. A kick whose open a command holds (a give waiting for the program) is parked: its
+// socket is left unread and the kick tried again each round, every millisecond while nothing
+// else wakes the doorman.
 type doorman struct {
 	ep   int // the epoll instance
-	stop int // an eventfd: written by close
+	stop int // an eventfd, written by close
 	wg   sync.WaitGroup
+	once sync.Once // close's
 
 	sleepers atomic.Int32 // programs whose thread sleeps in a lingering kick
 
@@ -31,12 +38,14 @@ type doorman struct {
 	stopped bool
 
 	// the doorman's goroutine's own.
-	told   []told // answers told to it while it carried out kicks (flush)
+	told   []told  // answers told to it while it carried out kicks (flush)
+	asleep []*door // doors whose program may sleep in a lingering kick (expire)
+	parked []*door // doors whose kick found its open busy
 	events [64]unix.EpollEvent
 }
 
 // doorRound is how many kicks of one socket the doorman carries out before it turns to the
-// others, and how many answers told to it it holds while kicks keep coming.
+// others.
 const doorRound = 8
 
 // newDoorman starts a doorman; close stops it.
@@ -61,7 +70,7 @@ func newDoorman() (*doorman, error) {
 	return m, nil
 }
 
-// add has the doorman serve dr.
+// add has the doorman serve dr; ESHUTDOWN once it has stopped.
 func (m *doorman) add(dr *door) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -77,6 +86,13 @@ func (m *doorman) add(dr *door) error {
 	return nil
 }
 
+// isStopped reports whether the doorman has stopped (close, or its epoll instance failed).
+func (m *doorman) isStopped() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.stopped
+}
+
 // remove ends dr: its owed answer written, its socket closed.
 func (m *doorman) remove(dr *door) {
 	m.mu.Lock()
@@ -84,6 +100,9 @@ func (m *doorman) remove(dr *door) {
 	delete(m.doors, fd)
 	unix.EpollCtl(m.ep, unix.EPOLL_CTL_DEL, int(fd), nil)
 	m.mu.Unlock()
+	if dr.parked {
+		m.parked = slices.DeleteFunc(m.parked, func(p *door) bool { return p == dr })
+	}
 	dr.interrupt()
 	dr.release()
 }
@@ -91,7 +110,7 @@ func (m *doorman) remove(dr *door) {
 func (m *doorman) serve() {
 	defer m.wg.Done()
 	runtime.LockOSThread() // (a kick wakes this thread, asleep in epoll_wait, directly)
-	timeout := 0           // -1 after a round that found no kicks while no program sleeps
+	timeout := 0           // epoll_wait's: 0 to poll, -1 to sleep until a kick, 1 ms while parked
 	for {
 		n, err := unix.EpollWait(m.ep, m.events[:], timeout)
 		if err == unix.EINTR {
@@ -101,7 +120,7 @@ func (m *doorman) serve() {
 			m.shut(true)
 			return
 		}
-		worked := false
+		worked := m.retryParked()
 		for _, ev := range m.events[:n] {
 			if ev.Fd == int32(m.stop) {
 				m.shut(false)
@@ -110,22 +129,22 @@ func (m *doorman) serve() {
 			m.mu.Lock()
 			dr := m.doors[ev.Fd]
 			m.mu.Unlock()
-			if dr != nil {
+			if dr != nil && !dr.parked {
 				worked = true
 				m.drain(dr)
 			}
 		}
+		m.flush()
+		if len(m.asleep) > 0 {
+			m.expire()
+		}
 		switch {
-		case !worked:
-			m.flush()
-			if m.sleepers.Load() == 0 {
-				timeout = -1
-			}
-		case len(m.told) >= doorRound:
-			m.flush()
+		case worked || m.sleepers.Load() > 0:
 			timeout = 0
+		case len(m.parked) > 0:
+			timeout = 1
 		default:
-			timeout = 0
+			timeout = -1
 		}
 	}
 }
@@ -134,19 +153,61 @@ func (m *doorman) serve() {
 func (m *doorman) drain(dr *door) {
 	for range doorRound {
 		var err error
-		dr.n, _, err = unix.Recvfrom(dr.fd, dr.in[:], unix.MSG_DONTWAIT)
+		dr.n, err = unix.Read(dr.fd, dr.in[:])
 		if err == unix.EAGAIN {
 			return
 		}
 		if err == unix.EINTR {
 			continue
 		}
-		if err != nil || !dr.carry(m) {
-			dr.drop() // (first: the program's connection ends before its doorbell socket does)
-			m.remove(dr)
+		if err != nil {
+			dr.n = 0
+		}
+		if !m.carry(dr) {
 			return
 		}
 	}
+}
+
+// carry carries out dr's kick and reports whether dr's next may be read: not when the kick was
+// parked or dr was dropped.
+func (m *doorman) carry(dr *door) bool {
+	switch dr.carry(m) {
+	case kickLingers:
+		if !slices.Contains(m.asleep, dr) {
+			m.asleep = append(m.asleep, dr)
+		}
+	case kickBusy:
+		dr.parked = true
+		m.parked = append(m.parked, dr)
+		m.mu.Lock()
+		unix.EpollCtl(m.ep, unix.EPOLL_CTL_MOD, dr.fd, &unix.EpollEvent{Fd: int32(dr.fd)}) // (no events)
+		m.mu.Unlock()
+		return false
+	case kickBad:
+		dr.drop() // (first: the program's connection ends before its doorbell socket does)
+		m.remove(dr)
+		return false
+	}
+	return true
+}
+
+// retryParked tries the parked kicks again; a door whose kick is carried out is read again.
+// It reports whether any was.
+func (m *doorman) retryParked() bool {
+	worked := false
+	for _, dr := range slices.Clone(m.parked) { // (carry may park it again, remove may drop it)
+		dr.parked = false
+		m.parked = slices.DeleteFunc(m.parked, func(p *door) bool { return p == dr })
+		if !m.carry(dr) {
+			continue
+		}
+		worked = true
+		m.mu.Lock()
+		unix.EpollCtl(m.ep, unix.EPOLL_CTL_MOD, dr.fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(dr.fd)})
+		m.mu.Unlock()
+	}
+	return worked
 }
 
 // flush writes the answers told to the doorman.
@@ -158,7 +219,22 @@ func (m *doorman) flush() {
 	m.told = m.told[:0]
 }
 
-// shut ends every door left, dropping its program if drop is set, and the doorman.
+// expire answers the lingering kicks whose budget ran out, and forgets the doors whose program
+// no longer sleeps.
+func (m *doorman) expire() {
+	now := time.Now()
+	keep := m.asleep[:0]
+	for _, dr := range m.asleep {
+		if dr.expire(now) {
+			keep = append(keep, dr)
+		}
+	}
+	clear(m.asleep[len(keep):])
+	m.asleep = keep
+}
+
+// shut ends every door left, dropping its program if drop is set, and the doorman's epoll
+// instance.
 func (m *doorman) shut(drop bool) {
 	m.flush()
 	m.mu.Lock()
@@ -174,11 +250,14 @@ func (m *doorman) shut(drop bool) {
 		dr.release()
 	}
 	unix.Close(m.ep)
-	unix.Close(m.stop)
 }
 
-// close stops the doorman and waits for it: every door left is ended, its owed answer written.
+// close stops the doorman and waits for it: every door left is ended (a program still connected
+// is answered the kick it waits for). It may be called more than once.
 func (m *doorman) close() {
-	unix.Write(m.stop, []byte{1, 0, 0, 0, 0, 0, 0, 0})
-	m.wg.Wait()
+	m.once.Do(func() {
+		unix.Write(m.stop, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+		m.wg.Wait()
+		unix.Close(m.stop)
+	})
 }

@@ -42,18 +42,29 @@ type Server struct {
 	stop     chan struct{} // closed when a program asks the device to stop (Stopped)
 	stopping sync.Once
 
-	dm    *doorman // serves the doorbell sockets; made with the first (under mu)
-	dmErr error
+	dm *doorman // serves the doorbell sockets; made with the first (under mu)
 }
 
-// doorman returns the server's doorman, made with the first doorbell socket.
+// doorman returns the server's doorman, made with the first doorbell socket, and again after one
+// stopped (its epoll instance failed: its programs were dropped).
 func (s *Server) doorman() (*doorman, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.dm == nil && s.dmErr == nil {
-		s.dm, s.dmErr = newDoorman()
+	if s.closed {
+		return nil, syscall.ESHUTDOWN
 	}
-	return s.dm, s.dmErr
+	if s.dm != nil && s.dm.isStopped() {
+		s.dm.close()
+		s.dm = nil
+	}
+	if s.dm == nil {
+		dm, err := newDoorman()
+		if err != nil {
+			return nil, err
+		}
+		s.dm = dm
+	}
+	return s.dm, nil
 }
 
 // Stopped returns a channel closed when a program has asked the device to stop (Client.Stop).

@@ -172,10 +172,23 @@ func TestKickLinger(t *testing.T) {
 	qp, _ := h.createQP(pd, cq, uapi.QPTypeDriver, 16*64, 16*16)
 	o := h.f.objs[qp].(*qpObj)
 	w := &engine.RecvWaiter{Fn: func(any) { t.Error("told of a receive that never came") }}
+	// kick is a kick after a post: a send moves the SQ doorbell (the QP is in RESET: the engine
+	// leaves the entries alone), a receive does not.
+	kick := func(send, wait bool) (time.Duration, bool) {
+		t.Helper()
+		if send {
+			atomic.AddUint32(o.qp.SQDoorbell(), 1)
+		}
+		budget, lingering, busy := h.f.KickLinger(qp, wait, w, nil)
+		if busy {
+			t.Fatal("a kick found the File busy with no command running")
+		}
+		return budget, lingering
+	}
 	var got strings.Builder
 	for i := range lingerAfter + 2 {
 		o.rungRecvs.Store(uint64(100 + i)) // a receive since the last ring (the count moved)
-		budget, lingering := h.f.KickLinger(qp, false, w, nil)
+		budget, lingering := kick(true, false)
 		if budget != 0 {
 			t.Fatalf("kick %d, which the program does not wait for, lingers %v", i, budget)
 		}
@@ -188,26 +201,45 @@ func TestKickLinger(t *testing.T) {
 	if want := strings.Repeat(".", lingerAfter-1) + "LLL"; got.String() != want {
 		t.Errorf("answered kicks reported %s, want %s", got.String(), want)
 	}
+	// A waited kick that posted only a receive: no linger (its receive would need the program's
+	// own next send), and the QP's run goes on.
+	o.rungRecvs.Store(900)
+	if budget, lingering := kick(false, true); budget != 0 || !lingering {
+		t.Fatalf("a waited kick that posted no send: budget %v, lingering %v; want 0, true", budget, lingering)
+	}
 	o.rungRecvs.Store(1000)
-	if budget, _ := h.f.KickLinger(qp, true, w, nil); budget != time.Hour {
+	if budget, _ := kick(true, true); budget != time.Hour {
 		t.Fatalf("a waited kick of a lingering QP lingers %v, want the budget", budget)
 	}
 	o.rungRecvs.Store(2000) // (its run unbroken: only the waiter stands in the way)
-	if budget, _ := h.f.KickLinger(qp, true, w, nil); budget != 0 {
+	if budget, _ := kick(true, true); budget != 0 {
 		t.Errorf("a second waited kick lingered %v with the waiter already waiting", budget)
 	}
 	if !h.d.Withdraw(w) {
 		t.Error("the lingering kick's waiter was not waiting")
 	}
-	if _, lingering := h.f.KickLinger(qp, false, w, nil); lingering { // no receive since the last ring
+	if _, lingering := kick(true, false); lingering { // no receive since the last ring
 		t.Error("a kick with no receive since the last reported the next would linger")
 	}
-	if budget, lingering := h.f.KickLinger(12345, true, w, nil); budget != 0 || lingering {
+	if budget, lingering, busy := h.f.KickLinger(12345, true, w, nil); budget != 0 || lingering || busy {
 		t.Error("a kick of an unknown handle lingered")
 	}
+
+	// A command holds the File: the kick does nothing and says so.
+	posted := atomic.AddUint32(o.qp.SQDoorbell(), 1)
+	h.f.mu.Lock()
+	budget, lingering, busy := h.f.KickLinger(qp, true, w, nil)
+	h.f.mu.Unlock()
+	if !busy || budget != 0 || lingering {
+		t.Errorf("a kick while a command holds the File: budget %v, lingering %v, busy %v; want 0, false, true", budget, lingering, busy)
+	}
+	if o.lastSQ.Load() == posted {
+		t.Error("a busy kick recorded the SQ doorbell: its retry would count as posting no send")
+	}
+
 	h.d.linger = 0
 	o.answers.Store(lingerAfter)
-	if budget, lingering := h.f.KickLinger(qp, true, w, nil); budget != 0 || lingering {
+	if budget, lingering := kick(true, true); budget != 0 || lingering {
 		t.Error("a kick with no linger budget lingered")
 	}
 }

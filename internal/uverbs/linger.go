@@ -1,6 +1,7 @@
 package uverbs
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/softefa/softefa/internal/engine"
@@ -34,27 +35,44 @@ func (f *File) RingTrapped(h uint32) {
 func (d *Device) Lingered() uint64 { return d.lingered.Load() }
 
 // KickLinger is Kick for a program in another process (the host device's doorbell socket). When
-// wait is set (the program's thread waits for the answer) and the QP ping-pongs as RingTrapped
-// tells it (lingers), it registers w for the QP's next receive (engine.QP.OnRecv) and returns the
-// linger budget: the caller answers the program from w.Fn, or when the budget runs out, or when
-// the program kicks again (its next kick may be what the receive needs), taking w back with
+// wait is set (the program's thread waits for the answer), the kick posted a send (the QP's SQ
+// doorbell moved since its previous kick) and the QP ping-pongs as RingTrapped tells it
+// (lingers), it registers w for the QP's next receive (engine.QP.OnRecv) and returns the linger
+// budget: the caller answers the program from w.Fn, or when the budget runs out, or when the
+// program kicks again (its next kick may be what the receive needs), taking w back with
 // Withdraw. The program's thread sleeps meanwhile instead of spinning on its CQ, which on a
 // machine with few cores leaves them to the peer and the device that make the answer. Otherwise
 // (no linger, the receive already come, another waiter on the CQ) it returns 0 and the caller
-// answers at once. lingering reports whether the QP's next kick would linger, for the program to
-// wait on that one. The ring is made on behalf of by (engine.Device.RingBy): receives it
-// completes tell their waiters by. Unknown handles are ignored.
-func (f *File) KickLinger(h uint32, wait bool, w *engine.RecvWaiter, by any) (budget time.Duration, lingering bool) {
-	o := f.kick(h, by)
-	if o == nil || f.d.linger <= 0 {
-		return 0, false
+// answers at once. A kick that posted no send (a receive posted) never lingers: no message of its
+// is out to be answered, and a receive would wait for the program's own next send. lingering
+// reports whether the QP's next kick would linger, for the program to wait on that one. The ring
+// is made on behalf of by (engine.Device.RingBy): receives it completes tell their waiters by.
+// Unknown handles are ignored. KickLinger does not wait for the File: while a command holds it
+// (one that gives the program an fd waits for the program), it does nothing and reports busy, for
+// the caller to try again, so that one program cannot hold up the goroutine that serves all.
+func (f *File) KickLinger(h uint32, wait bool, w *engine.RecvWaiter, by any) (budget time.Duration, lingering, busy bool) {
+	if !f.mu.TryLock() {
+		return 0, false, true
+	}
+	o, ok := f.objs[h].(*qpObj)
+	var sq uint32
+	if ok {
+		f.d.e.RingBy(o.qp, by)
+		sq = atomic.LoadUint32(o.qp.SQDoorbell()) // (under the lock: the QP and its page live)
+	}
+	f.mu.Unlock()
+	if !ok || f.d.linger <= 0 {
+		return 0, false, false
+	}
+	if o.lastSQ.Swap(sq) == sq { // posted no send
+		return 0, o.answers.Load() >= lingerAfter, false
 	}
 	seen := o.qp.Recvs()
 	if o.lingers(o.rungRecvs.Swap(seen) != seen) && wait && o.qp.OnRecv(seen, w) {
 		f.d.lingered.Add(1)
 		budget = f.d.linger
 	}
-	return budget, o.answers.Load() >= lingerAfter
+	return budget, o.answers.Load() >= lingerAfter, false
 }
 
 // Withdraw takes back w, which KickLinger registered, before its receive, and reports whether it
