@@ -43,7 +43,7 @@ enum {
 #define MAXFD 65536
 
 static int sock = -1;
-static int door = -1; // the doorbell socket (OP_DOORBELL): kicks, each answered once carried out
+static int door = -1; // the doorbell socket (OP_DOORBELL): kicks, answered when waited for or lingering
 // One call at a time: its reply is the next message but the fds the device gives meanwhile.
 // Arms and traps are single datagrams sent without it (sendmsg on a SOCK_SEQPACKET socket is
 // atomic); kicks go on the doorbell socket (softefa_hostdev_kick_qp).
@@ -266,8 +266,9 @@ void softefa_hostdev_close(int fd) {
 // Kicks go on the doorbell socket (docs/architecture.md, "Doorbells on the host device"), each
 // numbered. A kick the last answer for its QP said would linger there (the QP ping-pongs) waits
 // for its own answer: the thread sleeps while the device waits for the QP's next receive, leaving
-// its core to the peer and the device that make it. Other kicks go without waiting, and are
-// answered only when the QP's next kick would linger; the next kick takes those answers.
+// its core to the peer and the device that make it. Other kicks go without waiting, and so does a
+// kick after a posted receive, which the device never lingers on; they are answered only when the
+// QP's next kick would linger, and the next kick takes those answers.
 static pthread_mutex_t door_mu = PTHREAD_MUTEX_INITIALIZER;  // reading answers
 static pthread_mutex_t door_send = PTHREAD_MUTEX_INITIALIZER; // numbering and sending kicks
 // Kick numbers, counted in 64 bits here and sent modulo 2^31. Kicks go in the order of their
@@ -304,7 +305,8 @@ static int door_read(int flags) {
 	return 1;
 }
 
-void softefa_hostdev_kick_qp(int fd, uint32_t qp) {
+// kick sends a kick of QP qp, waiting for its answer if may_wait and the hint says it lingers.
+static void kick(int fd, uint32_t qp, int may_wait) {
 	uint32_t h;
 	if (softefa_shim_forked() || !handle_of(fd, &h))
 		return; // (a forked child would take its parent's answers; its QPs are the parent's)
@@ -313,7 +315,7 @@ void softefa_hostdev_kick_qp(int fd, uint32_t qp) {
 			;
 		pthread_mutex_unlock(&door_mu);
 	}
-	int wait = atomic_load(&door_lingers[qp & 4095]);
+	int wait = may_wait && atomic_load(&door_lingers[qp & 4095]);
 	unsigned char b[HDR];
 	put32(b, OP_KICK);
 	put32(b + 4, h);
@@ -333,6 +335,9 @@ void softefa_hostdev_kick_qp(int fd, uint32_t qp) {
 		;
 	pthread_mutex_unlock(&door_mu);
 }
+
+void softefa_hostdev_kick_qp(int fd, uint32_t qp) { kick(fd, qp, 1); }
+void softefa_hostdev_kick_recv(int fd, uint32_t qp) { kick(fd, qp, 0); }
 
 void softefa_hostdev_arm_cq(int fd, uint32_t cq) {
 	uint32_t h;
@@ -437,7 +442,6 @@ int softefa_hostdev_sysfs(char *buf, size_t n) {
 	(void)n;
 	return -EOPNOTSUPP; // (softefa run writes the host device's tree)
 }
-int softefa_hostdev_poll_net(void) { return 0; }
 void softefa_hostdev_exit(void) {}
 int softefa_hostdev_procs(int callers) {
 	(void)callers;

@@ -97,11 +97,53 @@ func (f *fakeQPs) push(budget time.Duration, lingering bool) {
 }
 
 // awaitWaiter waits until a kick's waiter is registered.
-func (f *fakeQPs) awaitWaiter() {
-	for !f.waiter() {
+func (f *fakeQPs) awaitWaiter(t *testing.T) {
+	t.Helper()
+	await(t, "a kick's waiter", f.waiter)
+}
+
+// await waits until cond holds (a minute at most: a hang guard, not a threshold).
+func await(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s after a minute", what)
+		}
 		runtime.Gosched()
 	}
 }
+
+// take receives from ch (a minute at most: a hang guard).
+func take[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(time.Minute):
+		t.Fatal("nothing came in a minute")
+		panic("unreachable")
+	}
+}
+
+// holder holds the doorman in a kick's work until released; the test's cleanup releases it, so
+// that a failing test does not leave the doorman held (its close would wait for ever).
+type holder struct {
+	once, rel sync.Once
+	held      chan struct{}
+	hold      chan struct{}
+}
+
+func newHolder(t *testing.T) *holder {
+	h := &holder{held: make(chan struct{}), hold: make(chan struct{})}
+	t.Cleanup(h.release) // (registered after the doorman's: runs before its close)
+	return h
+}
+
+// work is the kick's work: the first time, it says it holds the doorman and waits.
+func (h *holder) work(any) { h.once.Do(func() { close(h.held); <-h.hold }) }
+
+func (h *holder) release() { h.rel.Do(func() { close(h.hold) }) }
 
 func (f *fakeQPs) waiter() bool {
 	f.mu.Lock()
@@ -222,10 +264,8 @@ func TestDoorAnswers(t *testing.T) {
 	// the program's thread asleep (and polls for kicks instead of sleeping itself).
 	qps.push(time.Hour, true)
 	sendKick(t, prog, 4, true, 3)
-	qps.awaitWaiter() // (another kick now would end the linger)
-	for m.sleepers.Load() != 1 {
-		runtime.Gosched()
-	}
+	qps.awaitWaiter(t) // (another kick now would end the linger)
+	await(t, "program counted asleep", func() bool { return m.sleepers.Load() == 1 })
 	noAnswer(t, prog)
 	if !qps.receive() {
 		t.Fatal("no waiter to tell")
@@ -283,9 +323,9 @@ func TestDoorAnswerTold(t *testing.T) {
 
 	y.push(time.Hour, true)
 	sendKick(t, yprog, 4, true, 77) // Y posts and sleeps: its answer waits for its receive
-	y.awaitWaiter()
+	y.awaitWaiter(t)
 	sendKick(t, xprog, 8, false, 1) // X's post completes Y's receive
-	if !<-delivered {
+	if !take(t, delivered) {
 		t.Fatal("X's kick found no waiter of Y's to tell")
 	}
 	if qp, st := readAnswer(t, yprog); qp != 4 || st != 77|1<<32 {
@@ -298,13 +338,13 @@ func TestDoorAnswerTold(t *testing.T) {
 	// in turn, on its receive.
 	y.push(time.Hour, true)
 	sendKick(t, yprog, 4, true, 78)
-	y.awaitWaiter()
+	y.awaitWaiter(t)
 	y.push(time.Hour, true)
 	sendKick(t, yprog, 4, true, 79) // (answers 78 first, then lingers)
 	if qp, st := readAnswer(t, yprog); qp != 4 || st != 78|1<<32 {
 		t.Fatalf("Y's interrupted kick: QP %d status %#x, want 4, %#x", qp, st, 78|1<<32)
 	}
-	y.awaitWaiter()
+	y.awaitWaiter(t)
 	if !y.receive() {
 		t.Fatal("no waiter of Y's to tell")
 	}
@@ -315,20 +355,21 @@ func TestDoorAnswerTold(t *testing.T) {
 
 	// The same round: X's kick tells the doorman Y's answer, and Y's next kick, read after it,
 	// answers Y's owed kick itself; the doorman's flush then writes nothing more. Z's kick holds
-	// the doorman while X and Y queue theirs, so that one epoll_wait finds both.
-	hold, held := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	z := &fakeQPs{deliver: func(any) { once.Do(func() { close(held); <-hold }) }}
+	// the doorman while X and Y queue theirs, so that one epoll_wait finds both, X's first (epoll's
+	// ready list is first in, first out). Were they found in two rounds, the answers would be the
+	// same, written by the flush of X's round.
+	h := newHolder(t)
+	z := &fakeQPs{deliver: h.work}
 	zprog, _ := doorRig(t, m, z)
 	y.push(time.Hour, true)
 	sendKick(t, yprog, 4, true, 80)
-	y.awaitWaiter()
+	y.awaitWaiter(t)
 	sendKick(t, zprog, 1, false, 1)
-	<-held
+	take(t, h.held)
 	sendKick(t, xprog, 8, false, 2) // delivers to Y: told to the doorman
 	sendKick(t, yprog, 4, true, 81) // (does not linger: answered once carried out)
-	close(hold)
-	if !<-delivered {
+	h.release()
+	if !take(t, delivered) {
 		t.Fatal("X's second kick found no waiter of Y's to tell")
 	}
 	if qp, st := readAnswer(t, yprog); qp != 4 || st != 80|1<<32 {
@@ -386,10 +427,8 @@ func TestDoorUnreadAnswers(t *testing.T) {
 func TestDoormanFair(t *testing.T) {
 	const flood = 100
 	m := testDoorman(t)
-	hold, held := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	x := &fakeQPs{}
-	x.deliver = func(any) { once.Do(func() { close(held); <-hold }) }
+	h := newHolder(t)
+	x := &fakeQPs{deliver: h.work}
 	xprog, _ := doorRig(t, m, x)
 	y := &fakeQPs{}
 	var carried atomic.Int64 // X's kicks carried out when Y's is
@@ -401,12 +440,12 @@ func TestDoormanFair(t *testing.T) {
 	yprog, _ := doorRig(t, m, y)
 
 	sendKick(t, xprog, 1, false, 0)
-	<-held
+	take(t, h.held)
 	for i := uint64(1); i < flood; i++ {
 		sendKick(t, xprog, 1, false, i)
 	}
 	sendKick(t, yprog, 2, true, 5)
-	close(hold)
+	h.release()
 	if qp, st := readAnswer(t, yprog); qp != 2 || st != 5 {
 		t.Fatalf("Y's answer: QP %d status %#x, want 2, 5", qp, st)
 	}
@@ -428,15 +467,11 @@ func TestDoormanParksBusyOpen(t *testing.T) {
 
 	sendKick(t, xprog, 1, true, 1)
 	sendKick(t, xprog, 2, true, 2)
-	for {
+	await(t, "X's kick tried again", func() bool { // (tried, parked, and tried again)
 		x.mu.Lock()
-		tries := x.tries
-		x.mu.Unlock()
-		if tries >= 2 { // (tried, parked, and tried again)
-			break
-		}
-		runtime.Gosched()
-	}
+		defer x.mu.Unlock()
+		return x.tries >= 2
+	})
 	sendKick(t, yprog, 3, true, 7)
 	if qp, st := readAnswer(t, yprog); qp != 3 || st != 7 {
 		t.Fatalf("Y's answer while X's open is busy: QP %d status %#x, want 3, 7", qp, st)
@@ -456,5 +491,35 @@ func TestDoormanParksBusyOpen(t *testing.T) {
 	x.mu.Unlock()
 	if kicks != 2 {
 		t.Errorf("X's kicks carried out %d times, want 2", kicks)
+	}
+}
+
+// A parked kick whose program hangs up: the doorman, which does not watch a parked socket, finds
+// the hang-up once the open is free and the kick carried out, and drops the program.
+func TestDoormanParkedHangUp(t *testing.T) {
+	m := testDoorman(t)
+	x := &fakeQPs{busy: true}
+	xprog, dropped := doorRig(t, m, x)
+	sendKick(t, xprog, 1, false, 1)
+	await(t, "X's kick tried", func() bool {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		return x.tries >= 1
+	})
+	xprog.Close()
+	y := &fakeQPs{} // (the doorman serves the others meanwhile)
+	yprog, _ := doorRig(t, m, y)
+	sendKick(t, yprog, 3, true, 7)
+	if qp, st := readAnswer(t, yprog); qp != 3 || st != 7 {
+		t.Fatalf("Y's answer while X is parked: QP %d status %#x, want 3, 7", qp, st)
+	}
+	x.mu.Lock()
+	x.busy = false
+	x.mu.Unlock()
+	take(t, dropped)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.kicks != 1 {
+		t.Errorf("X's kick carried out %d times, want 1", x.kicks)
 	}
 }

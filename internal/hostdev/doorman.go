@@ -22,9 +22,9 @@ import (
 // gave up, and the kick that answers it, its peer's next post, is read by a thread already awake;
 // each round it also answers the lingering kicks whose budget ran out (expire). A stream's
 // programs, which spin themselves, so get no third spinner, and an idle device makes no
-// wake-ups. A kick whose open a command holds (a give waiting for the program) is parked: its
-// socket is left unread and the kick tried again each round, every millisecond while nothing
-// else wakes the doorman.
+// wake-ups. A kick whose open's lock is held (a command, an arm, a netlink dump; a give that waits
+// for the program) is parked: its socket is left unread and the kick tried again each round,
+// polling for parkedPoll and then every millisecond while nothing else wakes the doorman.
 type doorman struct {
 	ep   int // the epoll instance
 	stop int // an eventfd, written by close
@@ -38,15 +38,21 @@ type doorman struct {
 	stopped bool
 
 	// the doorman's goroutine's own.
-	told   []told  // answers told to it while it carried out kicks (flush)
-	asleep []*door // doors whose program may sleep in a lingering kick (expire)
-	parked []*door // doors whose kick found its open busy
-	events [64]unix.EpollEvent
+	told     []told    // answers told to it while it carried out kicks (flush)
+	asleep   []*door   // doors whose program may sleep in a lingering kick (expire)
+	parked   []*door   // doors whose kick found its open busy…
+	parkedAt time.Time // …since
+	events   [64]unix.EpollEvent
 }
 
 // doorRound is how many kicks of one socket the doorman carries out before it turns to the
 // others.
 const doorRound = 8
+
+// parkedPoll is how long the doorman polls for a parked kick's open to come free before it tries
+// only every millisecond: a command, an arm or a netlink dump holds an open for microseconds, a
+// give for as long as the program takes to answer.
+const parkedPoll = 100 * time.Microsecond
 
 // newDoorman starts a doorman; close stops it.
 func newDoorman() (*doorman, error) {
@@ -100,9 +106,6 @@ func (m *doorman) remove(dr *door) {
 	delete(m.doors, fd)
 	unix.EpollCtl(m.ep, unix.EPOLL_CTL_DEL, int(fd), nil)
 	m.mu.Unlock()
-	if dr.parked {
-		m.parked = slices.DeleteFunc(m.parked, func(p *door) bool { return p == dr })
-	}
 	dr.interrupt()
 	dr.release()
 }
@@ -141,6 +144,8 @@ func (m *doorman) serve() {
 		switch {
 		case worked || m.sleepers.Load() > 0:
 			timeout = 0
+		case len(m.parked) > 0 && time.Since(m.parkedAt) < parkedPoll:
+			timeout = 0 // (most commands hold the open for microseconds)
 		case len(m.parked) > 0:
 			timeout = 1
 		default:
@@ -178,10 +183,15 @@ func (m *doorman) carry(dr *door) bool {
 			m.asleep = append(m.asleep, dr)
 		}
 	case kickBusy:
+		// Out of the epoll set while parked: not even a hang-up of its socket wakes the doorman
+		// (epoll reports those whatever events it is asked for).
 		dr.parked = true
+		if len(m.parked) == 0 {
+			m.parkedAt = time.Now()
+		}
 		m.parked = append(m.parked, dr)
 		m.mu.Lock()
-		unix.EpollCtl(m.ep, unix.EPOLL_CTL_MOD, dr.fd, &unix.EpollEvent{Fd: int32(dr.fd)}) // (no events)
+		unix.EpollCtl(m.ep, unix.EPOLL_CTL_DEL, dr.fd, nil)
 		m.mu.Unlock()
 		return false
 	case kickBad:
@@ -204,7 +214,9 @@ func (m *doorman) retryParked() bool {
 		}
 		worked = true
 		m.mu.Lock()
-		unix.EpollCtl(m.ep, unix.EPOLL_CTL_MOD, dr.fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(dr.fd)})
+		if m.doors[int32(dr.fd)] == dr { // (not removed meanwhile: carry may have dropped it)
+			unix.EpollCtl(m.ep, unix.EPOLL_CTL_ADD, dr.fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(dr.fd)})
+		}
 		m.mu.Unlock()
 	}
 	return worked

@@ -184,7 +184,7 @@ type qpObj struct {
 	asyncSent atomic.Uint32
 	rungRecvs atomic.Uint64 // the QP's receive count (Recvs) at its last trapped ring (File.RingTrapped)
 	answers   atomic.Int32  // trapped rings in a row a receive followed, up to lingerAfter (lingers)
-	lastSQ    atomic.Uint32 // the SQ doorbell at the QP's last kick (KickLinger)
+	lastSQ    atomic.Uint32 // the SQ doorbell at the QP's last kick carried out with a linger budget (KickLinger)
 	dead      bool          // destroyed; guarded by File.mu
 }
 

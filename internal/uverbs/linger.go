@@ -47,9 +47,10 @@ func (d *Device) Lingered() uint64 { return d.lingered.Load() }
 // is out to be answered, and a receive would wait for the program's own next send. lingering
 // reports whether the QP's next kick would linger, for the program to wait on that one. The ring
 // is made on behalf of by (engine.Device.RingBy): receives it completes tell their waiters by.
-// Unknown handles are ignored. KickLinger does not wait for the File: while a command holds it
-// (one that gives the program an fd waits for the program), it does nothing and reports busy, for
-// the caller to try again, so that one program cannot hold up the goroutine that serves all.
+// Unknown handles are ignored. KickLinger does not wait for the File: while another holds its lock
+// (a command, an arm, a netlink dump; a command that gives the program an fd waits for the
+// program), it does nothing and reports busy, for the caller to try again, so that one program
+// cannot hold up the goroutine that serves all.
 func (f *File) KickLinger(h uint32, wait bool, w *engine.RecvWaiter, by any) (budget time.Duration, lingering, busy bool) {
 	if !f.mu.TryLock() {
 		return 0, false, true
@@ -57,8 +58,8 @@ func (f *File) KickLinger(h uint32, wait bool, w *engine.RecvWaiter, by any) (bu
 	o, ok := f.objs[h].(*qpObj)
 	var sq uint32
 	if ok {
-		f.d.e.RingBy(o.qp, by)
 		sq = atomic.LoadUint32(o.qp.SQDoorbell()) // (under the lock: the QP and its page live)
+		f.d.e.RingBy(o.qp, by)
 	}
 	f.mu.Unlock()
 	if !ok || f.d.linger <= 0 {
