@@ -95,9 +95,11 @@ fi_bw() { fi_col MB/sec | awk '{printf "%.2f\n", $1 * 8 / 1000}'; }
 pt_bw() { awk 'f && $1 ~ /^[0-9]+$/ {printf "%.2f\n", $4 * 1048576 * 8 / 1e9; ok=1; exit} /BW average/ {f=1} END {if (!ok) exit 1}'; }
 pt_lat() { awk 'f && $1 ~ /^[0-9]+$/ {print $6; ok=1; exit} /t_avg/ {f=1} END {if (!ok) exit 1}'; }
 pt_p99() { awk 'f && $1 ~ /^[0-9]+$/ {print $8; ok=1; exit} /t_avg/ {f=1} END {if (!ok) exit 1}'; }
+pt_p999() { awk 'f && $1 ~ /^[0-9]+$/ {print $9; ok=1; exit} /t_avg/ {f=1} END {if (!ok) exit 1}'; }
 json() { python3 -c "import json,sys; print(round(json.load(sys.stdin)['$1'], 2))"; }
 sf_lat() { json avg_us; }
 sf_p99() { json p99_us; }
+sf_p999() { json p999_us; }
 sf_bw() { python3 -c "import json,sys; r=json.load(sys.stdin); print(round(r['bw_gbps'], 2))"; }
 # ucx_perftest's last row: "Final: iters 50%ile average overall bw-average bw-overall rate..."
 # (latency in µs, half a round trip; bandwidth in MiB/s).
@@ -142,11 +144,14 @@ for r in $(seq "$rounds"); do
   pair "ib_send_bw 8K (host device)" pt_bw -- ib_send_bw "${pt[@]}" -s 8192 -n 20000 -- ib_send_bw "${pt[@]}" -s 8192 -n 20000 127.0.0.1
   pair "ib_send_lat 64 avg (host device)" pt_lat -- ib_send_lat "${pt[@]}" -s 64 -n 10000 -- ib_send_lat "${pt[@]}" -s 64 -n 10000 127.0.0.1
   pair "ib_send_lat 64 p99 (host device)" pt_p99 -- ib_send_lat "${pt[@]}" -s 64 -n 10000 -- ib_send_lat "${pt[@]}" -s 64 -n 10000 127.0.0.1
+  pair "ib_send_lat 64 p99.9 (host device)" pt_p999 -- ib_send_lat "${pt[@]}" -s 64 -n 10000 -- ib_send_lat "${pt[@]}" -s 64 -n 10000 127.0.0.1
   kill "$dev" 2>/dev/null; wait "$dev" 2>/dev/null || true
   run=(run)
   pair "ib_send_lat 64 p99" pt_p99 -- ib_send_lat "${pt[@]}" -s 64 -n 10000 -- ib_send_lat "${pt[@]}" -s 64 -n 10000 127.0.0.1
+  pair "ib_send_lat 64 p99.9" pt_p999 -- ib_send_lat "${pt[@]}" -s 64 -n 10000 -- ib_send_lat "${pt[@]}" -s 64 -n 10000 127.0.0.1
   perf "perf send_lat 64 avg" sf_lat send_lat -s 64 -n 10000
   perf "perf send_lat 64 p99" sf_p99 send_lat -s 64 -n 10000
+  perf "perf send_lat 64 p99.9" sf_p999 send_lat -s 64 -n 10000
   perf "perf send_bw 8K" sf_bw send_bw -s 8192 -D 3
   perf "perf write_bw 64K" sf_bw write_bw -s 65536 -D 3
 done
