@@ -27,6 +27,14 @@ import (
 // without the tools named.
 func hostDevice(t *testing.T, tools ...string) (*Setup, *hostdev.Server) {
 	t.Helper()
+	s, srv, _ := hostDeviceWith(t, Options{}, tools...)
+	return s, srv
+}
+
+// hostDeviceWith is hostDevice with the programs' options (Device is set to the host device's
+// socket), returning the device's uverbs emulation as well.
+func hostDeviceWith(t *testing.T, opts Options, tools ...string) (*Setup, *hostdev.Server, *uverbs.Device) {
+	t.Helper()
 	setupOrSkip(t, tools...) // (skips without the tools, builds the libraries)
 	ap := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), freeUDPPort(t))
 	l, err := link.ListenUDP(ap, config.Default().Paths)
@@ -57,12 +65,13 @@ func hostDevice(t *testing.T, tools ...string) (*Setup, *hostdev.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := Prepare(libs, Options{Device: srv.Path()})
+	opts.Device = srv.Path()
+	s, err := Prepare(libs, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(s.Dir) })
-	return s, srv
+	return s, srv, d
 }
 
 // Programs run with softefa run --device share the host's device: one GID and node GUID for all,

@@ -269,6 +269,53 @@ func TestStackRawRing(t *testing.T) {
 	}
 }
 
+// TestStackRawRingHostDevice is TestStackRawRing on one host device: libfabric 2.x's way of
+// posting (the rings written directly, doorbells stored plainly) reaches the device through the
+// shim's doorbell traps and kicks, in two processes and in one. Every SQ doorbell store traps and
+// is emulated; between two processes most posts linger in the device for their answer, and in one
+// process, whose thread drives both QPs, none does: each would wait for the receive the thread's
+// own next post makes (uverbs.File.KickLinger; a millisecond a post before).
+func TestStackRawRingHostDevice(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs 10,000 round trips")
+	}
+	p := stackPrefix(t)
+	exe := buildStackC(t, p, "rawring")
+	const rounds = 5000
+	for _, c := range []struct {
+		name    string
+		args    []string
+		reports int // processes reporting their traps
+		stores  int // the doorbell stores each process reports
+	}{
+		{"two processes", nil, 2, rounds},
+		{"one process", []string{"-l"}, 1, 2 * rounds},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, srv, d := hostDeviceWith(t, Options{Settings: Conf{Debug: true}})
+			cmd := exec.Command(exe, append(c.args, "-n", fmt.Sprint(rounds))...)
+			cmd.Env = s.Environ()
+			b, err := combinedOutputWithin(cmd, 3*time.Minute)
+			out := string(b)
+			if err != nil || !strings.Contains(out, fmt.Sprintf("ok rounds=%d ", rounds)) {
+				t.Fatalf("rawring %s: %v\n%s", strings.Join(c.args, " "), err, out)
+			}
+			want := fmt.Sprintf("softefa: debug: doorbell stores trapped: %d emulated, 0 stepped", c.stores)
+			if n := strings.Count(out, want); n != c.reports || strings.Contains(out, "traps off") {
+				t.Fatalf("want %d processes to report %q:\n%s", c.reports, want, out)
+			}
+			if !srv.AwaitPrograms(0) {
+				t.Fatal("a program is still connected")
+			}
+			lingered := d.Lingered()
+			if c.reports == 2 && lingered < rounds || c.reports == 1 && lingered != 0 {
+				t.Errorf("%d posts lingered on the device; want at least %d between two processes, none in one", lingered, rounds)
+			}
+			t.Logf("%s; %d posts lingered on the device", lastLines(out, 1), lingered)
+		})
+	}
+}
+
 // buildStackC compiles testdata/name.c against the stack's rdma-core (prefix p), with an rpath to
 // its libraries.
 func buildStackC(t *testing.T, p, name string) string {

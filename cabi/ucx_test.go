@@ -85,30 +85,51 @@ func TestUCXPerftest(t *testing.T) {
 		t.Skip("runs ucx_perftest between two processes")
 	}
 	u := ucxPrefix(t)
-	for _, c := range []ucxPerf{
-		{"am_lat", 8, 1000, "short"},
-		{"am_lat", 4000, 200, "bcopy"},
-		{"tag_lat", 8, 1000, ""},
-		{"tag_lat", 4 << 20, 10, ""},
-		{"tag_bw", 64 << 10, 200, ""},
-		{"tag_bw", 4 << 20, 10, ""},
-		{"put_bw", 8, 1000, "zcopy"},
-		{"put_bw", 4 << 20, 10, "zcopy"},
-		{"get_bw", 8, 1000, "zcopy"},
-		{"get_bw", 4 << 20, 10, "zcopy"},
-		{"stream_bw", 64 << 10, 200, ""},
-		{"stream_bw", 4 << 20, 10, ""},
-	} {
+	for _, c := range ucxPerfs {
 		t.Run(fmt.Sprintf("%s_%d", c.test, c.size), func(t *testing.T) {
-			runUCXPerf(t, u, c)
+			runUCXPerf(t, u, c, setupOrSkip(t), setupOrSkip(t))
 		})
 	}
 }
 
-func runUCXPerf(t *testing.T, u string, c ucxPerf) {
+// TestUCXPerftestHostDevice is TestUCXPerftest with every pair on one host device (softefa run
+// --device).
+func TestUCXPerftestHostDevice(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs ucx_perftest between two processes")
+	}
+	u := ucxPrefix(t)
+	s, srv := hostDevice(t)
+	for _, c := range ucxPerfs {
+		t.Run(fmt.Sprintf("%s_%d", c.test, c.size), func(t *testing.T) {
+			runUCXPerf(t, u, c, s, s)
+		})
+	}
+	if !srv.AwaitPrograms(0) {
+		t.Error("a program is still connected")
+	}
+}
+
+// ucxPerfs are the ucx_perftest runs of TestUCXPerftest: each test the issue lists, short.
+var ucxPerfs = []ucxPerf{
+	{"am_lat", 8, 1000, "short"},
+	{"am_lat", 4000, 200, "bcopy"},
+	{"tag_lat", 8, 1000, ""},
+	{"tag_lat", 4 << 20, 10, ""},
+	{"tag_bw", 64 << 10, 200, ""},
+	{"tag_bw", 4 << 20, 10, ""},
+	{"put_bw", 8, 1000, "zcopy"},
+	{"put_bw", 4 << 20, 10, "zcopy"},
+	{"get_bw", 8, 1000, "zcopy"},
+	{"get_bw", 4 << 20, 10, "zcopy"},
+	{"stream_bw", 64 << 10, 200, ""},
+	{"stream_bw", 4 << 20, 10, ""},
+}
+
+// runUCXPerf runs c's server in srvSetup and its client in cliSetup.
+func runUCXPerf(t *testing.T, u string, c ucxPerf, srvSetup, cliSetup *Setup) {
 	t.Helper()
 	perftest := filepath.Join(u, "bin", "ucx_perftest")
-	srvSetup, cliSetup := setupOrSkip(t), setupOrSkip(t)
 	port := freeTCPPort(t)
 	env := []string{"UCX_TLS=srd"}
 	var uct []string

@@ -498,6 +498,9 @@ func TestRingByTellsWaiter(t *testing.T) {
 	if len(got) != 1 || got[0] != by {
 		t.Fatalf("the waiter was told %v, want [%q] (the ring's own work completed the receive)", got, by)
 	}
+	if p := a.q.LocalPeer(); p != b.q {
+		t.Errorf("the sender's LocalPeer is %p, want the receiving QP %p", p, b.q)
+	}
 
 	told = nil
 	if !b.q.OnRecv(b.q.Recvs(), w) {

@@ -60,8 +60,9 @@ type QP struct {
 	answered atomic.Int64 // device clock when a linger last took its receive (AwaitRecv)
 	drainReq bool         // raise SQ_DRAINED when nothing is in flight
 	kicked   atomic.Bool
-	remote   atomic.Bool // it has sent to another device (TalksToPeers)
-	polled   bool        // its doorbells may be stored without Ring: the engine polls them (PollDoorbells)
+	remote   atomic.Bool        // it has sent to another device (TalksToPeers)
+	peer     atomic.Pointer[QP] // the QP of this device its last same-device message went to (LocalPeer)
+	polled   bool               // its doorbells may be stored without Ring: the engine polls them (PollDoorbells)
 	dead     bool
 	owner    any
 

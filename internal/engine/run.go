@@ -548,6 +548,11 @@ var yield = osYield
 // likely the answers to them, come from the network.
 func (q *QP) TalksToPeers() bool { return q.remote.Load() }
 
+// LocalPeer returns the QP of this device that q's last same-device message went to, or nil if
+// none has. A host device tells by it whether a QP ping-pongs with a QP of its own program, whose
+// answer its own thread must post.
+func (q *QP) LocalPeer() *QP { return q.peer.Load() }
+
 // PollNetwork is a receive done by a goroutine that found its completion queue empty (busy
 // polling, as SO_BUSY_POLL does for sockets): it takes the datagrams the link holds now, without
 // waiting, handles them and sends what they produced. It reports whether any datagram came. It

@@ -174,6 +174,9 @@ func (d *Device) prepareSend(q *QP, w *efaio.TxDesc, m *message) efaio.Status {
 func (d *Device) deliver(q *QP, w *efaio.TxDesc, m *message, tries int, now time.Duration) efaio.Status {
 	switch {
 	case m.dstGID == d.gid:
+		if t := d.qps[uint32(m.dstQPN)]; t != nil && q.peer.Load() != t {
+			q.peer.Store(t) // (once a peer: a store a message would be a locked instruction a message)
+		}
 		d.countLoopback(m)
 		return d.respond(m)
 	case d.link == nil:

@@ -49,6 +49,9 @@ func FromPidfd(fd, pid int) *Process {
 	return p
 }
 
+// Pid returns the process's id.
+func (p *Process) Pid() int { return p.pid }
+
 // Exited returns a channel closed when the process has exited or p has been closed.
 func (p *Process) Exited() <-chan struct{} { return p.exit }
 

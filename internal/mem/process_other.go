@@ -18,6 +18,9 @@ func Open(pid int) (*Process, error) {
 // Exited returns a closed channel.
 func (p *Process) Exited() <-chan struct{} { return p.exit }
 
+// Pid returns 0: no process is reached here.
+func (p *Process) Pid() int { return 0 }
+
 // Close does nothing.
 func (p *Process) Close() error { return nil }
 

@@ -138,6 +138,17 @@ type File struct {
 	quota    *Quota // nil: none
 }
 
+// sameProcess reports whether f and g are opens of one process (g may be f): of one process
+// reached from outside (ProcessMemory), by its id.
+func (f *File) sameProcess(g *File) bool {
+	if f == g {
+		return true
+	}
+	a, ok := f.mem.(interface{ pid() int })
+	b, ok2 := g.mem.(interface{ pid() int })
+	return ok && ok2 && a.pid() != 0 && a.pid() == b.pid()
+}
+
 // Open returns a new File on d, whose commands point into mem, whose rings live in reg and
 // whose event fds reach the program through fds (OwnFDs when nil).
 func (d *Device) Open(mem Memory, reg Regions, fds FDs) *File {

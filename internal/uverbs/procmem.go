@@ -17,6 +17,9 @@ type ProcessMemory struct{ p *mem.Process }
 // NewProcessMemory returns the memory of p.
 func NewProcessMemory(p *mem.Process) ProcessMemory { return ProcessMemory{p: p} }
 
+// pid is the process's id (File.sameProcess).
+func (m ProcessMemory) pid() int { return m.p.Pid() }
+
 // Read copies len(b) bytes at addr into b; EFAULT if they are not all readable.
 func (m ProcessMemory) Read(addr uint64, b []byte) error {
 	if addr+uint64(len(b)) < addr || !mem.In(m.p, addr, len(b)).ReadAt(b, 0) {
