@@ -364,6 +364,7 @@ func (d *Device) destroyQP(q *QP, now time.Duration) error {
 		q.flush()
 	}
 	q.fenceSend, q.fenceRecv = q.sendCQ.pc, q.recvCQ.pc
+	q.peer.Store(nil)                               // (no chain of destroyed QPs kept alive through it)
 	if w := q.recvCQ.waiter; w != nil && w.q == q { // (no receive comes now: told at once)
 		q.recvCQ.waiter, w.cq, w.q = nil, nil, nil
 		w.Fn(nil)

@@ -548,9 +548,10 @@ var yield = osYield
 // likely the answers to them, come from the network.
 func (q *QP) TalksToPeers() bool { return q.remote.Load() }
 
-// LocalPeer returns the QP of this device that q's last same-device message went to, or nil if
-// none has. A host device tells by it whether a QP ping-pongs with a QP of its own program, whose
-// answer its own thread must post.
+// LocalPeer returns the QP of this device that q's last message went to, or nil if that message
+// went to another device, named no QP here, or none was sent. A host device tells by it whether a
+// QP ping-pongs with a QP of its own program, whose answer the program's own thread may have to
+// post.
 func (q *QP) LocalPeer() *QP { return q.peer.Load() }
 
 // PollNetwork is a receive done by a goroutine that found its completion queue empty (busy

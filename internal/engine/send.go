@@ -174,16 +174,22 @@ func (d *Device) prepareSend(q *QP, w *efaio.TxDesc, m *message) efaio.Status {
 func (d *Device) deliver(q *QP, w *efaio.TxDesc, m *message, tries int, now time.Duration) efaio.Status {
 	switch {
 	case m.dstGID == d.gid:
-		if t := d.qps[uint32(m.dstQPN)]; t != nil && q.peer.Load() != t {
-			q.peer.Store(t) // (once a peer: a store a message would be a locked instruction a message)
-		}
 		d.countLoopback(m)
-		return d.respond(m)
+		st := d.respond(m)
+		// (Stored only on a change, as remote below: a store every message would be a locked
+		// instruction every message. accept left the destination QP in d.whole, nil if none.)
+		if t := d.whole.t; t != nil && q.peer.Load() != t {
+			q.peer.Store(t)
+		}
+		return st
 	case d.link == nil:
 		return efaio.StatusLocalUnreachRemote
 	}
 	if !q.remote.Load() {
 		q.remote.Store(true) // (once: a store a message would be a locked instruction a message)
+	}
+	if q.peer.Load() != nil {
+		q.peer.Store(nil) // (its last message went to another device)
 	}
 	if m.typ == uapi.QPTypeUD {
 		return d.sendUD(m, now)

@@ -45,8 +45,8 @@ func (d *Device) Lingered() uint64 { return d.lingered.Load() }
 // (no linger, the receive already come, another waiter on the CQ) it returns 0 and the caller
 // answers at once. A kick that posted no send (a receive posted) never lingers: no message of its
 // is out to be answered, and a receive would wait for the program's own next send. Nor does one of
-// a QP whose last message went to a QP of the same process on this device: the answer is that
-// process's own next post, which its sleeping thread may be the one to make. lingering
+// a QP whose last message went to a QP of the same process on this device (engine.QP.LocalPeer):
+// the answer is that process's own next post, which its sleeping thread may be the one to make. lingering
 // reports whether the QP's next kick would linger, for the program to wait on that one. The ring
 // is made on behalf of by (engine.Device.RingBy): receives it completes tell their waiters by.
 // Unknown handles are ignored. KickLinger does not wait for the File: while another holds its lock
@@ -70,12 +70,16 @@ func (f *File) KickLinger(h uint32, wait bool, w *engine.RecvWaiter, by any) (bu
 	if o.lastSQ.Swap(sq) == sq { // posted no send
 		return 0, o.answers.Load() >= lingerAfter, false
 	}
+	seen := o.qp.Recvs()
 	if p := o.qp.LocalPeer(); p != nil {
 		if po, ok := p.Owner().(*qpObj); ok && po.f.sameProcess(f) {
-			return 0, false, false // (its answer is the program's own next post)
+			// Its answer is the program's own next post: no linger, and the run of answered
+			// kicks starts again (a later peer elsewhere ping-pongs lingerAfter times first).
+			o.rungRecvs.Store(seen)
+			o.answers.Store(0)
+			return 0, false, false
 		}
 	}
-	seen := o.qp.Recvs()
 	if o.lingers(o.rungRecvs.Swap(seen) != seen) && wait && o.qp.OnRecv(seen, w) {
 		f.d.lingered.Add(1)
 		budget = f.d.linger

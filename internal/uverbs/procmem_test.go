@@ -3,6 +3,7 @@
 package uverbs
 
 import (
+	"os"
 	"syscall"
 	"testing"
 
@@ -100,5 +101,37 @@ func TestFileOfAnotherProcess(t *testing.T) {
 	put64(core, 0, last) // a response address the program does not have
 	if _, err := f.Write(cmd(cmdAllocPD, (4+8)/4, core, nil)); err != syscall.EFAULT {
 		t.Fatalf("ALLOC_PD with its response at an unmapped page: %v, want EFAULT", err)
+	}
+}
+
+// File.sameProcess: two opens reaching one process by two handles of it are one process's, as an
+// open is its own; another process's, or an open whose memory is not another process's (the
+// harness's), are not.
+func TestSameProcess(t *testing.T) {
+	open := func(pid int) *File {
+		t.Helper()
+		p, err := mem.Open(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return &File{mem: NewProcessMemory(p)}
+	}
+	a, b, other := open(os.Getpid()), open(os.Getpid()), open(os.Getppid())
+	harness := &File{mem: &fakeMem{}}
+	for _, c := range []struct {
+		name string
+		f, g *File
+		want bool
+	}{
+		{"two opens of one process", a, b, true},
+		{"an open and itself", a, a, true},
+		{"two processes", a, other, false},
+		{"another process's open and the harness's", a, harness, false},
+		{"the harness's open and itself", harness, harness, true},
+	} {
+		if got := c.f.sameProcess(c.g); got != c.want {
+			t.Errorf("%s: sameProcess %v, want %v", c.name, got, c.want)
+		}
 	}
 }
