@@ -238,20 +238,9 @@ func TestStackRawRing(t *testing.T) {
 		{"two processes, CQ store", []string{"-w"}, false, 0, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := setupWith(t, Options{Settings: Conf{Debug: c.debug}})
-			cmd := exec.Command(exe, append(c.args, "-n", fmt.Sprint(rounds))...)
-			cmd.Env = s.Environ()
-			b, err := combinedOutputWithin(cmd, 3*time.Minute)
-			out := string(b)
-			if err != nil || !strings.Contains(out, fmt.Sprintf("ok rounds=%d ", rounds)) {
-				t.Fatalf("rawring %s: %v\n%s", strings.Join(c.args, " "), err, out)
-			}
+			out := runRawRing(t, exe, setupWith(t, Options{Settings: Conf{Debug: c.debug}}), c.args, rounds, c.reports, c.stores)
 			if slices.Contains(c.args, "-w") && !strings.Contains(out, "ok CQ store faulted") {
 				t.Fatalf("rawring -w: the program's SIGSEGV handler did not get the store:\n%s", out)
-			}
-			want := fmt.Sprintf("softefa: debug: doorbell stores trapped: %d emulated, 0 stepped", c.stores)
-			if n := strings.Count(out, want); n != c.reports || strings.Contains(out, "traps off") {
-				t.Fatalf("want %d processes to report %q:\n%s", c.reports, want, out)
 			}
 			// The linger: a QP that talks to another process and ping-pongs has its trapped
 			// posts wait for the answer; one that talks only to its own device never.
@@ -274,7 +263,7 @@ func TestStackRawRing(t *testing.T) {
 // shim's doorbell traps and kicks, in two processes and in one. Every SQ doorbell store traps and
 // is emulated; between two processes most posts linger in the device for their answer, and in one
 // process, whose thread drives both QPs, none does: each would wait for the receive the thread's
-// own next post makes (uverbs.File.KickLinger; a millisecond a post before).
+// own next post makes (uverbs.File.KickLinger).
 func TestStackRawRingHostDevice(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs 10,000 round trips")
@@ -293,17 +282,7 @@ func TestStackRawRingHostDevice(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s, srv, d := hostDeviceWith(t, Options{Settings: Conf{Debug: true}})
-			cmd := exec.Command(exe, append(c.args, "-n", fmt.Sprint(rounds))...)
-			cmd.Env = s.Environ()
-			b, err := combinedOutputWithin(cmd, 3*time.Minute)
-			out := string(b)
-			if err != nil || !strings.Contains(out, fmt.Sprintf("ok rounds=%d ", rounds)) {
-				t.Fatalf("rawring %s: %v\n%s", strings.Join(c.args, " "), err, out)
-			}
-			want := fmt.Sprintf("softefa: debug: doorbell stores trapped: %d emulated, 0 stepped", c.stores)
-			if n := strings.Count(out, want); n != c.reports || strings.Contains(out, "traps off") {
-				t.Fatalf("want %d processes to report %q:\n%s", c.reports, want, out)
-			}
+			out := runRawRing(t, exe, s, c.args, rounds, c.reports, c.stores)
 			if !srv.AwaitPrograms(0) {
 				t.Fatal("a program is still connected")
 			}
@@ -314,6 +293,25 @@ func TestStackRawRingHostDevice(t *testing.T) {
 			t.Logf("%s; %d posts lingered on the device", lastLines(out, 1), lingered)
 		})
 	}
+}
+
+// runRawRing runs rawring with args for rounds in setup s (its file with debug on, when reports
+// is not 0), and returns its output once it has succeeded and reports processes have each
+// reported stores doorbell stores trapped and emulated, none stepped, the traps never off.
+func runRawRing(t *testing.T, exe string, s *Setup, args []string, rounds, reports, stores int) string {
+	t.Helper()
+	cmd := exec.Command(exe, append(args, "-n", fmt.Sprint(rounds))...)
+	cmd.Env = s.Environ()
+	b, err := combinedOutputWithin(cmd, 3*time.Minute)
+	out := string(b)
+	if err != nil || !strings.Contains(out, fmt.Sprintf("ok rounds=%d ", rounds)) {
+		t.Fatalf("rawring %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	want := fmt.Sprintf("softefa: debug: doorbell stores trapped: %d emulated, 0 stepped", stores)
+	if n := strings.Count(out, want); n != reports || strings.Contains(out, "traps off") {
+		t.Fatalf("want %d processes to report %q:\n%s", reports, want, out)
+	}
+	return out
 }
 
 // buildStackC compiles testdata/name.c against the stack's rdma-core (prefix p), with an rpath to

@@ -50,8 +50,19 @@ func newAccessRigOn(t testing.TB, cfg config.Device) *accessRig {
 	if r.b, err = d.RegMR(r.pd2, r.inB, 0x20000, uapi.AccessLocalWrite|uapi.AccessRemoteRead); err != nil {
 		t.Fatal(err)
 	}
-	cq, _ := d.CreateCQ(CQInit{Entries: 64})
-	r.q, err = d.CreateQP(QPInit{Type: uapi.QPTypeDriver, PD: r.pd, SendCQ: cq, RecvCQ: cq, SQEntries: 16,
+	r.q = readyQP(t, d, r.pd)
+	return r
+}
+
+// readyQP makes an SRD-like driver QP of pd on d, with a CQ of its own, and brings it to RTS
+// (qkey 9).
+func readyQP(t testing.TB, d *Device, pd *PD) *QP {
+	t.Helper()
+	cq, err := d.CreateCQ(CQInit{Entries: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := d.CreateQP(QPInit{Type: uapi.QPTypeDriver, PD: pd, SendCQ: cq, RecvCQ: cq, SQEntries: 16,
 		SQEntrySize: 64, RQEntries: 16, Caps: QPCaps{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 2, MaxRecvSGE: 1}})
 	if err != nil {
 		t.Fatal(err)
@@ -64,11 +75,11 @@ func newAccessRigOn(t testing.TB, cfg config.Device) *accessRig {
 		{QPAttr{State: uapi.QPSRTR}, uapi.QPAttrState},
 		{QPAttr{State: uapi.QPSRTS}, uapi.QPAttrState | uapi.QPAttrSQPSN},
 	} {
-		if err := d.ModifyQP(r.q, &st.a, st.mask); err != nil {
+		if err := d.ModifyQP(q, &st.a, st.mask); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return r
+	return q
 }
 
 // guardsIntact checks every byte outside the two regions.

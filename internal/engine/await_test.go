@@ -459,27 +459,7 @@ func awaitOut(t *testing.T, q *QP, n int) {
 func TestRingByTellsWaiter(t *testing.T) {
 	a := drivenRig(t, func() time.Duration { return 0 })
 	b := *a // a second QP on a's device, with its own CQ, receiving into a's region B
-	cq, err := a.d.CreateCQ(CQInit{Entries: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.q, err = a.d.CreateQP(QPInit{Type: uapi.QPTypeDriver, PD: a.pd, SendCQ: cq, RecvCQ: cq, SQEntries: 16,
-		SQEntrySize: 64, RQEntries: 16, Caps: QPCaps{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 2, MaxRecvSGE: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, st := range []struct {
-		a    QPAttr
-		mask int
-	}{
-		{QPAttr{State: uapi.QPSInit, Port: 1, QKey: 9}, uapi.QPAttrState | uapi.QPAttrPKeyIndex | uapi.QPAttrPort | uapi.QPAttrQKey},
-		{QPAttr{State: uapi.QPSRTR}, uapi.QPAttrState},
-		{QPAttr{State: uapi.QPSRTS}, uapi.QPAttrState | uapi.QPAttrSQPSN},
-	} {
-		if err := a.d.ModifyQP(b.q, &st.a, st.mask); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b.q = readyQP(t, a.d, a.pd)
 	ah, err := a.d.CreateAH(a.pd, a.d.GID())
 	if err != nil {
 		t.Fatal(err)
