@@ -36,6 +36,7 @@ type door struct {
 	in     [2 * reqHeader]byte // a kick read (a longer datagram shows as more than reqHeader bytes)
 	n      int
 	parked bool // the kick in in found its open busy: tried again each round, the socket unread
+	listed bool // in the doorman's list of doors whose program may sleep (doorman.expire)
 
 	// mu is taken under the engine's lock (the waiter's Fn): it is never held while calling into
 	// the device. Answers are written under it, one at a time, in their kicks' order.

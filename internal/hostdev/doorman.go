@@ -4,7 +4,6 @@ package hostdev
 
 import (
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -179,7 +178,8 @@ func (m *doorman) drain(dr *door) {
 func (m *doorman) carry(dr *door) bool {
 	switch dr.carry(m) {
 	case kickLingers:
-		if !slices.Contains(m.asleep, dr) {
+		if !dr.listed {
+			dr.listed = true
 			m.asleep = append(m.asleep, dr)
 		}
 	case kickBusy:
@@ -203,13 +203,15 @@ func (m *doorman) carry(dr *door) bool {
 }
 
 // retryParked tries the parked kicks again; a door whose kick is carried out is read again.
-// It reports whether any was.
+// It reports whether any was. A kick parked again goes to the end of the list, past the ones
+// tried this round.
 func (m *doorman) retryParked() bool {
 	worked := false
-	for _, dr := range slices.Clone(m.parked) { // (carry may park it again, remove may drop it)
+	n := len(m.parked)
+	for i := range n {
+		dr := m.parked[i]
 		dr.parked = false
-		m.parked = slices.DeleteFunc(m.parked, func(p *door) bool { return p == dr })
-		if !m.carry(dr) {
+		if !m.carry(dr) { // (parked again, or dropped)
 			continue
 		}
 		worked = true
@@ -219,6 +221,8 @@ func (m *doorman) retryParked() bool {
 		}
 		m.mu.Unlock()
 	}
+	clear(m.parked[copy(m.parked, m.parked[n:]):])
+	m.parked = m.parked[:len(m.parked)-n]
 	return worked
 }
 
@@ -239,6 +243,8 @@ func (m *doorman) expire() {
 	for _, dr := range m.asleep {
 		if dr.expire(now) {
 			keep = append(keep, dr)
+		} else {
+			dr.listed = false
 		}
 	}
 	clear(m.asleep[len(keep):])
