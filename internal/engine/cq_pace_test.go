@@ -8,6 +8,7 @@ import (
 
 	"github.com/softefa/softefa/config"
 	"github.com/softefa/softefa/efaio"
+	"github.com/softefa/softefa/internal/uapi"
 )
 
 // TestCQPacing: a paced CQ (the Go provider's) drops the entry that would overwrite one the
@@ -169,4 +170,118 @@ func TestCQArmSeenLate(t *testing.T) {
 	want("the tick of the latest entry", 4)
 	tick()
 	want("the tick after it", 5)
+}
+
+// TestCQHolds: an unpaced CQ whose consumer is seen to report a poll in the doorbell (libefa
+// 64's and libfabric 2.x's polls do; libefa 44's extended polls and every arm store leave the bit
+// or the count) never writes over an entry the consumer has not polled: an entry the ring has no
+// room for is held, counted in the QP's fence, and written, in order, by the next entry or the
+// engine loop's tick once the consumer reports room. libfabric 2.6's efa-direct lets a QP have
+// twice its CQ's entries of receives outstanding (fabtests' test_flood_peer: 6,400 receives on a
+// CQ of 4,096), and a ring lapped meanwhile lost completions for good.
+func TestCQHolds(t *testing.T) {
+	d := newAccessRigOn(t, config.Device{Addr: netip.MustParseAddrPort("127.0.0.1:1"), Driven: true}).d
+	var db uint32
+	cq, err := d.CreateCQ(CQInit{Entries: 8, Unpaced: true, Doorbell: &db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := uint16(0)
+	post := func(n int) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		for range n {
+			cq.post(&efaio.Completion{ReqID: next})
+			next++
+		}
+	}
+	store := func(polled uint16, arm bool) { atomic.StoreUint32(&db, efaio.CQDoorbell(polled, 0, arm)) }
+	slot := func(n int) (uint16, uint8) {
+		e := efaio.CQE(cq.ring[n%8*cq.esz:][:cq.esz])
+		w := atomic.LoadUint32((*uint32)(unsafe.Pointer(&e[0])))
+		return uint16(w), efaio.PhaseOf(w)
+	}
+	// want checks that entries [from, to) are in the ring with their laps' phases, and that held
+	// are held.
+	want := func(what string, from, to, held int) {
+		t.Helper()
+		for n := from; n < to; n++ {
+			if id, ph := slot(n); id != uint16(n) || ph != uint8(1^(n/8)&1) {
+				t.Fatalf("%s: slot of entry %d holds req_id %d phase %d", what, n, id, ph)
+			}
+		}
+		d.mu.Lock()
+		got, end := len(cq.held), cq.end()
+		d.mu.Unlock()
+		if got != held || end != uint16(to+held) {
+			t.Fatalf("%s: %d held, end %d; want %d, %d", what, got, end, held, to+held)
+		}
+	}
+
+	store(0, true) // an arm store (the count with the arm bit) is no report of polls
+	post(10)
+	want("no report seen: written as hardware writes them", 2, 10, 0)
+	store(10, false) // polled all ten: a report
+	post(9)
+	want("reporting, one lap ahead", 10, 18, 1)
+	post(3)
+	want("later entries wait behind the held one", 10, 18, 4)
+	store(13, true) // an arm carries libefa's count too: room for three
+	post(1)
+	want("a post releases what the consumer made room for", 13, 21, 2)
+	store(21, false)
+	want("nothing moves between ticks", 13, 21, 2)
+	d.Drive()
+	want("the tick releases the rest", 15, 23, 0)
+
+	// At most a ring's worth is held: what comes past that is lost, counted, and raises CQ_ERR
+	// once, as a paced CQ's overrun.
+	store(23, false)
+	post(8 + 8 + 2)
+	want("a lap ahead, a lap held", 23, 31, 8)
+	if lost := d.counts.CQOverruns.Load(); lost != 2 || !cq.Overrun() {
+		t.Fatalf("%d entries lost (overrun %v); want 2", lost, cq.Overrun())
+	}
+
+	// A destroyed QP's held completions are discarded, not written after it; its fences lie past
+	// what was written.
+	var db2 uint32
+	cq2, err := d.CreateCQ(CQInit{Entries: 8, Unpaced: true, Doorbell: &db2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd, _ := d.AllocPD()
+	newQP := func() *QP {
+		q, err := d.CreateQP(QPInit{Type: uapi.QPTypeDriver, PD: pd, SendCQ: cq2, RecvCQ: cq2, SQEntries: 16,
+			SQEntrySize: 64, RQEntries: 16, Caps: QPCaps{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 2, MaxRecvSGE: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	q, other := newQP(), newQP()
+	d.mu.Lock()
+	cq2.post(&efaio.Completion{QPN: uint16(q.QPN())})
+	d.mu.Unlock()
+	atomic.StoreUint32(&db2, efaio.CQDoorbell(1, 0, false)) // polled it: a report
+	d.mu.Lock()
+	for i := range 12 {
+		qpn := q.QPN()
+		if i%4 == 3 {
+			qpn = other.QPN()
+		}
+		cq2.post(&efaio.Completion{ReqID: uint16(i), QPN: uint16(qpn)})
+	}
+	d.mu.Unlock()
+	if err := d.DestroyQP(q); err != nil {
+		t.Fatal(err)
+	}
+	if send, recv := q.Fences(); recv != 10 || send != 10 {
+		t.Errorf("fences %d, %d; want 10, 10 (9 written, the other QP's 1 held)", send, recv)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if n := len(cq2.held) - cq2.heldAt; n != 1 || cq2.held[cq2.heldAt].ReqID != 11 {
+		t.Errorf("%d held after the destroy, want the other QP's last (req_id 11): %+v", n, cq2.held[cq2.heldAt:])
+	}
 }
