@@ -26,17 +26,13 @@ type CQ struct {
 
 	pc      uint16 // CQEs produced, modulo 2^16
 	phase   uint8
-	unpaced bool               // CQInit.Unpaced: the doorbell's consumer count is not read for overrun…
-	reports bool               // …until the consumer is seen to report its polls there (holds)
-	held    []efaio.Completion // entries of a reporting unpaced CQ that the ring had no room for,
-	heldAt  int                // from this index on (release)
-	listed  bool               // in the device's holding list
-	refs    int                // QPs using this CQ
-	overrun bool               // sticky: an entry was lost because the ring was full
-	armed   bool               // latched by ArmCQ
-	firedSN int                // cmd_sn of the doorbell that armed the last event
-	recheck bool               // on Device.recheck: an entry was written without an event…
-	rechkAt uint64             // …the latest during the tick of this number (Device.ticks)
+	unpaced bool   // CQInit.Unpaced: the doorbell's consumer count is not read for overrun
+	refs    int    // QPs using this CQ
+	overrun bool   // sticky: an entry was lost because the ring was full
+	armed   bool   // latched by ArmCQ
+	firedSN int    // cmd_sn of the doorbell that armed the last event
+	recheck bool   // on Device.recheck: an entry was written without an event…
+	rechkAt uint64 // …the latest during the tick of this number (Device.ticks)
 	notify  func()
 	owner   any
 	dead    bool
@@ -73,14 +69,12 @@ type CQInit struct {
 	Ring     []byte
 	Doorbell *uint32
 
-	// Unpaced is for consumers that may not report every poll in the doorbell (libefa 44's
-	// extended-CQ polling never writes it; docs/cabi.md, "Completion queues"): the device writes
-	// every entry, without comparing its producer count with the doorbell's consumer count, until
-	// the consumer is seen to report a poll (a consumer count with the arm bit clear). From then
-	// on an entry the ring has no room for is held, never written over one the consumer has not
-	// polled, and written once the consumer reports room (on the next entry, or the engine loop's
-	// next tick). Left false, the CQ drops an entry when the ring is a whole lap ahead of the
-	// doorbell's count, as rdmavt does (docs/descriptors.md).
+	// Unpaced makes the device write every entry as EFA hardware does, without comparing its
+	// producer count with the consumer count in the doorbell: no overrun detection, and an
+	// application that lets the producer lap it loses entries unnoticed. For consumers that do
+	// not report every poll in the doorbell (libefa 44's extended-CQ polling never writes it;
+	// docs/cabi.md, "Completion queues"). Left false, the CQ drops an entry when the ring is a
+	// whole lap ahead of the doorbell's count (docs/descriptors.md).
 	Unpaced bool
 
 	// EntrySize is the CQE size: 0 or efaio.RxCQEExSize (32), or efaio.RxCQESize (16), which
@@ -143,7 +137,6 @@ func (d *Device) DestroyCQ(cq *CQ) error {
 		return fmt.Errorf("engine: CQ still used by %d QPs: %w", cq.refs, syscall.EBUSY)
 	}
 	cq.dead = true
-	cq.held, cq.heldAt = nil, 0
 	d.nCQ--
 	return nil
 }
@@ -251,8 +244,8 @@ func (d *Device) Withdraw(w *RecvWaiter) bool {
 	return true
 }
 
-// countRecv counts a receive WR of q completed, with d.mu held (its entry written first, or held
-// behind a ring full of entries: a program told of the receive finds one), and tells the RecvWaiter waiting for it. A
+// countRecv counts a receive WR of q completed, with d.mu held (its entry written first: a
+// program told of the receive finds the entry), and tells the RecvWaiter waiting for it. A
 // receive WR that an RDMA write with immediate took counts too, with no bytes.
 func (q *QP) countRecv(length uint64) {
 	q.counts.RecvBytes += length
@@ -264,132 +257,19 @@ func (q *QP) countRecv(length uint64) {
 	}
 }
 
-// post writes c into the next slot. A full ring (the consumer's count from the doorbell is a
-// whole ring behind) loses the entry of a paced CQ: the CQ is marked overrun and a CQ_ERR event
-// is raised, as rdmavt's rvt_cq_enter does. An unpaced CQ whose consumer reports its polls holds
-// the entry instead, behind any it holds already, up to a ring's worth (hold); past that the
-// entry is lost and counted, with CQ_ERR raised at the first loss, and later entries are held or
-// written as before. An unpaced CQ whose consumer does not report is written regardless.
+// post writes c into the next slot. Unless the CQ is unpaced, a full ring (the consumer's count
+// from the doorbell is a whole ring behind) loses the entry: the CQ is marked overrun and a
+// CQ_ERR event is raised, as rdmavt's rvt_cq_enter does.
 func (cq *CQ) post(c *efaio.Completion) {
 	v := atomic.LoadUint32(cq.db)
-	switch {
-	case !cq.unpaced:
-		if cq.overrun || cq.full(v) {
-			cq.lose()
-			return
+	if !cq.unpaced && (cq.overrun || uint32(cq.pc-uint16(v&efaio.CQDoorbellCIMask)) >= cq.depth) {
+		if !cq.overrun {
+			cq.overrun = true
+			cq.d.raise(AsyncEvent{Type: uapi.EventCQErr, CQ: cq})
 		}
-	case cq.holds(v):
-		if cq.heldAt < len(cq.held) {
-			cq.release(v)
-		}
-		if cq.heldAt < len(cq.held) || cq.full(v) {
-			cq.hold(c)
-			return
-		}
-	}
-	cq.write(c)
-}
-
-// lose counts an entry lost to a full ring, and marks the CQ overrun and raises CQ_ERR the first
-// time.
-func (cq *CQ) lose() {
-	if !cq.overrun {
-		cq.overrun = true
-		cq.d.raise(AsyncEvent{Type: uapi.EventCQErr, CQ: cq})
-	}
-	cq.d.counts.CQOverruns.Add(1)
-}
-
-// hold keeps c for a later release, up to a ring's worth of entries (what the device keeps for
-// one CQ: an RDMA write with immediate from a peer needs no receive WR, so nothing else bounds
-// them), and has the engine loop's ticks release them.
-func (cq *CQ) hold(c *efaio.Completion) {
-	if len(cq.held)-cq.heldAt >= int(cq.depth) {
-		cq.lose()
+		cq.d.counts.CQOverruns.Add(1)
 		return
 	}
-	cq.held = append(cq.held, *c)
-	if d := cq.d; !cq.listed {
-		cq.listed = true
-		d.holding = append(d.holding, cq)
-		if !d.fastPoll.Load() {
-			d.wake() // the loop's timer may be stopped: it restarts it, for the list's sake
-		}
-	}
-}
-
-// end is the producer count past every entry posted so far: those written and those held.
-func (cq *CQ) end() uint16 { return cq.pc + uint16(len(cq.held)-cq.heldAt) }
-
-// full reports whether the ring has no room for an entry: the doorbell v's consumer count is a
-// whole ring behind the producer's.
-func (cq *CQ) full(v uint32) bool {
-	return uint32(cq.pc-uint16(v&efaio.CQDoorbellCIMask)) >= cq.depth
-}
-
-// holds reports whether an unpaced CQ holds back the entries its ring has no room for: once its
-// consumer is seen to report a poll in the doorbell v (a consumer count with the arm bit clear,
-// which libefa's arms never store), the count is taken to follow its polls (CQInit.Unpaced).
-func (cq *CQ) holds(v uint32) bool {
-	if !cq.reports && v&efaio.CQDoorbellArm == 0 && v&efaio.CQDoorbellCIMask != 0 {
-		cq.reports = true
-	}
-	return cq.reports
-}
-
-// release writes, in order, the held entries the ring has room for by the doorbell v, and
-// reports whether it wrote any. The list is compacted once empty or half spent.
-func (cq *CQ) release(v uint32) bool {
-	from := cq.heldAt
-	for cq.heldAt < len(cq.held) && !cq.full(v) {
-		cq.write(&cq.held[cq.heldAt])
-		cq.heldAt++
-	}
-	wrote := cq.heldAt != from
-	if cq.heldAt == len(cq.held) || cq.heldAt > len(cq.held)/2 {
-		n := copy(cq.held, cq.held[cq.heldAt:])
-		cq.held, cq.heldAt = cq.held[:n], 0
-		if n == 0 && cap(cq.held) > 256 {
-			cq.held = nil // (a burst's backlog is not kept for the CQ's life)
-		}
-	}
-	return wrote
-}
-
-// dropHeld discards the held entries of QP qpn: after its destroy or reset none of its
-// completions is written (libefa would find no QP for them, or a later one).
-func (cq *CQ) dropHeld(qpn uint32) {
-	kept := cq.held[:cq.heldAt]
-	for _, c := range cq.held[cq.heldAt:] {
-		if uint32(c.QPN) != qpn {
-			kept = append(kept, c)
-		}
-	}
-	clear(cq.held[len(kept):])
-	cq.held = kept
-}
-
-// releaseHeld writes what the ring of each CQ holding entries has room for now (release), for the
-// engine loop's tick; it reports whether it wrote any. Called with d.mu held.
-func (d *Device) releaseHeld() (wrote bool) {
-	keep := d.holding[:0]
-	for _, cq := range d.holding {
-		if !cq.dead && cq.release(atomic.LoadUint32(cq.db)) {
-			wrote = true
-		}
-		if !cq.dead && cq.heldAt < len(cq.held) {
-			keep = append(keep, cq)
-		} else {
-			cq.listed = false
-		}
-	}
-	clear(d.holding[len(keep):])
-	d.holding = keep
-	return wrote
-}
-
-// write writes c into the next slot and raises the completion event an arm asked for.
-func (cq *CQ) write(c *efaio.Completion) {
 	c.Phase = cq.phase
 	slot := efaio.CQE(cq.ring[int(uint32(cq.pc)&(cq.depth-1))*cq.esz:][:cq.esz])
 	slot.EncodeBody(c)
@@ -399,9 +279,9 @@ func (cq *CQ) write(c *efaio.Completion) {
 		cq.phase ^= 1
 	}
 	// The arm is read after the entry is stored, not before: a consumer that armed between the
-	// post's read and the store polled the ring before the entry was there and waits for an event
+	// read above and the store polled the ring before the entry was there and waits for an event
 	// (libfabric 2.6's fi_cq_sread: arm, poll once more, wait; docs/cabi.md, "Events").
-	v := atomic.LoadUint32(cq.db)
+	v = atomic.LoadUint32(cq.db)
 	cq.latchArm(v)
 	if cq.armed {
 		cq.fire(v)

@@ -63,9 +63,6 @@ type Device struct {
 	// recheck lists the CQs with a completion channel that got an entry without raising an
 	// event, for a later tick of the loop to read their doorbells again (recheckArms).
 	recheck []*CQ
-	// holding lists the CQs that hold entries their rings had no room for (CQ.post), for the
-	// engine loop's ticks to write once their consumers report room (releaseHeld).
-	holding []*CQ
 	// ticks counts the engine loop's timer ticks (a busy poller's too: tickIfDue; and Drive's
 	// steps), each counted before it takes anything from the network: an entry it writes is
 	// rechecked by the next one.

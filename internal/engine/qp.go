@@ -176,9 +176,8 @@ func (q *QP) PollDoorbells() {
 }
 
 // Fences returns, for a destroyed QP, the producer counts of its send and receive CQs when it
-// was destroyed: the device wrote every completion of the QP below them (one its CQ held for room
-// in the ring is discarded: CQ.hold), so a consumer can tell the QP's last entries from those of
-// a later QP given the same number.
+// was destroyed: the device wrote every completion of the QP below them, so a consumer can tell
+// the QP's last entries from those of a later QP given the same number.
 func (q *QP) Fences() (send, recv uint16) {
 	q.d.mu.Lock()
 	defer q.d.mu.Unlock()
@@ -364,8 +363,7 @@ func (d *Device) destroyQP(q *QP, now time.Duration) error {
 	if q.attr.State != uapi.QPSReset {
 		q.flush()
 	}
-	q.dropHeld()
-	q.fenceSend, q.fenceRecv = q.sendCQ.end(), q.recvCQ.end()
+	q.fenceSend, q.fenceRecv = q.sendCQ.pc, q.recvCQ.pc
 	q.peer.Store(nil)                               // (no chain of destroyed QPs kept alive through it)
 	if w := q.recvCQ.waiter; w != nil && w.q == q { // (no receive comes now: told at once)
 		q.recvCQ.waiter, w.cq, w.q = nil, nil, nil
@@ -407,15 +405,6 @@ func (q *QP) reset() {
 	}
 	q.d.stopReceiving(q, false)
 	q.drainReq = false
-	q.dropHeld()
-}
-
-// dropHeld discards the completions of q that its CQs hold for room (CQ.hold).
-func (q *QP) dropHeld() {
-	q.sendCQ.dropHeld(q.qpn)
-	if q.recvCQ != q.sendCQ {
-		q.recvCQ.dropHeld(q.qpn)
-	}
 }
 
 // skipTo advances the consumer to pc without processing, keeping the phase in step.

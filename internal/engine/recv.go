@@ -402,9 +402,6 @@ func (d *Device) finish(in *inbound) efaio.Status {
 		}, m.srcGID)
 		// Counted after the entry is written: a thread waiting for the count (AwaitRecv, on
 		// another goroutine than the one receiving) finds the entry when it sees the count move.
-		// (An entry held for room in the ring is written later: the ring was full of entries
-		// the thread had not reported polled, and it finds those, or the held entry once a
-		// tick has released it: CQ.hold.)
 		in.t.countRecv(m.length)
 	case m.op == efaio.OpRDMAWrite:
 		d.counts.RDMAWriteRecvBytes.Add(m.length)

@@ -265,10 +265,10 @@ func (d *Device) run() {
 				worked = true
 			}
 			// Idle: nothing to time (no stream has anything outstanding, nothing parked or
-			// owed), no QP whose doorbells only a poll notices, and no CQ holding entries for
-			// room in its ring (CQ.hold). An idle device sleeps until kicked.
+			// owed) and no QP whose doorbells only a poll notices. An idle device sleeps until
+			// kicked.
 			idle := !worked && !busy && (d.srd == nil || !d.srd.Busy() && !d.srd.Lingering()) && d.polledQPs == 0 &&
-				len(d.recheck) == 0 && len(d.holding) == 0
+				len(d.recheck) == 0
 			switch {
 			case worked || busy:
 				period = d.cfg.PollMin
@@ -408,9 +408,6 @@ func (d *Device) step(batch []*QP, polled bool, now time.Duration) (worked, busy
 			look(q)
 		}
 		d.recheckArms()
-		if len(d.holding) > 0 && d.releaseHeld() {
-			worked = true // (the loop ticks fast while consumers make room: run)
-		}
 	}
 	parked := false
 	for _, q := range d.qpList {

@@ -130,10 +130,9 @@ func (f *File) newCQ(c *call, p cqParams) (uint32, uint32, error) {
 	cq, err := f.d.e.CreateCQ(engine.CQInit{
 		Entries: int(p.cqe), Flags: eflags, EntrySize: int(entrySize), Owner: owner, Notify: o.notify,
 		Ring: ring[:size], Doorbell: (*uint32)(unsafe.Pointer(&dbPage[0])),
-		// Written as EFA hardware writes it until the consumer is seen to report its polls in
-		// the doorbell: libefa 44 reports polls made with ibv_start_poll/next_poll/end_poll
-		// nowhere, so the count can stay a whole ring behind a consumer that keeps up
-		// (docs/cabi.md, "Completion queues").
+		// Written as EFA hardware writes it: libefa 44 reports polls made with
+		// ibv_start_poll/next_poll/end_poll nowhere, so the doorbell's consumer count can stay
+		// a whole ring behind a consumer that keeps up (docs/cabi.md, "Completion queues").
 		Unpaced: true,
 	})
 	if err != nil {
