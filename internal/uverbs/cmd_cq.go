@@ -114,7 +114,13 @@ func (f *File) newCQ(c *call, p cqParams) (uint32, uint32, error) {
 	if entrySize != efaio.RxCQEExSize && (entrySize != efaio.RxCQESize || eflags&uapi.CQFlagWithSGID != 0) {
 		return 0, 0, syscall.EINVAL // the device writes efa_io_rx_cdesc or efa_io_rx_cdesc_ex
 	}
-	depth := uint32(1) << bits.Len32(p.cqe-1)
+	// The ring has room for MaxRQSGE times the entries asked for (up to MaxCQE), and the
+	// response says so, as a device may give a CQ more than it was asked for: libfabric 2.6's
+	// efa-direct sizes its receive CQ in WRs (max_rq_wr / max_rq_sge) but lets as many receives
+	// be outstanding as its RQ has descriptors (max_recv_wr × max_recv_sge), and a ring lapped
+	// loses completions for good (docs/cabi.md, "Completion queues").
+	entries := uint32(min(uint64(p.cqe)*uint64(max(f.d.cfg.MaxRQSGE, 1)), uint64(f.d.cfg.MaxCQE)))
+	depth := uint32(1) << bits.Len32(entries-1)
 	size := int(depth * entrySize)
 	ringKey, ring, err := f.reg.Alloc(size)
 	if err != nil {
@@ -128,7 +134,7 @@ func (f *File) newCQ(c *call, p cqParams) (uint32, uint32, error) {
 	o := &cqObj{handle: p.handle, ch: ch, ringKey: ringKey, dbKey: dbKey}
 	owner := &cqOwner{f: f, obj: o}
 	cq, err := f.d.e.CreateCQ(engine.CQInit{
-		Entries: int(p.cqe), Flags: eflags, EntrySize: int(entrySize), Owner: owner, Notify: o.notify,
+		Entries: int(entries), Flags: eflags, EntrySize: int(entrySize), Owner: owner, Notify: o.notify,
 		Ring: ring[:size], Doorbell: (*uint32)(unsafe.Pointer(&dbPage[0])),
 		// Written as EFA hardware writes it: libefa 44 reports polls made with
 		// ibv_start_poll/next_poll/end_poll nowhere, so the doorbell's consumer count can stay

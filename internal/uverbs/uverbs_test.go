@@ -395,14 +395,15 @@ func TestCQAndQP(t *testing.T) {
 	pd := h.allocPD()
 	cq, r := h.createCQ(64, 32, uapi.CQFlagWithSGID)
 	drv := r[8:]
-	if u32(r, 4) != 64 || u32(drv, 0) != efaCreateCQRespDBOff || u64(drv, 16) != 4096 {
+	// MaxRQSGE (2) times the entries asked for: 128 of 32 bytes.
+	if u32(r, 4) != 128 || u32(drv, 0) != efaCreateCQRespDBOff || u64(drv, 16) != 4096 {
 		t.Fatalf("CREATE_CQ response % x", r[:48])
 	}
 	if ring := h.reg.live[u64(drv, 8)]; len(ring) != 4096 || h.reg.live[u64(drv, 32)] == nil {
 		t.Fatal("CQ regions missing")
 	}
 	cq16, r := h.createCQ(100, 16, 0)
-	if u32(r, 4) != 128 || u64(r[8:], 16) != 4096 {
+	if u32(r, 4) != 256 || u64(r[8:], 16) != 4096 {
 		t.Fatalf("16-byte CQ response % x", r[:48])
 	}
 	// Bad driver data: sub-CQs, entry size, flags, unknown trailing fields.
