@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shim.h"
@@ -265,10 +267,11 @@ void softefa_hostdev_close(int fd) {
 
 // Kicks go on the doorbell socket (docs/architecture.md, "Doorbells on the host device"), each
 // numbered. A kick the last answer for its QP said would linger there (the QP ping-pongs) waits
-// for its own answer: the thread sleeps while the device waits for the QP's next receive, leaving
-// its core to the peer and the device that make it. Other kicks go without waiting, and so does a
-// kick after a posted receive, which the device never lingers on; they are answered only when the
-// QP's next kick would linger, and the next kick takes those answers.
+// for its own answer while the device waits for the QP's next receive: the thread looks for it
+// and yields its core between looks, to the peer and the device that make the answer (door_wait).
+// Other kicks go without waiting, and so does a kick after a posted receive, which the device
+// never lingers on; they are answered only when the QP's next kick would linger, and the next
+// kick takes those answers.
 static pthread_mutex_t door_mu = PTHREAD_MUTEX_INITIALIZER;  // reading answers
 static pthread_mutex_t door_send = PTHREAD_MUTEX_INITIALIZER; // numbering and sending kicks
 // Kick numbers, counted in 64 bits here and sent modulo 2^31. Kicks go in the order of their
@@ -305,6 +308,31 @@ static int door_read(int flags) {
 	return 1;
 }
 
+// door_wait waits, holding door_mu, until kick n's answer has been read. It does not sleep in
+// recv: a core left idle is slow to wake on a virtual machine (about 20 µs, a vCPU's halt and
+// the hypervisor's wake-up, on the machine kind of docs/performance.md), and both a ping-pong's
+// answer and the peer's next message come within microseconds. So it looks without blocking and
+// yields its core between looks, which is as prompt as spinning when the core has nothing else
+// to run and hands the core over at once when it has (the device's doorman, the peer). The device
+// answers every such kick within its linger budget (1 ms); past twice that, a thread sleeps in
+// recv until the answer comes.
+#define DOOR_SPIN_NS (2 * 1000 * 1000)
+
+static void door_wait(uint64_t n) {
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (atomic_load(&door_answered) < n) {
+		if (door_read(MSG_DONTWAIT))
+			continue;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) > DOOR_SPIN_NS)
+			break;
+		sched_yield();
+	}
+	while (atomic_load(&door_answered) < n && door_read(0))
+		;
+}
+
 // kick sends a kick of QP qp, waiting for its answer if may_wait and the hint says it lingers.
 static void kick(int fd, uint32_t qp, int may_wait) {
 	uint32_t h;
@@ -331,8 +359,7 @@ static void kick(int fd, uint32_t qp, int may_wait) {
 	if (r < 0 || !wait)
 		return;
 	pthread_mutex_lock(&door_mu);
-	while (atomic_load(&door_answered) < n && door_read(0))
-		;
+	door_wait(n);
 	pthread_mutex_unlock(&door_mu);
 }
 

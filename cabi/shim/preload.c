@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1293,9 +1294,16 @@ int softefa_shim_debug(void) {
 	return debug;
 }
 
+// poll_net is what a thread that found its CQ empty does before it looks again. With a device in
+// the process, it takes what the network holds for the device. On the host device, which reads
+// the network itself, it yields the thread's core (docs/architecture.md, "Doorbells on the host
+// device"): a program that spins on its CQ keeps the core the device needs to produce what it
+// waits for.
 static int poll_net(void) {
-	if (on_hostdev)
-		return 0; // (the host device reads the network itself: no call, and no mask to set, a poll)
+	if (on_hostdev) {
+		sched_yield();
+		return 0;
+	}
 	sigset_t old;
 	enter(&old);
 	int r = eng_poll_net();

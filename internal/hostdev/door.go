@@ -36,7 +36,7 @@ type door struct {
 	in     [2 * reqHeader]byte // a kick read (a longer datagram shows as more than reqHeader bytes)
 	n      int
 	parked bool // the kick in in found its open busy: tried again each round, the socket unread
-	listed bool // in the doorman's list of doors whose program may sleep (doorman.expire)
+	listed bool // in the doorman's list of doors whose program may wait (doorman.expire)
 
 	// mu is taken under the engine's lock (the waiter's Fn): it is never held while calling into
 	// the device. Answers are written under it, one at a time, in their kicks' order.
@@ -48,8 +48,8 @@ type door struct {
 	deadline time.Time       // …and the end of its linger budget (zero until it lingers)
 	out      [reqHeader]byte // the answer being written (write)
 
-	asleep   bool          // the owed kick lingers: its program's thread sleeps, counted in…
-	sleepers *atomic.Int32 // …the doorman's count
+	waiting bool          // the owed kick lingers: its program's thread waits, counted in…
+	waiters *atomic.Int32 // …the doorman's count
 
 	waiter engine.RecvWaiter // told of the owed kick's receive (received)
 }
@@ -160,9 +160,9 @@ func (dr *door) carry(m *doorman) carried {
 	if budget > 0 { // (its receive, the next kick or the budget answers it)
 		dr.mu.Lock()
 		dr.deadline = time.Now().Add(budget)
-		if dr.owed && !dr.asleep {
-			dr.asleep = true
-			dr.sleepers.Add(1)
+		if dr.owed && !dr.waiting {
+			dr.waiting = true
+			dr.waiters.Add(1)
 		}
 		dr.mu.Unlock()
 		return kickLingers
@@ -184,9 +184,9 @@ func (dr *door) carry(m *doorman) carried {
 // answered: the owed kick is answered (dr.mu held).
 func (dr *door) answered() {
 	dr.owed = false
-	if dr.asleep {
-		dr.asleep = false
-		dr.sleepers.Add(-1)
+	if dr.waiting {
+		dr.waiting = false
+		dr.waiters.Add(-1)
 	}
 }
 
@@ -237,15 +237,15 @@ func (dr *door) answerTold(tag uint64) {
 }
 
 // expire answers the owed kick if its linger budget ran out by now, its waiter taken back, and
-// reports whether its program's thread still sleeps in it. The doorman calls it, each round while
-// a program sleeps: no kick of the door is carried out meanwhile.
-func (dr *door) expire(now time.Time) (asleep bool) {
+// reports whether its program's thread still waits in it. The doorman calls it, each round while
+// a program waits: no kick of the door is carried out meanwhile.
+func (dr *door) expire(now time.Time) (waiting bool) {
 	dr.mu.Lock()
-	asleep = dr.asleep
-	due := asleep && !now.Before(dr.deadline)
+	waiting = dr.waiting
+	due := waiting && !now.Before(dr.deadline)
 	dr.mu.Unlock()
 	if !due || !dr.withdraw(&dr.waiter) {
-		return asleep && !due // (told first: its answer is written, or left to the doorman)
+		return waiting && !due // (told first: its answer is written, or left to the doorman)
 	}
 	dr.mu.Lock()
 	if dr.owed {

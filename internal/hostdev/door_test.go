@@ -261,11 +261,11 @@ func TestDoorAnswers(t *testing.T) {
 	}
 
 	// Waits and lingers: answered on the receive, not before; meanwhile the doorman counts
-	// the program's thread asleep (and polls for kicks instead of sleeping itself).
+	// the program's thread waiting (and polls for kicks instead of sleeping itself).
 	qps.push(time.Hour, true)
 	sendKick(t, prog, 4, true, 3)
 	qps.awaitWaiter(t) // (another kick now would end the linger)
-	await(t, "program counted asleep", func() bool { return m.sleepers.Load() == 1 })
+	await(t, "program counted waiting", func() bool { return m.waiters.Load() == 1 })
 	noAnswer(t, prog)
 	if !qps.receive() {
 		t.Fatal("no waiter to tell")
@@ -273,8 +273,8 @@ func TestDoorAnswers(t *testing.T) {
 	if qp, st := readAnswer(t, prog); qp != 4 || st != 3|1<<32 {
 		t.Fatalf("the lingering kick's answer: QP %d status %#x, want 4, %#x", qp, st, 3|1<<32)
 	}
-	if n := m.sleepers.Load(); n != 0 {
-		t.Errorf("%d programs counted asleep after the answer, want 0", n)
+	if n := m.waiters.Load(); n != 0 {
+		t.Errorf("%d programs counted waiting after the answer, want 0", n)
 	}
 	noAnswer(t, prog)
 
@@ -322,7 +322,7 @@ func TestDoorAnswerTold(t *testing.T) {
 	xprog, _ := doorRig(t, m, x)
 
 	y.push(time.Hour, true)
-	sendKick(t, yprog, 4, true, 77) // Y posts and sleeps: its answer waits for its receive
+	sendKick(t, yprog, 4, true, 77) // Y posts and waits: its answer waits for its receive
 	y.awaitWaiter(t)
 	sendKick(t, xprog, 8, false, 1) // X's post completes Y's receive
 	if !take(t, delivered) {

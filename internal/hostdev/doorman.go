@@ -17,11 +17,11 @@ import (
 // with kicks and carries out up to doorRound kicks of each a round, so that no program keeps the
 // others waiting, and at the end of each round writes the answers told to it meanwhile (flush).
 // After a round that found no kicks it sleeps in epoll_wait until the next kick, unless some
-// program's thread sleeps in a lingering kick (sleepers): then it polls, on the core that thread
-// gave up, and the kick that answers it, its peer's next post, is read by a thread already awake;
-// each round it also answers the lingering kicks whose budget ran out (expire). A stream's
-// programs, which spin themselves, so get no third spinner, and an idle device makes no
-// wake-ups. A kick whose open's lock is held (a command, an arm, a netlink dump; a give that waits
+// program's thread waits in a lingering kick (waiters): then it polls, yielding its core between
+// polls to the waiting thread and its peer, and the kick that answers it, its peer's next post, is
+// read by a thread already awake; each round it also answers the lingering kicks whose budget ran
+// out (expire). A stream's programs, which spin themselves, so get no third spinner, and an idle
+// device makes no wake-ups. A kick whose open's lock is held (a command, an arm, a netlink dump; a give that waits
 // for the program) is parked: its socket is left unread and the kick tried again each round,
 // polling for parkedPoll and then every millisecond while nothing else wakes the doorman.
 type doorman struct {
@@ -30,18 +30,18 @@ type doorman struct {
 	wg   sync.WaitGroup
 	once sync.Once // close's
 
-	sleepers atomic.Int32 // programs whose thread sleeps in a lingering kick
+	waiters atomic.Int32 // programs whose thread waits in a lingering kick
 
 	mu      sync.Mutex
 	doors   map[int32]*door // by fd
 	stopped bool
 
 	// the doorman's goroutine's own.
-	told     []told    // answers told to it while it carried out kicks (flush)
-	asleep   []*door   // doors whose program may sleep in a lingering kick (expire)
-	parked   []*door   // doors whose kick found its open busy…
-	parkedAt time.Time // …since
-	events   [64]unix.EpollEvent
+	told      []told    // answers told to it while it carried out kicks (flush)
+	lingering []*door   // doors whose program may wait in a lingering kick (expire)
+	parked    []*door   // doors whose kick found its open busy…
+	parkedAt  time.Time // …since
+	events    [64]unix.EpollEvent
 }
 
 // doorRound is how many kicks of one socket the doorman carries out before it turns to the
@@ -82,7 +82,7 @@ func (m *doorman) add(dr *door) error {
 	if m.stopped {
 		return syscall.ESHUTDOWN
 	}
-	dr.sleepers = &m.sleepers
+	dr.waiters = &m.waiters
 	m.doors[int32(dr.fd)] = dr
 	if err := unix.EpollCtl(m.ep, unix.EPOLL_CTL_ADD, dr.fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(dr.fd)}); err != nil {
 		delete(m.doors, int32(dr.fd))
@@ -137,12 +137,15 @@ func (m *doorman) serve() {
 			}
 		}
 		m.flush()
-		if len(m.asleep) > 0 {
+		if len(m.lingering) > 0 {
 			m.expire()
 		}
 		switch {
-		case worked || m.sleepers.Load() > 0:
+		case worked:
 			timeout = 0
+		case m.waiters.Load() > 0:
+			timeout = 0
+			yield() // (the core may be the one a waiting program's thread or its peer needs)
 		case len(m.parked) > 0 && time.Since(m.parkedAt) < parkedPoll:
 			timeout = 0 // (most commands hold the open for microseconds)
 		case len(m.parked) > 0:
@@ -180,7 +183,7 @@ func (m *doorman) carry(dr *door) bool {
 	case kickLingers:
 		if !dr.listed {
 			dr.listed = true
-			m.asleep = append(m.asleep, dr)
+			m.lingering = append(m.lingering, dr)
 		}
 	case kickBusy:
 		// Out of the epoll set while parked: not even a hang-up of its socket wakes the doorman
@@ -236,19 +239,19 @@ func (m *doorman) flush() {
 }
 
 // expire answers the lingering kicks whose budget ran out, and forgets the doors whose program
-// no longer sleeps.
+// no longer waits.
 func (m *doorman) expire() {
 	now := time.Now()
-	keep := m.asleep[:0]
-	for _, dr := range m.asleep {
+	keep := m.lingering[:0]
+	for _, dr := range m.lingering {
 		if dr.expire(now) {
 			keep = append(keep, dr)
 		} else {
 			dr.listed = false
 		}
 	}
-	clear(m.asleep[len(keep):])
-	m.asleep = keep
+	clear(m.lingering[len(keep):])
+	m.lingering = keep
 }
 
 // shut ends every door left, dropping its program if drop is set, and the doorman's epoll
@@ -279,3 +282,7 @@ func (m *doorman) close() {
 		unix.Close(m.stop)
 	})
 }
+
+// yield gives the doorman's core to whatever else is ready to run on it, and returns at once
+// when nothing is.
+func yield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

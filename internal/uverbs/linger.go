@@ -13,7 +13,8 @@ import (
 // program's busy polling keeps: most of a round trip. So the posting thread, once its QP has
 // shown that it ping-pongs (lingerAfter rings in a row each answered by a receive), waits for the
 // answer in the device instead, taking the network's datagrams itself (RingTrapped), or, for a
-// program of the host device, sleeping until the device answers its kick (KickLinger).
+// program of the host device, waiting, its core yielded, until the device answers its kick
+// (KickLinger).
 
 // RingTrapped is a trapped store to the SQ doorbell of the QP with handle h: it rings the engine
 // as Kick does, and a QP that talks to peers and ping-pongs (lingers) first has the calling
