@@ -295,41 +295,49 @@ static void door_take(const unsigned char *b) {
 		;
 }
 
-// door_read reads one answer, blocking or not; it returns 0 when there was none.
+// door_read reads one answer, blocking or not: 1 when it read one, 0 when there was none yet,
+// -1 when there will be none (the device closed the socket, or an error).
 static int door_read(int flags) {
 	unsigned char b[HDR];
 	ssize_t r;
 	do
 		r = recv(door, b, HDR, flags);
 	while (r < 0 && errno == EINTR);
-	if (r != HDR)
+	if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 		return 0;
+	if (r != HDR)
+		return -1;
 	door_take(b);
 	return 1;
 }
+
+// DOOR_SPIN_NS bounds door_wait's looking: twice the device's longest linger (uverbs.Linger,
+// 1 ms), past which the device has normally answered.
+#define DOOR_SPIN_NS (2 * 1000 * 1000)
 
 // door_wait waits, holding door_mu, until kick n's answer has been read. It does not sleep in
 // recv: a core left idle is slow to wake on a virtual machine (about 20 µs, a vCPU's halt and
 // the hypervisor's wake-up, on the machine kind of docs/performance.md), and both a ping-pong's
 // answer and the peer's next message come within microseconds. So it looks without blocking and
 // yields its core between looks, which is as prompt as spinning when the core has nothing else
-// to run and hands the core over at once when it has (the device's doorman, the peer). The device
-// answers every such kick within its linger budget (1 ms); past twice that, a thread sleeps in
-// recv until the answer comes.
-#define DOOR_SPIN_NS (2 * 1000 * 1000)
-
+// to run and hands the core over at once when it has (the device's doorman, the peer). Past
+// DOOR_SPIN_NS (a kick the device parked behind a command of the program's, a device stopped)
+// it sleeps in recv until the answer comes.
 static void door_wait(uint64_t n) {
 	struct timespec t0, t;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	while (atomic_load(&door_answered) < n) {
-		if (door_read(MSG_DONTWAIT))
+		int r = door_read(MSG_DONTWAIT);
+		if (r < 0)
+			return;
+		if (r > 0)
 			continue;
 		clock_gettime(CLOCK_MONOTONIC, &t);
-		if ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) > DOOR_SPIN_NS)
+		if ((int64_t)(t.tv_sec - t0.tv_sec) * 1000000000 + (t.tv_nsec - t0.tv_nsec) > DOOR_SPIN_NS)
 			break;
 		sched_yield();
 	}
-	while (atomic_load(&door_answered) < n && door_read(0))
+	while (atomic_load(&door_answered) < n && door_read(0) > 0)
 		;
 }
 
@@ -339,7 +347,7 @@ static void kick(int fd, uint32_t qp, int may_wait) {
 	if (softefa_shim_forked() || !handle_of(fd, &h))
 		return; // (a forked child would take its parent's answers; its QPs are the parent's)
 	if (pthread_mutex_trylock(&door_mu) == 0) {
-		while (door_read(MSG_DONTWAIT))
+		while (door_read(MSG_DONTWAIT) > 0)
 			;
 		pthread_mutex_unlock(&door_mu);
 	}

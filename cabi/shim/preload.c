@@ -284,7 +284,7 @@ static int load_hostdev(void) {
 	eng_close = softefa_hostdev_close;
 	eng_kick_qp = softefa_hostdev_kick_qp;
 	eng_arm_cq = softefa_hostdev_arm_cq;
-	eng_poll_net = NULL; // (poll_net does nothing on the host device)
+	eng_poll_net = NULL; // (on the host device poll_net only yields the core)
 	eng_dup = softefa_hostdev_dup;
 	eng_sysfs = (int (*)(char *, size_t))softefa_hostdev_sysfs;
 	eng_sysfs_counter = softefa_hostdev_sysfs_counter;
@@ -1149,9 +1149,9 @@ long syscall(long nr, ...) {
 // then tell the engine at once. req_notify_cq needs it for correctness: libefa's next poll
 // rewrites the CQ doorbell without the arm bit, so an arm must be latched while it is there.
 // poll_cq is wrapped too: when libefa finds the CQ empty, the polling thread takes what the
-// network holds for the device itself (busy polling, as the Go API does) and libefa looks again;
-// so is the start_poll of each extended CQ made by efadv_create_cq (exported by libefa; what
-// libfabric's efa provider uses).
+// network holds for the device itself (busy polling, as the Go API does) and libefa looks again,
+// or, on the host device, yields its core (poll_net); so is the start_poll of each extended CQ
+// made by efadv_create_cq (exported by libefa; what libfabric's efa provider uses).
 //
 // The layouts below are the public libibverbs ABI (verbs.h, unchanged since IBVERBS_1.1 for
 // ibv_context, ibv_cq and ibv_qp, and since 1.6 for ibv_qp_ex).

@@ -69,13 +69,13 @@ func (d *Device) awaitCQ(cq *CQ, slot uint32, budget time.Duration) {
 func TestAwaitRecv(t *testing.T) {
 	defer func(d time.Duration, y func()) { yieldAfter, yield = d, y }(yieldAfter, yield)
 	var yields int
-	yield = func() { yields++; osYield() }
+	yield = func() { yields++; OSYield() }
 	for _, after := range []time.Duration{time.Hour, 0} {
 		t.Run(fmt.Sprintf("yieldAfter=%v", after), func(t *testing.T) {
 			yieldAfter, yields = after, 0
 			testAwaitRecv(t)
 			// Nothing comes: the wait polls out its budget of 20 ms. Past yieldAfter, each poll
-			// that found nothing offers the core (osYield): with 0, from the first; with an
+			// that found nothing offers the core (OSYield): with 0, from the first; with an
 			// hour, none.
 			b := udpRig(t)
 			b.d.AwaitRecv(b.q, 0, 20*time.Millisecond)

@@ -515,7 +515,7 @@ func (d *Device) flushOwed(q *srd.Queue, minAge time.Duration) {
 // (AwaitRecv); lazy leaves the ACKs owed (pollNetwork).
 //
 // After yieldAfter of waiting, each poll that found nothing offers the thread's core to other
-// threads (osYield): on a machine with more busy processes than cores (MPI ranks beside each
+// threads (OSYield): on a machine with more busy processes than cores (MPI ranks beside each
 // other) the peer that must answer may be waiting for this very core, and the program's own busy
 // loop, which the wait stands in for, may have yielded too (MPICH's does).
 func (d *Device) pollWhile(waiting func() bool, budget time.Duration, lazy bool) {
@@ -542,7 +542,7 @@ func (d *Device) pollWhile(waiting func() bool, budget time.Duration, lazy bool)
 // here), so it costs those nothing.
 var yieldAfter = 100 * time.Microsecond // (variables for the tests)
 
-var yield = osYield
+var yield = OSYield
 
 // TalksToPeers reports whether q has sent to another device: the completions of its sends, and
 // likely the answers to them, come from the network.

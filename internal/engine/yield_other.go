@@ -4,6 +4,6 @@ package engine
 
 import "runtime"
 
-// osYield offers the processor to other goroutines (the threads of other programs are the
+// OSYield offers the processor to other goroutines (the threads of other programs are the
 // kernel's business here).
-func osYield() { runtime.Gosched() }
+func OSYield() { runtime.Gosched() }

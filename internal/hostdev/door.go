@@ -49,7 +49,7 @@ type door struct {
 	out      [reqHeader]byte // the answer being written (write)
 
 	waiting bool          // the owed kick lingers: its program's thread waits, counted in…
-	waiters *atomic.Int32 // …the doorman's count
+	nwait   *atomic.Int32 // …the doorman's count
 
 	waiter engine.RecvWaiter // told of the owed kick's receive (received)
 }
@@ -162,7 +162,7 @@ func (dr *door) carry(m *doorman) carried {
 		dr.deadline = time.Now().Add(budget)
 		if dr.owed && !dr.waiting {
 			dr.waiting = true
-			dr.waiters.Add(1)
+			dr.nwait.Add(1)
 		}
 		dr.mu.Unlock()
 		return kickLingers
@@ -186,7 +186,7 @@ func (dr *door) answered() {
 	dr.owed = false
 	if dr.waiting {
 		dr.waiting = false
-		dr.waiters.Add(-1)
+		dr.nwait.Add(-1)
 	}
 }
 

@@ -265,7 +265,7 @@ func TestDoorAnswers(t *testing.T) {
 	qps.push(time.Hour, true)
 	sendKick(t, prog, 4, true, 3)
 	qps.awaitWaiter(t) // (another kick now would end the linger)
-	await(t, "program counted waiting", func() bool { return m.waiters.Load() == 1 })
+	await(t, "program counted waiting", func() bool { return m.nwait.Load() == 1 })
 	noAnswer(t, prog)
 	if !qps.receive() {
 		t.Fatal("no waiter to tell")
@@ -273,7 +273,7 @@ func TestDoorAnswers(t *testing.T) {
 	if qp, st := readAnswer(t, prog); qp != 4 || st != 3|1<<32 {
 		t.Fatalf("the lingering kick's answer: QP %d status %#x, want 4, %#x", qp, st, 3|1<<32)
 	}
-	if n := m.waiters.Load(); n != 0 {
+	if n := m.nwait.Load(); n != 0 {
 		t.Errorf("%d programs counted waiting after the answer, want 0", n)
 	}
 	noAnswer(t, prog)

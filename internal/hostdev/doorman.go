@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/softefa/softefa/internal/engine"
 	"golang.org/x/sys/unix"
 )
 
@@ -17,20 +18,21 @@ import (
 // with kicks and carries out up to doorRound kicks of each a round, so that no program keeps the
 // others waiting, and at the end of each round writes the answers told to it meanwhile (flush).
 // After a round that found no kicks it sleeps in epoll_wait until the next kick, unless some
-// program's thread waits in a lingering kick (waiters): then it polls, yielding its core between
+// program's thread waits in a lingering kick (nwait): then it polls, yielding its core between
 // polls to the waiting thread and its peer, and the kick that answers it, its peer's next post, is
 // read by a thread already awake; each round it also answers the lingering kicks whose budget ran
-// out (expire). A stream's programs, which spin themselves, so get no third spinner, and an idle
-// device makes no wake-ups. A kick whose open's lock is held (a command, an arm, a netlink dump; a give that waits
-// for the program) is parked: its socket is left unread and the kick tried again each round,
-// polling for parkedPoll and then every millisecond while nothing else wakes the doorman.
+// out (expire). A stream's programs, which poll their own CQs, so get no third poller, and an
+// idle device makes no wake-ups. A kick whose open's lock is held (a command, an arm, a netlink
+// dump; a give that waits for the program) is parked: its socket is left unread and the kick
+// tried again each round, polling for parkedPoll and then every millisecond while nothing else
+// wakes the doorman.
 type doorman struct {
 	ep   int // the epoll instance
 	stop int // an eventfd, written by close
 	wg   sync.WaitGroup
 	once sync.Once // close's
 
-	waiters atomic.Int32 // programs whose thread waits in a lingering kick
+	nwait atomic.Int32 // programs whose thread waits in a lingering kick
 
 	mu      sync.Mutex
 	doors   map[int32]*door // by fd
@@ -82,7 +84,7 @@ func (m *doorman) add(dr *door) error {
 	if m.stopped {
 		return syscall.ESHUTDOWN
 	}
-	dr.waiters = &m.waiters
+	dr.nwait = &m.nwait
 	m.doors[int32(dr.fd)] = dr
 	if err := unix.EpollCtl(m.ep, unix.EPOLL_CTL_ADD, dr.fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(dr.fd)}); err != nil {
 		delete(m.doors, int32(dr.fd))
@@ -143,9 +145,9 @@ func (m *doorman) serve() {
 		switch {
 		case worked:
 			timeout = 0
-		case m.waiters.Load() > 0:
+		case m.nwait.Load() > 0:
 			timeout = 0
-			yield() // (the core may be the one a waiting program's thread or its peer needs)
+			engine.OSYield() // (the core may be the one a waiting program's thread or its peer needs)
 		case len(m.parked) > 0 && time.Since(m.parkedAt) < parkedPoll:
 			timeout = 0 // (most commands hold the open for microseconds)
 		case len(m.parked) > 0:
@@ -282,7 +284,3 @@ func (m *doorman) close() {
 		unix.Close(m.stop)
 	})
 }
-
-// yield gives the doorman's core to whatever else is ready to run on it, and returns at once
-// when nothing is.
-func yield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

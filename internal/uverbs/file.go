@@ -77,7 +77,9 @@ type Device struct {
 // which a program that computes after its send would feel; a ping-pong's round trip falls to a
 // third. A millisecond, not less: a linger that runs out leaves the next answer to the receive
 // loop, which waits for the Go runtime to take its processor back from the program's thread (a
-// millisecond or two), and the peer's linger, waiting meanwhile, runs out in turn.
+// millisecond or two), and the peer's linger, waiting meanwhile, runs out in turn. The host
+// device's program side (cabi/shim/hostdev.c, door_wait) looks for an answer for twice this long
+// before it sleeps for it.
 const Linger = time.Millisecond
 
 // NewDevice wraps e. Close stops the async-event forwarder (the engine is the caller's). e's

@@ -41,13 +41,14 @@ func (d *Device) Lingered() uint64 { return d.lingered.Load() }
 // (lingers), it registers w for the QP's next receive (engine.QP.OnRecv) and returns the linger
 // budget: the caller answers the program from w.Fn, or when the budget runs out, or when the
 // program kicks again (its next kick may be what the receive needs), taking w back with
-// Withdraw. The program's thread sleeps meanwhile instead of spinning on its CQ, which on a
-// machine with few cores leaves them to the peer and the device that make the answer. Otherwise
+// Withdraw. The program's thread waits meanwhile, yielding its core, instead of spinning on its
+// CQ, which on a machine with few cores leaves them to the peer and the device that make the
+// answer. Otherwise
 // (no linger, the receive already come, another waiter on the CQ) it returns 0 and the caller
 // answers at once. A kick that posted no send (a receive posted) never lingers: no message of its
 // is out to be answered, and a receive would wait for the program's own next send. Nor does one of
 // a QP whose last message went to a QP of the same process on this device (engine.QP.LocalPeer):
-// the answer is that process's own next post, which its sleeping thread may be the one to make. lingering
+// the answer is that process's own next post, which its waiting thread may be the one to make. lingering
 // reports whether the QP's next kick would linger, for the program to wait on that one. The ring
 // is made on behalf of by (engine.Device.RingBy): receives it completes tell their waiters by.
 // Unknown handles are ignored. KickLinger does not wait for the File: while another holds its lock
