@@ -40,12 +40,25 @@ func buildC(t *testing.T, name string) string {
 	return exe
 }
 
+// onDevices runs f once with a device in each process (setupOrSkip) and once with every program
+// on one host device (hostDevice), as subtests "own" and "host".
+func onDevices(t *testing.T, f func(t *testing.T, s *Setup)) {
+	t.Run("own", func(t *testing.T) { f(t, setupOrSkip(t)) })
+	t.Run("host", func(t *testing.T) {
+		s, _ := hostDevice(t)
+		f(t, s)
+	})
+}
+
 // TestCQWrap runs testdata/cqwrap.c: a UD ping-pong between two processes for 70,000 rounds on a
-// CQ of 256 entries, checking every payload: 140,000 completions per side wrap the CQ 546 times,
-// and the 16-bit counters of the CQ doorbell and of the SQ and RQ doorbells past 2^16. With a CQ from efadv_create_cq read through ibv_start_poll/next_poll/end_poll, as
-// libfabric reads it, libefa 44 never writes the CQ doorbell: a device that paced the CQ on the
-// doorbell's consumer count stalled after exactly 256 completions (docs/cabi.md, "Completion
-// queues"). The other two ways of reading a CQ run as well.
+// CQ asked for 256 entries, checking every payload: 140,000 completions per side wrap the CQ (512
+// entries: docs/cabi.md, "Completion queues") 273 times, and the 16-bit counters of the CQ
+// doorbell and of the SQ and RQ doorbells past 2^16; on the host device, the 31-bit kick numbers
+// of each program past their wrap. With a CQ from efadv_create_cq read through
+// ibv_start_poll/next_poll/end_poll, as libfabric reads it, libefa 44 never writes the CQ
+// doorbell: a device that paced the CQ on the doorbell's consumer count stalled after exactly 256
+// completions (docs/cabi.md, "Completion queues"). The other two ways of reading a CQ run as
+// well, each with a device per process and on a host device.
 func TestCQWrap(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs 70,000 round trips between two processes")
@@ -57,12 +70,13 @@ func TestCQWrap(t *testing.T) {
 		{"ibv_create_cq", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := setupOrSkip(t)
-			args := append(strings.Fields(c.args), "-q", "256", "-n", "70000")
-			out := run(t, s, "", 3*time.Minute, exe, args...)
-			if !strings.Contains(out, "ok rounds=70000 cqes=140000 cq=256") {
-				t.Fatalf("cqwrap %s:\n%s", strings.Join(args, " "), out)
-			}
+			onDevices(t, func(t *testing.T, s *Setup) {
+				args := append(strings.Fields(c.args), "-q", "256", "-n", "70000")
+				out := run(t, s, "", 3*time.Minute, exe, args...)
+				if !strings.Contains(out, "ok rounds=70000 cqes=140000 cq=256") {
+					t.Fatalf("cqwrap %s:\n%s", strings.Join(args, " "), out)
+				}
+			})
 		})
 	}
 }
@@ -73,13 +87,18 @@ func TestCQWrap(t *testing.T) {
 // back into Go waited for ever behind the other, which took the processor back each time it
 // re-entered (docs/cabi.md, "Threads of the program in the engine"); the run stalled within its
 // first rounds.
+//
+// On the host device, where no Go runtime runs in the program, the two threads' posts and waits
+// share the program's doorbell socket and its answers (docs/architecture.md, "Doorbells on the
+// host device").
 func TestThreadsInEngine(t *testing.T) {
 	exe := buildC(t, "threads")
-	s := setupOrSkip(t)
-	out := run(t, s, "", 3*time.Minute, exe, "-n", "20000")
-	if !strings.Contains(out, "ok rounds=20000") {
-		t.Fatalf("threads:\n%s", out)
-	}
+	onDevices(t, func(t *testing.T, s *Setup) {
+		out := run(t, s, "", 3*time.Minute, exe, "-n", "20000")
+		if !strings.Contains(out, "ok rounds=20000") {
+			t.Fatalf("threads:\n%s", out)
+		}
+	})
 }
 
 // TestSignals sends SIGTERM to testdata/sigpoll.c while its three threads busy-poll the device
@@ -90,28 +109,32 @@ func TestThreadsInEngine(t *testing.T) {
 // engine re-entered Go there ("fatal error: exitsyscall: syscall frame is no longer valid", or a
 // SIGSEGV): about 3 runs in 4 failed before the shim blocked signals around its calls into the
 // engine (docs/cabi.md, "Signals").
+//
+// On the host device the signal finds the threads polling their CQs and waiting for their kicks'
+// answers in the shim's C code (docs/architecture.md, "Doorbells on the host device").
 func TestSignals(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs 100 processes")
+		t.Skip("runs 200 processes")
 	}
 	exe := buildC(t, "sigpoll")
-	s := setupOrSkip(t)
-	for _, handler := range []bool{true, false} {
-		failed := 0
-		for i := range 50 {
-			args := []string{"-t", "3"}
-			if handler {
-				args = append(args, "-h")
-			}
-			if err := sigtermRun(s, exe, args, handler); err != nil {
-				failed++
-				t.Errorf("handler %v, run %d: %v", handler, i, err)
-				if failed == 3 {
-					t.FailNow()
+	onDevices(t, func(t *testing.T, s *Setup) {
+		for _, handler := range []bool{true, false} {
+			failed := 0
+			for i := range 50 {
+				args := []string{"-t", "3"}
+				if handler {
+					args = append(args, "-h")
+				}
+				if err := sigtermRun(s, exe, args, handler); err != nil {
+					failed++
+					t.Errorf("handler %v, run %d: %v", handler, i, err)
+					if failed == 3 {
+						t.FailNow()
+					}
 				}
 			}
 		}
-	}
+	})
 }
 
 // sigtermRun starts exe, waits for its "ready", sends SIGTERM and checks how it ended.
