@@ -499,3 +499,37 @@ func TestRingByTellsWaiter(t *testing.T) {
 		t.Error("OnRecv registered a waiter on a destroyed QP")
 	}
 }
+
+// RecvsBefore gives the receive count from when the device took a send from the SQ, not from when
+// the program's ring for it came: the engine loop's look at every SQ (here Drive) may take the
+// send first, and its answer come, before the ring; counted from the ring, the answer would be
+// missed and a host-device kick waiting for it would wait its whole linger budget (docs/
+// architecture.md, "Doorbells on the host device"). Sends not yet taken count from now.
+func TestRecvsBefore(t *testing.T) {
+	a := drivenRig(t, func() time.Duration { return 0 })
+	b := *a // a second QP on a's device, with its own CQ, receiving into a's region B
+	b.q = readyQP(t, a.d, a.pd)
+	ah, err := a.d.CreateAH(a.pd, a.d.GID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	postSend(a, &b, ah, "ping") // a's SEND, its SQ doorbell at 1, not rung
+	if got := a.q.RecvsBefore(1); got != 0 {
+		t.Fatalf("before the send was taken: RecvsBefore = %d, want 0 (the count now)", got)
+	}
+	a.d.Drive() // the engine loop's look at every SQ takes a's SEND and delivers it to b
+	if b.q.Recvs() != 1 {
+		t.Fatalf("b completed %d receives, want 1", b.q.Recvs())
+	}
+	postSend(&b, a, ah, "pong") // b answers into a receive of a's
+	a.d.Ring(b.q)
+	if a.q.Recvs() != 1 {
+		t.Fatalf("a completed %d receives, want 1 (the answer)", a.q.Recvs())
+	}
+	if got := a.q.RecvsBefore(1); got != 0 {
+		t.Errorf("after the answer: RecvsBefore(1) = %d, want 0 (the count when the send was taken)", got)
+	}
+	if got := a.q.RecvsBefore(2); got != 1 {
+		t.Errorf("for a post not yet taken: RecvsBefore(2) = %d, want 1 (the count now)", got)
+	}
+}

@@ -77,6 +77,7 @@ type QP struct {
 	// threads that wait for a receive without the lock (AwaitRecv).
 	counts QPCounters
 	recvs  atomic.Uint64
+	sentAt atomic.Uint64 // when processSQ last took WQEs: recvs then << 16 | the SQ's ci after (RecvsBefore)
 }
 
 // QPCounters are one QP's counters, with EFA's names where EFA has them.
@@ -116,6 +117,20 @@ func (q *QP) countsLocked() QPCounters {
 // Recvs returns how many receive WRs q has completed, without the device lock: the completions
 // are written before the count moves, so a thread that sees it move finds them.
 func (q *QP) Recvs() uint64 { return q.recvs.Load() }
+
+// RecvsBefore returns the receive count (Recvs) past which a receive may answer the sends
+// posted up to SQ doorbell value db: the count when the device took the last of them from the
+// SQ, if it has (the engine loop's look at every SQ may take them before the Ring their post
+// makes, and an answer may come meanwhile), and otherwise the count now. Without the device lock.
+func (q *QP) RecvsBefore(db uint32) uint64 {
+	at := q.sentAt.Load()
+	now := q.recvs.Load()
+	if uint16(at) != uint16(db) {
+		return now // (not yet taken, or later posts taken too)
+	}
+	const mask = 1<<48 - 1 // (the count's low 48 bits are kept: never that far behind now)
+	return now - (now-at>>16)&mask
+}
 
 type sendQueue struct {
 	ring  []byte

@@ -31,6 +31,7 @@ func (d *Device) processSQ(q *QP, now time.Duration) bool {
 	default:
 		return false
 	}
+	recvs := q.recvs.Load()
 	for n := 0; q.sq.ci != pc && n < sqBatch; n++ {
 		w := &q.scratch
 		err := q.sq.slot(q.sq.ci).Decode(w)
@@ -47,6 +48,7 @@ func (d *Device) processSQ(q *QP, now time.Duration) bool {
 			d.execute(q, w, 0, now)
 		}
 	}
+	q.sentAt.Store(recvs<<16 | uint64(q.sq.ci)) // (QP.RecvsBefore)
 	return true
 }
 

@@ -72,7 +72,11 @@ func (f *File) KickLinger(h uint32, wait bool, w *engine.RecvWaiter, by any) (bu
 	if o.lastSQ.Swap(sq) == sq { // posted no send
 		return 0, o.answers.Load() >= lingerAfter, false
 	}
-	seen := o.qp.Recvs()
+	// The receives that may answer this kick's send are those counted since the send was taken
+	// from the SQ, which the engine loop may have done before this Ring (RecvsBefore); counted
+	// from now, a reply that came meanwhile would leave the kick waiting its whole budget for the
+	// one after it.
+	seen := o.qp.RecvsBefore(sq)
 	if p := o.qp.LocalPeer(); p != nil {
 		if po, ok := p.Owner().(*qpObj); ok && po.f.sameProcess(f) {
 			// Its answer is the program's own next post: no linger, and the run of answered
