@@ -452,24 +452,32 @@ func awaitOut(t *testing.T, q *QP, n int) {
 	}
 }
 
+// samePair is two QPs of one driven device (no receive loop, no timer: nothing but the test takes
+// its lock): a's rig, and b, a second QP with its own CQ sharing a's regions; ah addresses the
+// device itself.
+func samePair(t *testing.T) (a, b *accessRig, ah *AH) {
+	a = drivenRig(t, func() time.Duration { return 0 })
+	bb := *a
+	bb.q = readyQP(t, a.d, a.pd)
+	ah, err := a.d.CreateAH(a.pd, a.d.GID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, &bb, ah
+}
+
 // RingBy tells a waiter whose receive the ring's own work completed what the ring was given, and
 // a destroyed QP tells its waiter at once (no receive comes for it now). Two QPs of one device:
 // the SEND is delivered by the ring's work, on the ringing goroutine (a driven device: nothing
 // else takes its lock).
 func TestRingByTellsWaiter(t *testing.T) {
-	a := drivenRig(t, func() time.Duration { return 0 })
-	b := *a // a second QP on a's device, with its own CQ, receiving into a's region B
-	b.q = readyQP(t, a.d, a.pd)
-	ah, err := a.d.CreateAH(a.pd, a.d.GID())
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b, ah := samePair(t)
 	var told []any
 	w := &RecvWaiter{Fn: func(by any) { told = append(told, by) }} // (under the device's lock)
 	if !b.q.OnRecv(0, w) {
 		t.Fatal("OnRecv did not register the waiter")
 	}
-	postSend(a, &b, ah, "from the other QP")
+	postSend(a, b, ah, "from the other QP")
 	by := "the ringer"
 	a.d.RingBy(a.q, by)
 	a.d.mu.Lock()
@@ -503,17 +511,11 @@ func TestRingByTellsWaiter(t *testing.T) {
 // RecvsBefore gives the receive count from when the device took a send from the SQ, not from when
 // the program's ring for it came: the engine loop's look at every SQ (here Drive) may take the
 // send first, and its answer come, before the ring; counted from the ring, the answer would be
-// missed and a host-device kick waiting for it would wait its whole linger budget (docs/
-// architecture.md, "Doorbells on the host device"). Sends not yet taken count from now.
+// missed and a host-device kick waiting for it would wait its whole linger budget
+// (docs/architecture.md, "Doorbells on the host device"). Sends not yet taken count from now.
 func TestRecvsBefore(t *testing.T) {
-	a := drivenRig(t, func() time.Duration { return 0 })
-	b := *a // a second QP on a's device, with its own CQ, receiving into a's region B
-	b.q = readyQP(t, a.d, a.pd)
-	ah, err := a.d.CreateAH(a.pd, a.d.GID())
-	if err != nil {
-		t.Fatal(err)
-	}
-	postSend(a, &b, ah, "ping") // a's SEND, its SQ doorbell at 1, not rung
+	a, b, ah := samePair(t)
+	postSend(a, b, ah, "ping") // a's SEND, its SQ doorbell at 1, not rung
 	if got := a.q.RecvsBefore(1); got != 0 {
 		t.Fatalf("before the send was taken: RecvsBefore = %d, want 0 (the count now)", got)
 	}
@@ -521,7 +523,7 @@ func TestRecvsBefore(t *testing.T) {
 	if b.q.Recvs() != 1 {
 		t.Fatalf("b completed %d receives, want 1", b.q.Recvs())
 	}
-	postSend(&b, a, ah, "pong") // b answers into a receive of a's
+	postSend(b, a, ah, "pong") // b answers into a receive of a's
 	a.d.Ring(b.q)
 	if a.q.Recvs() != 1 {
 		t.Fatalf("a completed %d receives, want 1 (the answer)", a.q.Recvs())
@@ -531,5 +533,33 @@ func TestRecvsBefore(t *testing.T) {
 	}
 	if got := a.q.RecvsBefore(2); got != 1 {
 		t.Errorf("for a post not yet taken: RecvsBefore(2) = %d, want 1 (the count now)", got)
+	}
+}
+
+// RecvsBefore keeps the count's low 48 bits beside the SQ's 16-bit ci and rebuilds the whole count
+// from the count now, across every wrap of those 48 bits; a doorbell value other than the ci taken
+// to counts from now.
+func TestRecvsBeforeWraps(t *testing.T) {
+	const wrap = 1 << 48
+	for _, c := range []struct {
+		then, now uint64
+		ci        uint16
+		db        uint32
+		want      uint64
+	}{
+		{then: 0, now: 0, ci: 1, db: 1, want: 0},
+		{then: 5, now: 9, ci: 7, db: 7, want: 5},
+		{then: wrap - 1, now: wrap + 1, ci: 65535, db: 65535, want: wrap - 1},
+		{then: wrap + 5, now: wrap + 7, ci: 3, db: 1<<16 | 3, want: wrap + 5}, // (the doorbell's high bits are not the ci's)
+		{then: 3*wrap + 2, now: 3*wrap + 2, ci: 9, db: 9, want: 3*wrap + 2},
+		{then: 5, now: 9, ci: 7, db: 8, want: 9}, // not taken yet: now
+		{then: 5, now: 9, ci: 8, db: 7, want: 9}, // later posts taken too: now
+	} {
+		var q QP
+		q.taken.Store(c.then<<16 | uint64(c.ci))
+		q.recvs.Store(c.now)
+		if got := q.RecvsBefore(c.db); got != c.want {
+			t.Errorf("taken at %d (ci %d), %d now: RecvsBefore(%d) = %d, want %d", c.then, c.ci, c.now, c.db, got, c.want)
+		}
 	}
 }

@@ -77,7 +77,7 @@ type QP struct {
 	// threads that wait for a receive without the lock (AwaitRecv).
 	counts QPCounters
 	recvs  atomic.Uint64
-	sentAt atomic.Uint64 // when processSQ last took WQEs: recvs then << 16 | the SQ's ci after (RecvsBefore)
+	taken  atomic.Uint64 // when processSQ last took WQEs: recvs then << 16 | the SQ's ci after (RecvsBefore)
 }
 
 // QPCounters are one QP's counters, with EFA's names where EFA has them.
@@ -123,13 +123,14 @@ func (q *QP) Recvs() uint64 { return q.recvs.Load() }
 // SQ, if it has (the engine loop's look at every SQ may take them before the Ring their post
 // makes, and an answer may come meanwhile), and otherwise the count now. Without the device lock.
 func (q *QP) RecvsBefore(db uint32) uint64 {
-	at := q.sentAt.Load()
+	at := q.taken.Load() // (first: now is then at least the count it holds)
 	now := q.recvs.Load()
 	if uint16(at) != uint16(db) {
 		return now // (not yet taken, or later posts taken too)
 	}
 	const mask = 1<<48 - 1 // (the count's low 48 bits are kept: never that far behind now)
-	return now - (now-at>>16)&mask
+	then := at >> 16
+	return now - (now-then)&mask
 }
 
 type sendQueue struct {
@@ -412,6 +413,7 @@ func (q *QP) reset() {
 	q.sq.skipTo(uint16(atomic.LoadUint32(q.sq.db)))
 	q.sq.ci = 0
 	atomic.StoreUint32(q.sq.db, 0)
+	q.taken.Store(q.recvs.Load() << 16) // (ci 0: RecvsBefore)
 	q.rq.ci, q.rq.seen = 0, 0
 	atomic.StoreUint32(q.rq.db, 0)
 	q.parked = q.parked[:0]

@@ -48,7 +48,7 @@ func (d *Device) processSQ(q *QP, now time.Duration) bool {
 			d.execute(q, w, 0, now)
 		}
 	}
-	q.sentAt.Store(recvs<<16 | uint64(q.sq.ci)) // (QP.RecvsBefore)
+	q.taken.Store(recvs<<16 | uint64(q.sq.ci)) // (QP.RecvsBefore)
 	return true
 }
 

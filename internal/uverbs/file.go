@@ -195,7 +195,7 @@ type qpObj struct {
 	dbUntrap  bool   // a mapping of the SQ doorbell page does not trap (TrapDoorbells); guarded by File.mu
 	dbTrapped bool   // a mapping of it was reported trapping (TrapDoorbells); guarded by File.mu
 	asyncSent atomic.Uint32
-	rungRecvs atomic.Uint64 // the QP's receive count (Recvs) at its last trapped ring (File.RingTrapped)
+	rungRecvs atomic.Uint64 // the QP's receive count when the send of its last trapped ring or kick was taken (RingTrapped, KickLinger)
 	answers   atomic.Int32  // trapped rings in a row a receive followed, up to lingerAfter (lingers)
 	lastSQ    atomic.Uint32 // the SQ doorbell at the QP's last kick carried out with a linger budget (KickLinger)
 	dead      bool          // destroyed; guarded by File.mu
@@ -401,15 +401,17 @@ var _ = syscall.EINVAL
 func (f *File) Kick(h uint32) { f.kick(h, nil) }
 
 // kick is Kick on behalf of by (engine.Device.RingBy); it returns the QP rung, or nil for an
-// unknown handle.
-func (f *File) kick(h uint32, by any) *qpObj {
+// unknown handle, and its SQ doorbell as the ring found it.
+func (f *File) kick(h uint32, by any) (*qpObj, uint32) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	o, ok := f.objs[h].(*qpObj)
-	if ok {
-		f.d.e.RingBy(o.qp, by)
+	if !ok {
+		return nil, 0
 	}
-	return o
+	sq := atomic.LoadUint32(o.qp.SQDoorbell()) // (under the lock: the QP and its page live)
+	f.d.e.RingBy(o.qp, by)
+	return o, sq
 }
 
 // DoorbellPage reports which QP's SQ doorbell page the mmap key names: its handle, or false when

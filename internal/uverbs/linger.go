@@ -21,11 +21,11 @@ import (
 // thread wait for its next receive, for at most the linger budget (engine.Device.AwaitRecv).
 // Unknown handles are ignored.
 func (f *File) RingTrapped(h uint32) {
-	o := f.kick(h, nil)
+	o, sq := f.kick(h, nil)
 	if o == nil || !o.qp.TalksToPeers() {
 		return
 	}
-	seen := o.qp.Recvs()
+	seen := o.qp.RecvsBefore(sq) // (as KickLinger counts: the send may have been taken before the ring)
 	if o.lingers(o.rungRecvs.Swap(seen) != seen) && f.d.linger > 0 {
 		f.d.lingered.Add(1)
 		f.d.e.AwaitRecv(o.qp, seen, f.d.linger)
